@@ -1,0 +1,312 @@
+//! Encoding records into blocks and decoding them back.
+
+use crate::error::FormatError;
+use crate::raw::{BlockHeader, BlockKind, Codec, MAX_BLOCK_RAW_LEN};
+use crate::records::{Record, Regs, Sample, SampleKind, StackSnapshot};
+use crate::stack::{self, WireStack};
+use crate::types::{BlockOffset, Pid, Tid, Timestamp};
+use bincode::Options;
+use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
+
+/// The bincode configuration of every record: varint integers, little endian.
+fn bincode_options() -> impl Options + Copy {
+    bincode::DefaultOptions::new()
+        .with_varint_encoding()
+        .with_little_endian()
+}
+
+/// The bincode configuration of the trace header: like records, with a limit.
+pub(crate) fn bincode_header_options() -> impl Options + Copy {
+    bincode_options().with_limit(crate::raw::MAX_HEADER_LEN.into())
+}
+
+/// Keep at most this many threads' previous snapshots per block, so a
+/// recording of thousands of threads stays bounded in memory.
+const MAX_TRACKED_STACKS: usize = 4096;
+
+/// A record as it is stored in a block: samples carry delta-encoded stacks.
+/// Variant order is part of the format.
+#[derive(Serialize)]
+enum WireRecordRef<'a> {
+    Plain(&'a Record),
+    Sample(WireSample),
+}
+
+#[derive(Deserialize)]
+enum WireRecord {
+    Plain(Record),
+    Sample(WireSample),
+}
+
+#[derive(Serialize, Deserialize)]
+struct WireSample {
+    time: Timestamp,
+    pid: Pid,
+    tid: Tid,
+    cpu: Option<u32>,
+    kind: SampleKind,
+    weight: u64,
+    regs: Regs,
+    stack: WireStack,
+    kernel_callchain: Vec<u64>,
+    frames: Vec<u64>,
+}
+
+/// An encoded block: its header and its bytes as they go into the file.
+#[derive(Debug, Clone)]
+pub struct EncodedBlock {
+    /// The block header.
+    pub header: BlockHeader,
+    /// Header bytes followed by the payload.
+    pub bytes: Vec<u8>,
+}
+
+/// Accumulates records into one block.
+///
+/// Building (serializing, stack delta encoding) is cheap; [`finish`](Self::finish)
+/// compresses and may run on another thread than the one producing records.
+#[derive(Debug)]
+pub struct BlockBuilder {
+    raw: Vec<u8>,
+    count: u32,
+    first_time: Option<u64>,
+    last_time: u64,
+    prev_stacks: HashMap<(Pid, Tid), StackSnapshot>,
+}
+
+impl Default for BlockBuilder {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl BlockBuilder {
+    /// An empty block.
+    pub fn new() -> BlockBuilder {
+        BlockBuilder {
+            raw: Vec::new(),
+            count: 0,
+            first_time: None,
+            last_time: 0,
+            prev_stacks: HashMap::new(),
+        }
+    }
+
+    /// Bytes of serialized records so far (before compression).
+    pub fn raw_len(&self) -> usize {
+        self.raw.len()
+    }
+
+    /// Records so far.
+    pub fn record_count(&self) -> u32 {
+        self.count
+    }
+
+    /// Whether no record was added.
+    pub fn is_empty(&self) -> bool {
+        self.count == 0
+    }
+
+    /// Append a record. Fails if it alone would exceed the block size limit;
+    /// the caller should then start a new block (see [`TraceWriter`](crate::TraceWriter)).
+    pub fn push(&mut self, record: &Record) -> Result<(), FormatError> {
+        let before = self.raw.len();
+        let result = match record {
+            Record::Sample(s) => self.push_sample(s),
+            other => bincode_options()
+                .serialize_into(&mut self.raw, &WireRecordRef::Plain(other))
+                .map_err(|e| FormatError::Encode(e.to_string())),
+        };
+        if let Err(e) = result {
+            self.raw.truncate(before);
+            return Err(e);
+        }
+        if self.raw.len() > MAX_BLOCK_RAW_LEN as usize {
+            let len = (self.raw.len() - before) as u64;
+            self.raw.truncate(before);
+            return Err(FormatError::RecordTooLarge {
+                len,
+                max: MAX_BLOCK_RAW_LEN.into(),
+            });
+        }
+        self.count += 1;
+        if let Some(Timestamp(t)) = record.time() {
+            self.first_time = Some(self.first_time.map_or(t, |f| f.min(t)));
+            self.last_time = self.last_time.max(t);
+        }
+        Ok(())
+    }
+
+    fn push_sample(&mut self, s: &Sample) -> Result<(), FormatError> {
+        let key = (s.pid, s.tid);
+        let wire_stack = stack::encode(&s.stack, self.prev_stacks.get(&key));
+        let wire = WireSample {
+            time: s.time,
+            pid: s.pid,
+            tid: s.tid,
+            cpu: s.cpu,
+            kind: s.kind,
+            weight: s.weight,
+            regs: s.regs,
+            stack: wire_stack,
+            kernel_callchain: s.kernel_callchain.clone(),
+            frames: s.frames.clone(),
+        };
+        bincode_options()
+            .serialize_into(&mut self.raw, &WireRecordRef::Sample(wire))
+            .map_err(|e| FormatError::Encode(e.to_string()))?;
+        if self.prev_stacks.len() >= MAX_TRACKED_STACKS && !self.prev_stacks.contains_key(&key) {
+            self.prev_stacks.clear();
+        }
+        // Reuse the allocation of the thread's previous snapshot.
+        let slot = self.prev_stacks.entry(key).or_default();
+        slot.start = s.stack.start;
+        slot.bytes.clear();
+        slot.bytes.extend_from_slice(&s.stack.bytes);
+        Ok(())
+    }
+
+    /// Compress the block at zstd `level` and reset the builder for the next one.
+    pub fn finish(&mut self, level: i32) -> Result<EncodedBlock, FormatError> {
+        let block = encode_payload(
+            BlockKind::Records,
+            &self.raw,
+            self.count,
+            self.first_time.unwrap_or(0),
+            self.last_time,
+            level,
+        )?;
+        self.raw.clear();
+        self.count = 0;
+        self.first_time = None;
+        self.last_time = 0;
+        self.prev_stacks.clear();
+        Ok(block)
+    }
+}
+
+pub(crate) fn encode_payload(
+    kind: BlockKind,
+    raw: &[u8],
+    count: u32,
+    first_time: u64,
+    last_time: u64,
+    level: i32,
+) -> Result<EncodedBlock, FormatError> {
+    let compressed = zstd::bulk::compress(raw, level)?;
+    let header = BlockHeader {
+        kind,
+        codec: Codec::Zstd,
+        raw_len: raw.len() as u32,
+        compressed_len: compressed.len() as u32,
+        record_count: count,
+        first_time,
+        last_time,
+    };
+    let mut bytes = Vec::with_capacity(crate::raw::BLOCK_HEADER_LEN + compressed.len());
+    bytes.extend_from_slice(&header.to_bytes(&compressed));
+    bytes.extend_from_slice(&compressed);
+    Ok(EncodedBlock { header, bytes })
+}
+
+/// Decompress a block payload, refusing to produce more than the header's raw length.
+pub(crate) fn decompress(
+    offset: BlockOffset,
+    header: &BlockHeader,
+    payload: &[u8],
+) -> Result<Vec<u8>, FormatError> {
+    let raw = match header.codec {
+        Codec::None => payload.to_vec(),
+        Codec::Zstd => zstd::bulk::decompress(payload, header.raw_len as usize).map_err(|e| {
+            FormatError::Decompress {
+                offset,
+                message: e.to_string(),
+            }
+        })?,
+    };
+    if raw.len() != header.raw_len as usize {
+        return Err(FormatError::RawLengthMismatch {
+            offset,
+            found: raw.len() as u64,
+            expected: header.raw_len.into(),
+        });
+    }
+    Ok(raw)
+}
+
+/// Decode the records of a decompressed records block.
+pub(crate) fn decode_records(
+    offset: BlockOffset,
+    raw: &[u8],
+    count: u32,
+) -> Result<Vec<Record>, FormatError> {
+    // Every record takes at least one byte, so `raw.len()` bounds the count.
+    let mut records = Vec::with_capacity((count as usize).min(raw.len()));
+    let mut prev_stacks: HashMap<(Pid, Tid), StackSnapshot> = HashMap::new();
+    let mut rest = raw;
+    let options = bincode_options().with_limit(raw.len() as u64);
+    for index in 0..count {
+        let bad = |message: String| FormatError::BadRecord {
+            offset,
+            index,
+            message,
+        };
+        let wire: WireRecord = options
+            .deserialize_from(&mut rest)
+            .map_err(|e| bad(e.to_string()))?;
+        let record = match wire {
+            WireRecord::Plain(r) => r,
+            WireRecord::Sample(w) => {
+                let key = (w.pid, w.tid);
+                let stack = stack::decode(w.stack, prev_stacks.get(&key))
+                    .map_err(|e| bad(e.to_string()))?;
+                prev_stacks.insert(key, stack.clone());
+                Record::Sample(Sample {
+                    time: w.time,
+                    pid: w.pid,
+                    tid: w.tid,
+                    cpu: w.cpu,
+                    kind: w.kind,
+                    weight: w.weight,
+                    regs: w.regs,
+                    stack,
+                    kernel_callchain: w.kernel_callchain,
+                    frames: w.frames,
+                })
+            }
+        };
+        records.push(record);
+    }
+    if !rest.is_empty() {
+        return Err(FormatError::BadRecord {
+            offset,
+            index: count,
+            message: format!("{} bytes left over after the last record", rest.len()),
+        });
+    }
+    Ok(records)
+}
+
+/// One entry of the index block of a cleanly finished trace.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct IndexEntry {
+    pub offset: u64,
+    pub record_count: u32,
+    pub first_time: u64,
+    pub last_time: u64,
+}
+
+pub(crate) fn encode_index(entries: &[IndexEntry], level: i32) -> Result<EncodedBlock, FormatError> {
+    let raw = bincode_options()
+        .serialize(entries)
+        .map_err(|e| FormatError::Encode(e.to_string()))?;
+    encode_payload(BlockKind::Index, &raw, entries.len() as u32, 0, 0, level)
+}
+
+pub(crate) fn decode_index(raw: &[u8]) -> Result<Vec<IndexEntry>, String> {
+    bincode_options()
+        .with_limit(raw.len() as u64)
+        .deserialize(raw)
+        .map_err(|e| e.to_string())
+}

@@ -1,0 +1,76 @@
+//! The lrnprof trace format (`.lpt`).
+//!
+//! A trace is a fixed file header, a bincode-encoded [`TraceHeader`], then a
+//! stream of independently decodable blocks. Each block is a fixed 40-byte
+//! header (kind, lengths, record count, time range, CRC-32) and a zstd frame
+//! holding bincode-encoded [`Record`]s. A cleanly finished trace ends with an
+//! index block and a footer; a trace cut short stays readable up to its last
+//! whole block. Stack snapshots are delta-encoded against the previous
+//! snapshot of the same thread in the same block. `docs/format.md` in the
+//! repository is the byte-level specification.
+//!
+//! Writers create a [`TraceWriter`], call [`TraceWriter::write`] per record
+//! and [`TraceWriter::finish`] at the end. Readers open a [`TraceReader`],
+//! check its [`ReadReport`], then iterate [`TraceReader::records`] or decode
+//! blocks in parallel with [`TraceReader::par_decode_blocks`].
+//!
+//! ```
+//! use lrnprof_format::*;
+//! let mut file = Vec::new();
+//! let mut w = TraceWriter::new(&mut file, &TraceHeader::example(), WriterOptions::default())?;
+//! w.write(&Record::Thread(ThreadRecord {
+//!     time: Timestamp(5),
+//!     pid: Pid(1),
+//!     tid: Tid(1),
+//!     event: ThreadEvent::Existing,
+//!     name: Some("main".into()),
+//! }))?;
+//! w.finish()?;
+//!
+//! let r = TraceReader::new(&file[..])?;
+//! for record in r.records() {
+//!     println!("{:?}", record?);
+//! }
+//! # Ok::<(), FormatError>(())
+//! ```
+//!
+//! A trace is untrusted input: every length is checked against the bytes
+//! that follow and a fixed bound before anything is allocated, and damage
+//! produces a [`FormatError`], never a panic.
+
+#![deny(missing_docs)]
+#![forbid(unsafe_code)]
+
+mod block;
+mod error;
+pub mod raw;
+mod read;
+mod records;
+mod stack;
+mod types;
+mod write;
+
+pub use block::{BlockBuilder, EncodedBlock};
+pub use error::FormatError;
+pub use raw::{BlockHeader, BlockKind, Codec, MAGIC, OLDEST_READABLE_VERSION, VERSION};
+pub use read::{BlockInfo, ReadReport, SkippedRange, TraceReader};
+pub use records::{
+    Blob, BlobKind, ImageKind, ImageMapRecord, ImageUnmapRecord, LostRecord, ProcessEvent,
+    ProcessRecord, Record, Regs, RegsAarch64, RegsX86_64, Sample, SampleKind, StackSnapshot,
+    Summary, ThreadEvent, ThreadRecord,
+};
+pub use types::{
+    Arch, BlockOffset, BuildId, Clock, Endian, Os, Pid, SampleEvent, SamplingSettings, Target,
+    Tid, Timestamp, TraceHeader,
+};
+pub use write::{TraceWriter, WriterOptions};
+
+/// Decode one block's payload without a file around it: for fuzzing and
+/// tools that carry blocks elsewhere. `bytes` is a block header followed by
+/// its payload.
+pub fn decode_standalone_block(bytes: &[u8]) -> Result<Vec<Record>, FormatError> {
+    let header = BlockHeader::parse(bytes, 0)?;
+    let payload = &bytes[raw::BLOCK_HEADER_LEN..][..header.compressed_len as usize];
+    let raw = block::decompress(BlockOffset(0), &header, payload)?;
+    block::decode_records(BlockOffset(0), &raw, header.record_count)
+}

@@ -1,0 +1,243 @@
+//! Stack snapshot delta encoding.
+//!
+//! Consecutive samples of one thread share most of their stack: the frames
+//! near the thread's root do not change while the leaf frames come and go. A
+//! snapshot is stored as segments in address order, each either a literal run
+//! of bytes or a run "the same as the previous snapshot of this thread, at the
+//! same addresses". The previous snapshot is only looked up within the same
+//! block, so every block still decodes on its own.
+
+use crate::records::StackSnapshot;
+use serde::{Deserialize, Serialize};
+
+/// Shortest run of equal bytes worth a `Same` segment: shorter runs cost more
+/// to describe than to repeat.
+const MIN_SAME_RUN: usize = 16;
+
+/// One piece of an encoded snapshot.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) enum Segment {
+    /// The next `n` bytes equal the previous snapshot's bytes at the same AVMAs.
+    Same(u32),
+    /// The next bytes, stored.
+    Literal(#[serde(with = "serde_bytes")] Vec<u8>),
+}
+
+/// A snapshot as stored inside a block.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct WireStack {
+    /// AVMA of the first byte.
+    pub start: u64,
+    /// Total bytes.
+    pub len: u32,
+    /// The bytes, in address order.
+    pub segments: Vec<Segment>,
+}
+
+/// Why an encoded snapshot cannot be decoded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum StackDecodeError {
+    /// A `Same` segment but no previous snapshot of that thread in the block.
+    NoPrevious,
+    /// A `Same` segment reaching outside the previous snapshot.
+    SameOutOfRange { addr: u64, len: u32 },
+    /// The segments do not add up to `len`.
+    LengthMismatch { expected: u32, found: u64 },
+}
+
+impl std::fmt::Display for StackDecodeError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StackDecodeError::NoPrevious => {
+                f.write_str("stack refers to a previous snapshot that the block does not have")
+            }
+            StackDecodeError::SameOutOfRange { addr, len } => write!(
+                f,
+                "stack reuses {len} bytes at {addr:#x}, outside the previous snapshot"
+            ),
+            StackDecodeError::LengthMismatch { expected, found } => {
+                write!(f, "stack segments hold {found} bytes, expected {expected}")
+            }
+        }
+    }
+}
+
+/// Encode `new` against `prev`, the previous snapshot of the same thread.
+pub(crate) fn encode(new: &StackSnapshot, prev: Option<&StackSnapshot>) -> WireStack {
+    let bytes = &new.bytes;
+    let mut segments = Vec::new();
+    let mut literal_from = 0usize;
+    if let Some(prev) = prev {
+        let overlap_start = new.start.max(prev.start);
+        let overlap_end = new.end().min(prev.end());
+        if overlap_start < overlap_end {
+            // Indices of the overlap in `new` and the offset to the same AVMA in `prev`.
+            let a = (overlap_start - new.start) as usize;
+            let b = (overlap_end - new.start) as usize;
+            let prev_at = |i: usize| (new.start + i as u64 - prev.start) as usize;
+            let mut i = a;
+            while i < b {
+                let p = prev_at(i);
+                let run = common_prefix_len(&bytes[i..b], &prev.bytes[p..p + (b - i)]);
+                if run >= MIN_SAME_RUN {
+                    if literal_from < i {
+                        segments.push(Segment::Literal(bytes[literal_from..i].to_vec()));
+                    }
+                    segments.push(Segment::Same(run as u32));
+                    i += run;
+                    literal_from = i;
+                } else {
+                    i += run.max(1);
+                }
+            }
+        }
+    }
+    if literal_from < bytes.len() {
+        segments.push(Segment::Literal(bytes[literal_from..].to_vec()));
+    }
+    WireStack {
+        start: new.start,
+        len: bytes.len() as u32,
+        segments,
+    }
+}
+
+/// Decode `wire` against `prev`.
+pub(crate) fn decode(
+    wire: WireStack,
+    prev: Option<&StackSnapshot>,
+) -> Result<StackSnapshot, StackDecodeError> {
+    let mut bytes: Vec<u8> = Vec::with_capacity(wire.len as usize);
+    for segment in wire.segments {
+        match segment {
+            Segment::Literal(lit) => bytes.extend_from_slice(&lit),
+            Segment::Same(n) => {
+                let prev = prev.ok_or(StackDecodeError::NoPrevious)?;
+                let addr = wire.start.wrapping_add(bytes.len() as u64);
+                let out_of_range = StackDecodeError::SameOutOfRange { addr, len: n };
+                let from = addr.checked_sub(prev.start).ok_or(out_of_range.clone())?;
+                let to = from.checked_add(n.into()).ok_or(out_of_range.clone())?;
+                if to > prev.bytes.len() as u64 {
+                    return Err(out_of_range);
+                }
+                bytes.extend_from_slice(&prev.bytes[from as usize..to as usize]);
+            }
+        }
+        if bytes.len() > wire.len as usize {
+            break;
+        }
+    }
+    if bytes.len() != wire.len as usize {
+        return Err(StackDecodeError::LengthMismatch {
+            expected: wire.len,
+            found: bytes.len() as u64,
+        });
+    }
+    Ok(StackSnapshot {
+        start: wire.start,
+        bytes,
+    })
+}
+
+fn common_prefix_len(a: &[u8], b: &[u8]) -> usize {
+    // Compare eight bytes at a time; the tail byte by byte.
+    let mut n = 0;
+    for (ca, cb) in a.chunks_exact(8).zip(b.chunks_exact(8)) {
+        if ca != cb {
+            break;
+        }
+        n += 8;
+    }
+    n + a[n..]
+        .iter()
+        .zip(&b[n..])
+        .take_while(|(x, y)| x == y)
+        .count()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn snap(start: u64, bytes: Vec<u8>) -> StackSnapshot {
+        StackSnapshot { start, bytes }
+    }
+
+    fn pattern(len: usize, seed: u8) -> Vec<u8> {
+        (0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect()
+    }
+
+    #[test]
+    fn no_previous_is_one_literal() {
+        let s = snap(0x1000, pattern(100, 1));
+        let w = encode(&s, None);
+        assert_eq!(w.segments, vec![Segment::Literal(s.bytes.clone())]);
+        assert_eq!(decode(w, None).unwrap(), s);
+    }
+
+    #[test]
+    fn deeper_leaf_shares_the_root_part() {
+        // Previous sample: sp at 0x2000, 4 KiB up to the stack top.
+        let prev = snap(0x2000, pattern(4096, 7));
+        // Now sp is 256 bytes lower; the new leaf frame has other bytes, and
+        // one word in the middle changed.
+        let mut bytes = pattern(256, 99);
+        bytes.extend_from_slice(&prev.bytes);
+        bytes[256 + 1000] ^= 0xff;
+        let new = snap(0x2000 - 256, bytes);
+        let w = encode(&new, Some(&prev));
+        let literal: usize = w
+            .segments
+            .iter()
+            .map(|s| match s {
+                Segment::Literal(l) => l.len(),
+                Segment::Same(_) => 0,
+            })
+            .sum();
+        assert!(literal < 256 + MIN_SAME_RUN * 2, "literal bytes: {literal}");
+        assert_eq!(decode(w, Some(&prev)).unwrap(), new);
+    }
+
+    #[test]
+    fn shallower_and_disjoint_snapshots() {
+        let prev = snap(0x2000, pattern(4096, 7));
+        let shallower = snap(0x2100, prev.bytes[0x100..].to_vec());
+        let w = encode(&shallower, Some(&prev));
+        assert_eq!(w.segments, vec![Segment::Same(4096 - 0x100)]);
+        assert_eq!(decode(w, Some(&prev)).unwrap(), shallower);
+
+        let disjoint = snap(0x9000, pattern(64, 3));
+        let w = encode(&disjoint, Some(&prev));
+        assert_eq!(decode(w, Some(&prev)).unwrap(), disjoint);
+    }
+
+    #[test]
+    fn malformed_segments_are_errors() {
+        let prev = snap(0x2000, pattern(64, 7));
+        let w = WireStack {
+            start: 0x2000,
+            len: 128,
+            segments: vec![Segment::Same(128)],
+        };
+        assert!(matches!(
+            decode(w.clone(), Some(&prev)),
+            Err(StackDecodeError::SameOutOfRange { .. })
+        ));
+        assert_eq!(decode(w, None), Err(StackDecodeError::NoPrevious));
+        let w = WireStack {
+            start: 0,
+            len: 10,
+            segments: vec![Segment::Literal(vec![0; 3])],
+        };
+        assert!(matches!(
+            decode(w, None),
+            Err(StackDecodeError::LengthMismatch { .. })
+        ));
+        let w = WireStack {
+            start: 0x1000,
+            len: 4,
+            segments: vec![Segment::Same(u32::MAX)],
+        };
+        assert!(decode(w, Some(&prev)).is_err());
+    }
+}

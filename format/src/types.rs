@@ -1,0 +1,188 @@
+//! Typed ids, the trace header and the small enums every record uses.
+
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+/// A process id on the recording machine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct Pid(pub u32);
+
+/// A thread id on the recording machine (Linux tid, or a Mach thread id
+/// truncated to 32 bits on macOS).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct Tid(pub u32);
+
+/// A point in time on the trace clock, in nanoseconds (see [`Clock`]).
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize,
+)]
+pub struct Timestamp(pub u64);
+
+/// Byte offset of a block from the start of the trace file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct BlockOffset(pub u64);
+
+/// An image's identity: the ELF GNU build id note, or the Mach-O `LC_UUID`.
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct BuildId(#[serde(with = "serde_bytes")] pub Vec<u8>);
+
+impl BuildId {
+    /// Lowercase hex, the spelling `file`, `readelf -n` and debuginfod use.
+    pub fn to_hex(&self) -> String {
+        let mut s = String::with_capacity(self.0.len() * 2);
+        for b in &self.0 {
+            s.push_str(&format!("{b:02x}"));
+        }
+        s
+    }
+}
+
+impl fmt::Debug for BuildId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "BuildId({})", self.to_hex())
+    }
+}
+
+impl fmt::Display for BuildId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.to_hex())
+    }
+}
+
+/// The instruction set of the recorded process. Picks the unwinder.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Arch {
+    /// x86-64 (AMD64).
+    X86_64,
+    /// AArch64 (arm64).
+    Aarch64,
+}
+
+/// The operating system the trace was recorded on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Os {
+    /// Linux, recorded with `perf_event_open`.
+    Linux,
+    /// macOS, recorded with the Mach thread APIs.
+    MacOs,
+}
+
+/// Byte order of the recorded process's memory (stack snapshots).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Endian {
+    /// Little endian (every platform lrnprof records today).
+    Little,
+    /// Big endian.
+    Big,
+}
+
+/// The clock that all [`Timestamp`]s of a trace are read from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Clock {
+    /// Linux `CLOCK_MONOTONIC`, in nanoseconds (what perf uses with `use_clockid`).
+    Monotonic,
+    /// macOS `mach_absolute_time`, converted to nanoseconds.
+    MachAbsolute,
+}
+
+/// The event that triggers a sample.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum SampleEvent {
+    /// The hardware cycle counter, sampled at a frequency.
+    Cycles,
+    /// The kernel's software CPU clock (`PERF_COUNT_SW_CPU_CLOCK`): on-CPU time.
+    CpuClock,
+    /// A timer that samples running threads from outside (the macOS backend).
+    Timer,
+}
+
+/// How the recorder sampled.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SamplingSettings {
+    /// The event that triggered samples.
+    pub event: SampleEvent,
+    /// Requested samples per second per thread (after clamping to what the
+    /// kernel allows).
+    pub frequency_hz: u32,
+    /// The most bytes of user stack copied per sample.
+    pub stack_size: u32,
+    /// Whether samples also carry a kernel-provided frame-pointer callchain.
+    pub kernel_callchain: bool,
+    /// Whether kernel-mode execution was sampled (off by default).
+    pub include_kernel: bool,
+}
+
+/// What the recorder was pointed at.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Target {
+    /// Attached to already running processes.
+    Attach {
+        /// The processes attached to.
+        pids: Vec<Pid>,
+    },
+    /// Launched a command.
+    Launch {
+        /// The command and its arguments.
+        command: Vec<String>,
+        /// The pid of the launched process.
+        pid: Pid,
+    },
+}
+
+/// What the analyzer must know before it reads the first record.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TraceHeader {
+    /// Architecture of the recorded processes.
+    pub arch: Arch,
+    /// Operating system of the recording machine.
+    pub os: Os,
+    /// Byte order of stack snapshots.
+    pub endian: Endian,
+    /// Pointer size of the recorded processes, in bytes (8).
+    pub pointer_size: u8,
+    /// Page size of the recording machine, in bytes.
+    pub page_size: u32,
+    /// Clock of every timestamp in the trace.
+    pub clock: Clock,
+    /// How samples were taken.
+    pub sampling: SamplingSettings,
+    /// Name and version of the program that wrote the trace, e.g. `lrnprof-rec 0.1.0`.
+    pub recorder: String,
+    /// Wall-clock time when recording started, in nanoseconds since the Unix epoch.
+    pub start_wall_ns: u64,
+    /// The trace clock's reading when recording started.
+    pub start_time: Timestamp,
+    /// What was recorded.
+    pub target: Target,
+    /// Host name of the recording machine (empty if unknown).
+    pub hostname: String,
+}
+
+impl TraceHeader {
+    /// A header for tests and tools: x86_64 Linux, 1 kHz CPU clock, launched `command`.
+    pub fn example() -> TraceHeader {
+        TraceHeader {
+            arch: Arch::X86_64,
+            os: Os::Linux,
+            endian: Endian::Little,
+            pointer_size: 8,
+            page_size: 4096,
+            clock: Clock::Monotonic,
+            sampling: SamplingSettings {
+                event: SampleEvent::CpuClock,
+                frequency_hz: 1000,
+                stack_size: 65536,
+                kernel_callchain: false,
+                include_kernel: false,
+            },
+            recorder: concat!("lrnprof-format ", env!("CARGO_PKG_VERSION")).to_string(),
+            start_wall_ns: 0,
+            start_time: Timestamp(0),
+            target: Target::Launch {
+                command: vec!["example".to_string()],
+                pid: Pid(1),
+            },
+            hostname: String::new(),
+        }
+    }
+}
