@@ -1,0 +1,1 @@
+//! The macOS backend (mach2), built by another engineer.

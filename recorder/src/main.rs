@@ -1,0 +1,91 @@
+//! `lrnprof-rec`: record a process into an `.lpt` trace.
+
+use anyhow::Result;
+use clap::Parser;
+use lrnprof_recorder::{
+    record, RecordOptions, TargetSpec, DEFAULT_FREQUENCY_HZ, DEFAULT_STACK_SIZE,
+};
+use std::ffi::OsString;
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+/// Sample a running process (--pid) or a command (after --) into a trace
+/// that lrnprof-analyze reads, here or on another machine.
+#[derive(Parser, Debug)]
+#[command(name = "lrnprof-rec", version, about)]
+#[command(
+    override_usage = "lrnprof-rec --pid PID [OPTIONS]\n       lrnprof-rec [OPTIONS] -- CMD [ARGS]..."
+)]
+struct Args {
+    /// Attach to this running process (and the threads and children it creates).
+    #[arg(long, conflicts_with = "command")]
+    pid: Option<u32>,
+
+    /// The trace file to write.
+    #[arg(long, short, default_value = "trace.lpt")]
+    out: PathBuf,
+
+    /// Samples per second per running thread.
+    #[arg(long, short = 'F', default_value_t = DEFAULT_FREQUENCY_HZ)]
+    freq: u32,
+
+    /// Stop after this many seconds (default: until the target exits or Ctrl-C).
+    #[arg(long, short)]
+    duration: Option<f64>,
+
+    /// Most bytes of user stack copied per sample (at most 65528 on Linux).
+    #[arg(long, default_value_t = DEFAULT_STACK_SIZE)]
+    stack_size: u32,
+
+    /// Also record the kernel's frame-pointer callchain of each sample, so
+    /// stacks deeper than the stack copy can still be followed.
+    #[arg(long, default_value = "on", value_parser = ["on", "off"])]
+    callchain: String,
+
+    /// The command to launch and record, after `--`.
+    #[arg(last = true, value_name = "CMD")]
+    command: Vec<OsString>,
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    match run(args) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("lrnprof-rec: error: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn run(args: Args) -> Result<ExitCode> {
+    let target = match (args.pid, args.command.is_empty()) {
+        (Some(pid), _) => TargetSpec::Pid(pid),
+        (None, false) => TargetSpec::Command(args.command),
+        (None, true) => anyhow::bail!("give --pid PID or a command after --, see --help"),
+    };
+    let duration = match args.duration {
+        Some(d) if !(d.is_finite() && d > 0.0) => {
+            anyhow::bail!("--duration must be a positive number of seconds, got {d}")
+        }
+        Some(d) => Some(Duration::from_secs_f64(d)),
+        None => None,
+    };
+    let options = RecordOptions {
+        target,
+        out: args.out,
+        frequency_hz: args.freq,
+        duration,
+        stack_size: args.stack_size,
+        kernel_callchain: args.callchain == "on",
+        status_line: std::io::stderr().is_terminal(),
+    };
+    let summary = record(&options)?;
+    eprintln!("{summary}");
+    Ok(match summary.target_exit {
+        Some(exit) => ExitCode::from(exit.shell_code().clamp(0, 255) as u8),
+        None => ExitCode::SUCCESS,
+    })
+}

@@ -1,0 +1,74 @@
+//! What to record and how: a plain options struct, filled by the binary's
+//! flags or by any other caller.
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// What to record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TargetSpec {
+    /// Attach to the running process with this pid (all its threads, and
+    /// the threads and child processes it creates while recorded).
+    Pid(u32),
+    /// Launch this command (program then arguments) and record it from its
+    /// first instruction; its exit status becomes the recording's.
+    Command(Vec<OsString>),
+}
+
+/// How to record. Build one with `..Default::default()`:
+///
+/// ```
+/// use lrnprof_recorder::{RecordOptions, TargetSpec};
+/// let options = RecordOptions {
+///     target: TargetSpec::Pid(4242),
+///     frequency_hz: 500,
+///     ..Default::default()
+/// };
+/// assert_eq!(options.out.to_str(), Some("trace.lpt"));
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecordOptions {
+    /// What to record.
+    pub target: TargetSpec,
+    /// The trace file to write.
+    pub out: PathBuf,
+    /// Samples per second per running thread. Clamped (with a warning) to
+    /// what the kernel allows.
+    pub frequency_hz: u32,
+    /// Stop after this long; `None` records until the target exits or the
+    /// recorder gets Ctrl-C / SIGTERM.
+    pub duration: Option<Duration>,
+    /// The most bytes of user stack copied per sample (rounded down to a
+    /// multiple of 8 and capped by the kernel's limit). Only the live part
+    /// is stored.
+    pub stack_size: u32,
+    /// Also ask the kernel for the user frame-pointer callchain of each
+    /// sample, so stacks can be continued where the stack copy ends.
+    pub kernel_callchain: bool,
+    /// Print a live status line to stderr (the binary turns this on only
+    /// when stderr is a terminal).
+    pub status_line: bool,
+}
+
+/// The default samples per second.
+pub const DEFAULT_FREQUENCY_HZ: u32 = 1000;
+
+/// The default most bytes of user stack copied per sample: the largest the
+/// Linux kernel allows, because deep recursion and big frames need it, and
+/// only the live part of each copy is stored.
+pub const DEFAULT_STACK_SIZE: u32 = 65528;
+
+impl Default for RecordOptions {
+    fn default() -> Self {
+        RecordOptions {
+            target: TargetSpec::Command(Vec::new()),
+            out: PathBuf::from("trace.lpt"),
+            frequency_hz: DEFAULT_FREQUENCY_HZ,
+            duration: None,
+            stack_size: DEFAULT_STACK_SIZE,
+            kernel_callchain: true,
+            status_line: false,
+        }
+    }
+}

@@ -1,0 +1,322 @@
+//! The writer thread shared by every backend.
+//!
+//! A backend's sampling thread hands raw data (whatever is cheapest for it
+//! to produce) over a bounded channel; the writer thread turns it into
+//! [`Record`]s with the backend's [`Convert`], writes them with a
+//! [`TraceWriter`] and keeps the counts that the status line and the
+//! summary show. The channel is bounded so memory stays bounded: when the
+//! writer falls behind, the sampling side blocks and the kernel's buffers
+//! overflow, which the backend reports as lost samples.
+
+use crate::error::RecordError;
+use lrnprof_format::{
+    Pid, Record, Summary, Tid, Timestamp, TraceHeader, TraceWriter, WriterOptions,
+};
+use std::collections::HashSet;
+use std::fs::File;
+use std::io::BufWriter;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+/// Turns a backend's raw data into records, on the writer thread.
+pub(crate) trait Convert: Send + 'static {
+    /// What the sampling thread sends.
+    type Raw: Send + 'static;
+
+    /// Convert one message; push the resulting records onto `out`.
+    fn convert(&mut self, raw: Self::Raw, out: &mut Vec<Record>) -> Result<(), RecordError>;
+
+    /// Sampling has stopped: push everything still held back (e.g. records
+    /// waiting to be put in time order, embedded blobs).
+    fn finish(&mut self, out: &mut Vec<Record>) -> Result<(), RecordError>;
+}
+
+/// A converter for backends that produce records directly.
+pub(crate) struct Identity;
+
+impl Convert for Identity {
+    type Raw = Record;
+
+    fn convert(&mut self, raw: Record, out: &mut Vec<Record>) -> Result<(), RecordError> {
+        out.push(raw);
+        Ok(())
+    }
+
+    fn finish(&mut self, _out: &mut Vec<Record>) -> Result<(), RecordError> {
+        Ok(())
+    }
+}
+
+/// Counts updated by the writer thread, read by the status line.
+#[derive(Debug, Default)]
+pub(crate) struct LiveStats {
+    /// Samples written.
+    pub samples: AtomicU64,
+    /// Samples reported lost.
+    pub lost: AtomicU64,
+    /// Distinct (pid, tid) seen.
+    pub threads: AtomicU64,
+    /// Image map records written.
+    pub images: AtomicU64,
+    /// Trace bytes written to the file so far.
+    pub bytes_written: AtomicU64,
+    /// Bytes of embedded blob data.
+    pub blob_bytes: AtomicU64,
+}
+
+/// What the writer thread reports when it is done.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct SinkTotals {
+    /// The summary record written.
+    pub summary: Summary,
+    /// Size of the finished trace, in bytes.
+    pub trace_bytes: u64,
+    /// Bytes of embedded blob data (before block compression).
+    pub blob_bytes: u64,
+}
+
+/// The trace file while it is being created: removed on drop unless
+/// [`keep`](Self::keep) was called, so a recording that fails to start
+/// leaves no file behind.
+#[derive(Debug)]
+pub(crate) struct OutputFile {
+    path: PathBuf,
+    file: Option<File>,
+    keep: bool,
+}
+
+impl OutputFile {
+    /// Create (or truncate) the trace file.
+    pub fn create(path: &Path) -> Result<OutputFile, RecordError> {
+        let file = File::create(path).map_err(|source| RecordError::Output {
+            path: path.to_owned(),
+            source,
+        })?;
+        Ok(OutputFile {
+            path: path.to_owned(),
+            file: Some(file),
+            keep: false,
+        })
+    }
+
+    /// The trace path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Recording has started: the file stays even if something fails later
+    /// (it is then readable but not marked finished).
+    pub fn keep(mut self) -> File {
+        self.keep = true;
+        self.file.take().expect("the file is taken only once")
+    }
+}
+
+impl Drop for OutputFile {
+    fn drop(&mut self) {
+        if !self.keep {
+            self.file = None;
+            let _ = std::fs::remove_file(&self.path);
+        }
+    }
+}
+
+enum Msg<R> {
+    Data(R),
+    Finish(Timestamp),
+}
+
+/// Sends raw data to the writer thread. Cheap to clone.
+pub(crate) struct SinkSender<R> {
+    tx: SyncSender<Msg<R>>,
+}
+
+impl<R> Clone for SinkSender<R> {
+    fn clone(&self) -> Self {
+        SinkSender {
+            tx: self.tx.clone(),
+        }
+    }
+}
+
+impl<R: Send> SinkSender<R> {
+    /// Hand over data; blocks while the channel is full. Fails only if the
+    /// writer thread has stopped (its error comes from [`Sink::finish`]).
+    pub fn send(&self, raw: R) -> Result<(), RecordError> {
+        self.tx
+            .send(Msg::Data(raw))
+            .map_err(|_| RecordError::Internal("the trace writer thread stopped".into()))
+    }
+}
+
+/// The running writer thread.
+pub(crate) struct Sink<R> {
+    tx: SyncSender<Msg<R>>,
+    thread: JoinHandle<Result<SinkTotals, RecordError>>,
+    stats: Arc<LiveStats>,
+    path: PathBuf,
+}
+
+impl<R: Send + 'static> Sink<R> {
+    /// Write the trace header to `file` and start the writer thread, which
+    /// buffers at most `capacity` messages.
+    pub fn start<C: Convert<Raw = R>>(
+        file: OutputFile,
+        header: &TraceHeader,
+        converter: C,
+        capacity: usize,
+    ) -> Result<Sink<R>, RecordError> {
+        let path = file.path().to_owned();
+        let out = BufWriter::with_capacity(1 << 20, file.keep());
+        let writer = TraceWriter::new(out, header, writer_options())?;
+        let stats = Arc::new(LiveStats::default());
+        let (tx, rx) = sync_channel(capacity);
+        let thread_stats = Arc::clone(&stats);
+        let thread = std::thread::Builder::new()
+            .name("lrnprof-writer".into())
+            .spawn(move || run(writer, converter, rx, &thread_stats))
+            .map_err(|e| RecordError::Sys {
+                what: "starting the writer thread".into(),
+                source: e,
+            })?;
+        Ok(Sink {
+            tx,
+            thread,
+            stats,
+            path,
+        })
+    }
+
+    /// A sender for the sampling thread.
+    pub fn sender(&self) -> SinkSender<R> {
+        SinkSender {
+            tx: self.tx.clone(),
+        }
+    }
+
+    /// Counts for the status line.
+    pub fn stats(&self) -> Arc<LiveStats> {
+        Arc::clone(&self.stats)
+    }
+
+    /// Stop: convert what is left, write the summary (ending at `end_time`)
+    /// and the trace footer, and wait for the writer thread.
+    pub fn finish(self, end_time: Timestamp) -> Result<SinkTotals, RecordError> {
+        // If the thread already failed, the send fails and join says why.
+        let _ = self.tx.send(Msg::Finish(end_time));
+        drop(self.tx);
+        let result = self
+            .thread
+            .join()
+            .map_err(|_| RecordError::Internal("the trace writer thread panicked".into()))?;
+        result.map_err(|e| match e {
+            RecordError::Format(lrnprof_format::FormatError::Io(source)) => RecordError::Output {
+                path: self.path,
+                source,
+            },
+            other => other,
+        })
+    }
+}
+
+fn writer_options() -> WriterOptions {
+    // Blocks of 1 MiB raw records compress well and lose little if the
+    // recorder is killed.
+    WriterOptions {
+        block_size: 1 << 20,
+        zstd_level: 3,
+    }
+}
+
+/// Counts what goes into the trace.
+#[derive(Default)]
+struct Counter {
+    threads: HashSet<(Pid, Tid)>,
+    summary: Summary,
+    blob_bytes: u64,
+}
+
+impl Counter {
+    fn count(&mut self, record: &Record) {
+        match record {
+            Record::Sample(s) => {
+                self.summary.samples += 1;
+                self.threads.insert((s.pid, s.tid));
+            }
+            Record::Thread(t) => {
+                self.threads.insert((t.pid, t.tid));
+            }
+            Record::ImageMap(_) => self.summary.images += 1,
+            Record::Lost(l) => self.summary.lost += l.count,
+            Record::Blob(b) => self.blob_bytes += b.data.len() as u64,
+            _ => {}
+        }
+        self.summary.threads = self.threads.len() as u64;
+    }
+
+    fn publish(&self, stats: &LiveStats, bytes_written: u64) {
+        stats.samples.store(self.summary.samples, Ordering::Relaxed);
+        stats.lost.store(self.summary.lost, Ordering::Relaxed);
+        stats.threads.store(self.summary.threads, Ordering::Relaxed);
+        stats.images.store(self.summary.images, Ordering::Relaxed);
+        stats.blob_bytes.store(self.blob_bytes, Ordering::Relaxed);
+        stats.bytes_written.store(bytes_written, Ordering::Relaxed);
+    }
+}
+
+fn run<C: Convert>(
+    mut writer: TraceWriter<BufWriter<File>>,
+    mut converter: C,
+    rx: Receiver<Msg<C::Raw>>,
+    stats: &LiveStats,
+) -> Result<SinkTotals, RecordError> {
+    let mut counter = Counter::default();
+    let mut records = Vec::new();
+    let mut end_time = None;
+    for msg in rx.iter() {
+        match msg {
+            Msg::Data(raw) => converter.convert(raw, &mut records)?,
+            Msg::Finish(t) => {
+                end_time = Some(t);
+                break;
+            }
+        }
+        for r in records.drain(..) {
+            counter.count(&r);
+            writer.write(&r)?;
+        }
+        counter.publish(stats, writer.bytes_written());
+    }
+    // Without a Finish message the sampling side died: write no summary and
+    // no footer, so the trace reads as not finished cleanly.
+    let end_time = end_time.ok_or_else(|| {
+        RecordError::Internal("recording stopped without finishing the trace".into())
+    })?;
+    converter.finish(&mut records)?;
+    for r in records.drain(..) {
+        counter.count(&r);
+        writer.write(&r)?;
+    }
+    counter.summary.end_time = end_time;
+    let summary = counter.summary.clone();
+    writer.write(&Record::Summary(summary.clone()))?;
+    let trace_bytes = {
+        writer.flush_block()?;
+        let out = writer.finish()?;
+        let file = out
+            .into_inner()
+            .map_err(|e| RecordError::Format(e.into_error().into()))?;
+        file.metadata()
+            .map_err(|e| RecordError::Format(e.into()))?
+            .len()
+    };
+    counter.publish(stats, trace_bytes);
+    Ok(SinkTotals {
+        summary,
+        trace_bytes,
+        blob_bytes: counter.blob_bytes,
+    })
+}

@@ -1,0 +1,189 @@
+//! The live status line and the summary printed when recording stops.
+
+use crate::sink::LiveStats;
+use crate::stop::StopReason;
+use std::fmt;
+use std::io::Write;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// How the recorded command ended (launch mode).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TargetExit {
+    /// It exited with this status.
+    Code(i32),
+    /// It was killed by this signal.
+    Signal(i32),
+}
+
+impl TargetExit {
+    /// The exit code a shell would report: the status, or 128 + signal.
+    pub fn shell_code(&self) -> i32 {
+        match *self {
+            TargetExit::Code(c) => c,
+            TargetExit::Signal(s) => 128 + s,
+        }
+    }
+}
+
+/// What a finished recording did. `Display` prints the short summary.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecordSummary {
+    /// The trace file.
+    pub out: std::path::PathBuf,
+    /// How long sampling ran.
+    pub duration: Duration,
+    /// Why it stopped.
+    pub stop_reason: StopReason,
+    /// Samples written.
+    pub samples: u64,
+    /// Samples the kernel or recorder dropped.
+    pub lost: u64,
+    /// Distinct threads seen.
+    pub threads: u64,
+    /// Image mappings recorded.
+    pub images: u64,
+    /// Size of the trace file, in bytes.
+    pub trace_bytes: u64,
+    /// Bytes of embedded unwind/symbol data (before block compression).
+    pub embedded_bytes: u64,
+    /// How the launched command ended; `None` when attached by pid.
+    pub target_exit: Option<TargetExit>,
+}
+
+impl RecordSummary {
+    /// Assemble the summary from what the writer thread reported.
+    pub(crate) fn new(
+        out: &std::path::Path,
+        totals: &crate::sink::SinkTotals,
+        duration: Duration,
+        stop_reason: StopReason,
+        target_exit: Option<TargetExit>,
+    ) -> RecordSummary {
+        RecordSummary {
+            out: out.to_owned(),
+            duration,
+            stop_reason,
+            samples: totals.summary.samples,
+            lost: totals.summary.lost,
+            threads: totals.summary.threads,
+            images: totals.summary.images,
+            trace_bytes: totals.trace_bytes,
+            embedded_bytes: totals.blob_bytes,
+            target_exit,
+        }
+    }
+}
+
+impl fmt::Display for RecordSummary {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let why = match self.stop_reason {
+            StopReason::TargetExited => "target exited".to_string(),
+            StopReason::Signal(s) => format!("signal {s}"),
+            StopReason::Duration => "duration reached".to_string(),
+        };
+        writeln!(
+            f,
+            "lrnprof-rec: recorded {:.1} s ({why}): {} samples, {} threads, {} images, {} lost",
+            self.duration.as_secs_f64(),
+            self.samples,
+            self.threads,
+            self.images,
+            self.lost
+        )?;
+        let per_sample = if self.samples > 0 {
+            format!(
+                ", {} bytes/sample",
+                self.trace_bytes.saturating_sub(self.embedded_bytes) / self.samples
+            )
+        } else {
+            String::new()
+        };
+        write!(
+            f,
+            "lrnprof-rec: wrote {} ({}{per_sample}",
+            self.out.display(),
+            human_bytes(self.trace_bytes)
+        )?;
+        if self.embedded_bytes > 0 {
+            write!(f, ", {} embedded", human_bytes(self.embedded_bytes))?;
+        }
+        write!(f, ")")
+    }
+}
+
+/// `1.5 MiB`-style sizes.
+pub(crate) fn human_bytes(n: u64) -> String {
+    const UNITS: [&str; 4] = ["B", "KiB", "MiB", "GiB"];
+    let mut v = n as f64;
+    let mut unit = 0;
+    while v >= 1024.0 && unit + 1 < UNITS.len() {
+        v /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{n} B")
+    } else {
+        format!("{v:.1} {}", UNITS[unit])
+    }
+}
+
+/// Redraws one status line on stderr twice a second until stopped.
+pub(crate) struct StatusLine {
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl StatusLine {
+    /// Start the status line if `enabled`; otherwise do nothing.
+    pub fn start(enabled: bool, stats: Arc<LiveStats>, started: Instant) -> StatusLine {
+        let stop = Arc::new(AtomicBool::new(false));
+        let thread = enabled.then(|| {
+            let stop = Arc::clone(&stop);
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    let line = format!(
+                        "\r\x1b[Klrnprof-rec: {:.1} s, {} samples, {} lost, {} written",
+                        started.elapsed().as_secs_f64(),
+                        stats.samples.load(Ordering::Relaxed),
+                        stats.lost.load(Ordering::Relaxed),
+                        human_bytes(stats.bytes_written.load(Ordering::Relaxed)),
+                    );
+                    let _ = std::io::stderr().write_all(line.as_bytes());
+                    std::thread::sleep(Duration::from_millis(500));
+                }
+                let _ = std::io::stderr().write_all(b"\r\x1b[K");
+            })
+        });
+        StatusLine { stop, thread }
+    }
+}
+
+impl Drop for StatusLine {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_are_human() {
+        assert_eq!(human_bytes(512), "512 B");
+        assert_eq!(human_bytes(1536), "1.5 KiB");
+        assert_eq!(human_bytes(3 << 20), "3.0 MiB");
+    }
+
+    #[test]
+    fn exit_codes_follow_the_shell() {
+        assert_eq!(TargetExit::Code(3).shell_code(), 3);
+        assert_eq!(TargetExit::Signal(9).shell_code(), 137);
+    }
+}
