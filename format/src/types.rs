@@ -159,7 +159,7 @@ pub struct TraceHeader {
 }
 
 impl TraceHeader {
-    /// A header for tests and tools: x86_64 Linux, 1 kHz CPU clock, launched `command`.
+    /// A fixed header for tests and examples: x86_64 Linux, 1 kHz CPU clock.
     pub fn example() -> TraceHeader {
         TraceHeader {
             arch: Arch::X86_64,
@@ -175,7 +175,7 @@ impl TraceHeader {
                 kernel_callchain: false,
                 include_kernel: false,
             },
-            recorder: concat!("lrnprof-format ", env!("CARGO_PKG_VERSION")).to_string(),
+            recorder: "lrnprof-format example".to_string(),
             start_wall_ns: 0,
             start_time: Timestamp(0),
             target: Target::Launch {

@@ -1,0 +1,227 @@
+//! Records of every kind, for the tests to write and read back.
+
+use lrnprof_format::*;
+
+/// A deterministic pseudo-random byte pattern.
+pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+/// A sample of thread `tid` whose stack is `depth` bytes below a fixed stack
+/// top, with bytes that stay the same near the top as real stacks do.
+pub fn sample(time: u64, tid: u32, depth: usize) -> Sample {
+    let top = 0x7fff_0000_0000u64 + u64::from(tid) * 0x10_0000;
+    let whole = pattern(64 * 1024, u64::from(tid));
+    let mut bytes = whole[whole.len() - depth..].to_vec();
+    // The leaf part changes from sample to sample.
+    let leaf = pattern(depth.min(128), time);
+    bytes[..leaf.len()].copy_from_slice(&leaf);
+    Sample {
+        time: Timestamp(time),
+        pid: Pid(100),
+        tid: Tid(tid),
+        cpu: Some(tid % 2),
+        kind: SampleKind::CpuTime,
+        weight: 1_000_000,
+        regs: Regs::X86_64(RegsX86_64 {
+            ip: 0x40_1000 + time % 0x100,
+            sp: top - depth as u64,
+            bp: top - 16,
+        }),
+        stack: StackSnapshot {
+            start: top - depth as u64,
+            bytes,
+        },
+        kernel_callchain: if tid % 2 == 0 {
+            vec![0x40_1000, 0x40_2000]
+        } else {
+            vec![]
+        },
+        frames: vec![],
+    }
+}
+
+/// One record of each kind, in time order.
+pub fn every_kind() -> Vec<Record> {
+    vec![
+        Record::Process(ProcessRecord {
+            time: Timestamp(1),
+            pid: Pid(100),
+            parent: Some(Pid(1)),
+            event: ProcessEvent::Existing,
+            command: vec!["./app".into(), "--flag".into()],
+            executable: Some("/usr/bin/app".into()),
+        }),
+        Record::Thread(ThreadRecord {
+            time: Timestamp(2),
+            pid: Pid(100),
+            tid: Tid(100),
+            event: ThreadEvent::Existing,
+            name: Some("app".into()),
+        }),
+        Record::ImageMap(ImageMapRecord {
+            time: Timestamp(3),
+            pid: Pid(100),
+            start: 0x40_0000,
+            end: 0x48_0000,
+            file_offset: 0,
+            path: "/usr/bin/app".into(),
+            build_id: Some(BuildId(vec![0xde, 0xad, 0xbe, 0xef])),
+            kind: ImageKind::File,
+            executable: true,
+        }),
+        Record::ImageMap(ImageMapRecord {
+            time: Timestamp(3),
+            pid: Pid(100),
+            start: 0x7fff_f7fc_1000,
+            end: 0x7fff_f7fc_3000,
+            file_offset: 0,
+            path: "[vdso]".into(),
+            build_id: None,
+            kind: ImageKind::Vdso,
+            executable: true,
+        }),
+        Record::Sample(sample(4, 100, 4096)),
+        Record::Sample(Sample {
+            regs: Regs::Aarch64(RegsAarch64 {
+                pc: 0x1_0000_4000,
+                sp: 0x16f_dff0_00,
+                fp: 0x16f_dff0_40,
+                lr: 0x1_0000_3ff0,
+            }),
+            frames: vec![0x1_0000_4000, 0x1_0000_3ff0],
+            stack: StackSnapshot::default(),
+            ..sample(5, 101, 16)
+        }),
+        Record::Thread(ThreadRecord {
+            time: Timestamp(6),
+            pid: Pid(100),
+            tid: Tid(102),
+            event: ThreadEvent::Start,
+            name: None,
+        }),
+        Record::Thread(ThreadRecord {
+            time: Timestamp(6),
+            pid: Pid(100),
+            tid: Tid(102),
+            event: ThreadEvent::Rename,
+            name: Some("worker-1".into()),
+        }),
+        Record::Lost(LostRecord {
+            time: Timestamp(7),
+            pid: Some(Pid(100)),
+            tid: None,
+            count: 3,
+        }),
+        Record::ImageUnmap(ImageUnmapRecord {
+            time: Timestamp(8),
+            pid: Pid(100),
+            start: 0x7f00_0000_0000,
+            end: 0x7f00_0001_0000,
+        }),
+        Record::Thread(ThreadRecord {
+            time: Timestamp(9),
+            pid: Pid(100),
+            tid: Tid(102),
+            event: ThreadEvent::Exit,
+            name: None,
+        }),
+        Record::Process(ProcessRecord {
+            time: Timestamp(10),
+            pid: Pid(101),
+            parent: Some(Pid(100)),
+            event: ProcessEvent::Fork,
+            command: vec![],
+            executable: None,
+        }),
+        Record::Process(ProcessRecord {
+            time: Timestamp(11),
+            pid: Pid(101),
+            parent: Some(Pid(100)),
+            event: ProcessEvent::Exec,
+            command: vec!["/bin/true".into()],
+            executable: Some("/bin/true".into()),
+        }),
+        Record::Process(ProcessRecord {
+            time: Timestamp(12),
+            pid: Pid(101),
+            parent: None,
+            event: ProcessEvent::Exit { code: Some(0) },
+            command: vec![],
+            executable: None,
+        }),
+        Record::Blob(Blob {
+            build_id: BuildId(vec![0xde, 0xad, 0xbe, 0xef]),
+            kind: BlobKind::Section {
+                name: ".eh_frame".into(),
+                svma: 0x40_2000,
+            },
+            compressed: false,
+            offset: 0,
+            total_len: 3,
+            data: vec![1, 2, 3],
+        }),
+        Record::Blob(Blob {
+            build_id: BuildId(vec![]),
+            kind: BlobKind::JitMap { pid: Pid(100) },
+            compressed: false,
+            offset: 0,
+            total_len: 20,
+            data: b"7f0000001000 10 jit\n".to_vec(),
+        }),
+        Record::Blob(Blob {
+            build_id: BuildId(vec![1; 20]),
+            kind: BlobKind::Image,
+            compressed: true,
+            offset: 0,
+            total_len: 4,
+            data: vec![9, 9, 9, 9],
+        }),
+        Record::Summary(Summary {
+            end_time: Timestamp(13),
+            samples: 2,
+            lost: 3,
+            threads: 3,
+            images: 2,
+        }),
+    ]
+}
+
+/// Write `records` to a finished trace in memory.
+pub fn write_trace(records: &[Record], block_size: usize) -> Vec<u8> {
+    let mut out = Vec::new();
+    let options = WriterOptions {
+        block_size,
+        ..WriterOptions::default()
+    };
+    let mut w = TraceWriter::new(&mut out, &TraceHeader::example(), options).unwrap();
+    for r in records {
+        w.write(r).unwrap();
+    }
+    w.finish().unwrap();
+    out
+}
+
+/// Many samples of a few threads, so the trace has many blocks.
+pub fn many_samples(n: u64) -> Vec<Record> {
+    (0..n)
+        .map(|i| Record::Sample(sample(1000 + i, 200 + (i % 3) as u32, 512 + (i as usize * 37) % 8000)))
+        .collect()
+}
+
+/// All records of a trace, panicking on errors.
+pub fn read_all(data: &[u8]) -> Vec<Record> {
+    TraceReader::new(data)
+        .unwrap()
+        .records()
+        .collect::<Result<Vec<_>, _>>()
+        .unwrap()
+}
