@@ -42,6 +42,7 @@
 
 mod error;
 mod host;
+mod macho;
 mod options;
 mod sink;
 mod status;

@@ -1,0 +1,89 @@
+//! Pure parsers for what the macOS backend reads out of a target task:
+//! Mach-O headers and load commands, the dyld image list, and thread states.
+//!
+//! Everything here works on byte slices copied from another process, so it
+//! is compiled and unit-tested on every host (Linux included) and treats its
+//! input as untrusted: every length is checked against the bytes present and
+//! a fixed bound, and malformed input gives
+//! [`RecordError::MalformedMachO`], never a panic or an unbounded loop.
+//!
+//! Only 64-bit little-endian Mach-O is handled: macOS has run nothing else
+//! since 10.15 on x86_64 and ever on arm64.
+
+// Only the macOS backend calls these; elsewhere they are built for their
+// unit tests alone.
+#![cfg_attr(not(target_os = "macos"), allow(dead_code, unused_imports))]
+
+mod dyld;
+mod load_commands;
+mod thread_state;
+
+pub(crate) use dyld::{
+    parse_all_image_infos, parse_c_string, parse_image_info_array, AllImageInfos, DyldImageInfo,
+    DYLD_ALL_IMAGE_INFOS_LEN, DYLD_IMAGE_INFO_LEN, MAX_IMAGE_COUNT, MAX_PATH_LEN,
+};
+pub(crate) use load_commands::{
+    parse_header, parse_load_commands, MachHeader, MachOImage, Section, Segment, CPU_TYPE_ARM64,
+    CPU_TYPE_X86_64, MACH_HEADER_64_LEN, MAX_LOAD_COMMANDS_LEN,
+};
+pub(crate) use thread_state::{
+    regs_from_arm_thread_state64, regs_from_x86_thread_state64, strip_pac, ARM_THREAD_STATE64_LEN,
+    X86_THREAD_STATE64_LEN,
+};
+
+use crate::error::RecordError;
+
+/// A [`RecordError::MalformedMachO`] for `what` at `offset`.
+fn malformed(what: &'static str, offset: usize, reason: impl Into<String>) -> RecordError {
+    RecordError::MalformedMachO {
+        what,
+        offset: offset as u64,
+        reason: reason.into(),
+    }
+}
+
+/// Little-endian reads at fixed offsets of one structure, each checked
+/// against the slice so that truncated input is an error.
+#[derive(Clone, Copy)]
+struct Le<'a> {
+    bytes: &'a [u8],
+    what: &'static str,
+}
+
+impl<'a> Le<'a> {
+    fn new(bytes: &'a [u8], what: &'static str) -> Le<'a> {
+        Le { bytes, what }
+    }
+
+    fn array<const N: usize>(&self, offset: usize) -> Result<[u8; N], RecordError> {
+        offset
+            .checked_add(N)
+            .and_then(|end| self.bytes.get(offset..end))
+            .and_then(|s| s.try_into().ok())
+            .ok_or_else(|| {
+                malformed(
+                    self.what,
+                    offset,
+                    format!(
+                        "truncated: needs {N} bytes here, only {} present",
+                        self.bytes.len().saturating_sub(offset)
+                    ),
+                )
+            })
+    }
+
+    fn u32(&self, offset: usize) -> Result<u32, RecordError> {
+        self.array::<4>(offset).map(u32::from_le_bytes)
+    }
+
+    fn u64(&self, offset: usize) -> Result<u64, RecordError> {
+        self.array::<8>(offset).map(u64::from_le_bytes)
+    }
+
+    /// A fixed-size, NUL-padded name such as `segname[16]`.
+    fn name16(&self, offset: usize) -> Result<String, RecordError> {
+        let raw = self.array::<16>(offset)?;
+        let len = raw.iter().position(|&b| b == 0).unwrap_or(raw.len());
+        Ok(String::from_utf8_lossy(&raw[..len]).into_owned())
+    }
+}
