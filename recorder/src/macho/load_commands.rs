@@ -13,8 +13,10 @@ const MH_MAGIC: u32 = 0xfeed_face;
 /// `MH_DYLIB_IN_CACHE`: the image lives in the dyld shared cache.
 const MH_DYLIB_IN_CACHE: u32 = 0x8000_0000;
 /// `CPU_TYPE_X86_64`.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 pub(crate) const CPU_TYPE_X86_64: u32 = 0x0100_0007;
 /// `CPU_TYPE_ARM64`.
+#[cfg_attr(not(target_arch = "aarch64"), allow(dead_code))]
 pub(crate) const CPU_TYPE_ARM64: u32 = 0x0100_000c;
 
 /// `LC_SEGMENT_64`.

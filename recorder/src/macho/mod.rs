@@ -19,16 +19,22 @@ mod load_commands;
 mod thread_state;
 
 pub(crate) use dyld::{
-    parse_all_image_infos, parse_c_string, parse_image_info_array, AllImageInfos, DyldImageInfo,
-    DYLD_ALL_IMAGE_INFOS_LEN, DYLD_IMAGE_INFO_LEN, MAX_IMAGE_COUNT, MAX_PATH_LEN,
+    parse_all_image_infos, parse_c_string, parse_image_info_array, AllImageInfos,
+    DYLD_ALL_IMAGE_INFOS_LEN, MAX_PATH_LEN,
 };
-pub(crate) use load_commands::{
-    parse_header, parse_load_commands, MachHeader, MachOImage, Section, Segment, CPU_TYPE_ARM64,
-    CPU_TYPE_X86_64, MACH_HEADER_64_LEN, MAX_LOAD_COMMANDS_LEN,
+pub(crate) use load_commands::{parse_header, parse_load_commands, MachOImage, MACH_HEADER_64_LEN};
+pub(crate) use thread_state::strip_pac;
+// Each macOS build records its own architecture; the other one's thread
+// state conversion is built for its unit tests.
+#[cfg_attr(not(target_arch = "aarch64"), allow(unused_imports))]
+pub(crate) use {
+    load_commands::CPU_TYPE_ARM64,
+    thread_state::{regs_from_arm_thread_state64, ARM_THREAD_STATE64_LEN},
 };
-pub(crate) use thread_state::{
-    regs_from_arm_thread_state64, regs_from_x86_thread_state64, strip_pac, ARM_THREAD_STATE64_LEN,
-    X86_THREAD_STATE64_LEN,
+#[cfg_attr(not(target_arch = "x86_64"), allow(unused_imports))]
+pub(crate) use {
+    load_commands::CPU_TYPE_X86_64,
+    thread_state::{regs_from_x86_thread_state64, X86_THREAD_STATE64_LEN},
 };
 
 use crate::error::RecordError;

@@ -9,8 +9,10 @@ use crate::error::RecordError;
 use lrnprof_format::{RegsAarch64, RegsX86_64};
 
 /// Size of `arm_thread_state64_t`: x0-x28, fp, lr, sp, pc, cpsr, flags.
+#[cfg_attr(not(target_arch = "aarch64"), allow(dead_code))]
 pub(crate) const ARM_THREAD_STATE64_LEN: usize = 272;
 /// Size of `x86_thread_state64_t`: 21 64-bit registers.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 pub(crate) const X86_THREAD_STATE64_LEN: usize = 168;
 
 /// Mask of the address bits of a user pointer on arm64 macOS, whose user
@@ -26,6 +28,7 @@ pub(crate) fn strip_pac(pointer: u64) -> u64 {
 
 /// `arm_thread_state64_t` bytes to registers, with pointer-authentication
 /// bits stripped (the trace stores plain addresses).
+#[cfg_attr(not(target_arch = "aarch64"), allow(dead_code))]
 pub(crate) fn regs_from_arm_thread_state64(bytes: &[u8]) -> Result<RegsAarch64, RecordError> {
     let le = Le::new(bytes, "ARM_THREAD_STATE64");
     if bytes.len() < ARM_THREAD_STATE64_LEN {
@@ -47,6 +50,7 @@ pub(crate) fn regs_from_arm_thread_state64(bytes: &[u8]) -> Result<RegsAarch64, 
 }
 
 /// `x86_thread_state64_t` bytes to registers.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 pub(crate) fn regs_from_x86_thread_state64(bytes: &[u8]) -> Result<RegsX86_64, RecordError> {
     let le = Le::new(bytes, "x86_THREAD_STATE64");
     if bytes.len() < X86_THREAD_STATE64_LEN {

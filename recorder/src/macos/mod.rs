@@ -1,1 +1,300 @@
-//! The macOS backend (mach2), built by another engineer.
+//! The macOS backend: Mach thread sampling from outside the target.
+//!
+//! macOS has no `perf_event_open`. A sampling thread wakes at the requested
+//! rate, lists the target's threads (`task_threads`), skips those whose CPU
+//! time did not move since their last sample (they are not suspended), and
+//! for each of the others: `thread_suspend`, `thread_get_state`, a copy of
+//! the live stack with `mach_vm_read_overwrite`, `thread_resume`. Images come
+//! from dyld's `dyld_all_image_infos` (through `task_info(TASK_DYLD_INFO)`)
+//! and the Mach-O headers read from the target's memory; the unwind
+//! sections of dyld-shared-cache images, which have no file of their own,
+//! are copied into the trace the first time a sample touches them.
+//!
+//! Recording needs the target's task port (`task_for_pid`): root, or a
+//! recorder signed with the debugger entitlement, and a target that is not
+//! protected (System Integrity Protection, hardened runtime without
+//! `get-task-allow`).
+
+mod images;
+#[cfg(target_arch = "aarch64")]
+mod regs_aarch64;
+#[cfg(target_arch = "x86_64")]
+mod regs_x86_64;
+mod sampler;
+mod sys;
+
+#[cfg(target_arch = "aarch64")]
+use regs_aarch64 as regs_native;
+#[cfg(target_arch = "x86_64")]
+use regs_x86_64 as regs_native;
+
+use crate::error::RecordError;
+use crate::host;
+use crate::options::{RecordOptions, TargetSpec};
+use crate::sink::{Identity, OutputFile, Sink};
+use crate::status::{RecordSummary, StatusLine, TargetExit};
+use crate::stop::{StopReason, StopWatch};
+use lrnprof_format::{
+    Clock, Endian, Pid, ProcessEvent, ProcessRecord, Record, SampleEvent, SamplingSettings, Target,
+    Timestamp, TraceHeader,
+};
+use sampler::Sampler;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// The highest sampling rate accepted: each sample suspends a thread, so
+/// faster rates mostly measure the recorder.
+const MAX_FREQUENCY_HZ: u32 = 10_000;
+/// Records the sampling thread may queue ahead of the writer thread.
+const SINK_CAPACITY: usize = 4096;
+/// How often the main thread checks for signals, deadline and exit.
+const POLL: Duration = Duration::from_millis(20);
+
+/// What `task_for_pid` needs, for the error message.
+const TASK_FOR_PID_ADVICE: &str = "task_for_pid was refused: macOS gives another process's task \
+    port only to root or to a program signed with the com.apple.security.cs.debugger \
+    entitlement, and never for system processes protected by System Integrity Protection or \
+    for programs built with the hardened runtime unless they carry \
+    com.apple.security.get-task-allow; run lrnprof-rec with sudo, or sign it with that \
+    entitlement (see docs/macos.md)";
+
+/// The target once we hold its task port.
+struct Attached {
+    pid: u32,
+    task: sys::Port,
+    launched: bool,
+    target: Target,
+    command: Vec<String>,
+}
+
+/// Record on macOS.
+pub(crate) fn record(options: &RecordOptions) -> Result<RecordSummary, RecordError> {
+    if options.frequency_hz > MAX_FREQUENCY_HZ {
+        return Err(RecordError::InvalidOption(format!(
+            "sampling frequency {} Hz is above the macOS backend's limit of {MAX_FREQUENCY_HZ} Hz",
+            options.frequency_hz
+        )));
+    }
+    let output = OutputFile::create(&options.out)?;
+    let target = attach(&options.target)?;
+    let clock = sys::MachClock::new();
+    let start_time = Timestamp(clock.now_ns());
+    let header = TraceHeader {
+        arch: regs_native::ARCH,
+        os: lrnprof_format::Os::MacOs,
+        endian: Endian::Little,
+        pointer_size: 8,
+        page_size: host::page_size(),
+        clock: Clock::MachAbsolute,
+        sampling: SamplingSettings {
+            event: SampleEvent::Timer,
+            frequency_hz: options.frequency_hz,
+            stack_size: options.stack_size & !7,
+            kernel_callchain: false,
+            include_kernel: false,
+        },
+        recorder: host::RECORDER_NAME.to_string(),
+        start_wall_ns: host::wall_clock_ns(),
+        start_time,
+        target: target.target.clone(),
+        hostname: host::hostname(),
+    };
+    start(options, output, &header, target, clock)
+}
+
+/// Take the task port of the process to record, launching it first (held
+/// before its first instruction) if asked to.
+fn attach(spec: &TargetSpec) -> Result<Attached, RecordError> {
+    match spec {
+        TargetSpec::Pid(pid) => {
+            let pid = *pid;
+            if !sys::process_exists(pid) {
+                return Err(RecordError::NoSuchProcess { pid });
+            }
+            let task = sys::task_for(pid).map_err(|_| RecordError::PermissionDenied {
+                pid,
+                advice: TASK_FOR_PID_ADVICE.into(),
+            })?;
+            Ok(Attached {
+                pid,
+                task,
+                launched: false,
+                target: Target::Attach {
+                    pids: vec![Pid(pid)],
+                },
+                command: Vec::new(),
+            })
+        }
+        TargetSpec::Command(command) => {
+            let pid = sys::spawn_suspended(command)?;
+            let task = match sys::task_for(pid) {
+                Ok(task) => task,
+                Err(_) => {
+                    sys::kill_child(pid);
+                    return Err(RecordError::PermissionDenied {
+                        pid,
+                        advice: TASK_FOR_PID_ADVICE.into(),
+                    });
+                }
+            };
+            let command: Vec<String> = command
+                .iter()
+                .map(|a| a.to_string_lossy().into_owned())
+                .collect();
+            Ok(Attached {
+                pid,
+                task,
+                launched: true,
+                target: Target::Launch {
+                    command: command.clone(),
+                    pid: Pid(pid),
+                },
+                command,
+            })
+        }
+    }
+}
+
+/// Start the writer and the sampler, let a launched target run, and wait
+/// for the end.
+fn start(
+    options: &RecordOptions,
+    output: OutputFile,
+    header: &TraceHeader,
+    target: Attached,
+    clock: sys::MachClock,
+) -> Result<RecordSummary, RecordError> {
+    let Attached {
+        pid,
+        task,
+        launched,
+        command,
+        ..
+    } = target;
+    let setup = (|| {
+        let sink = Sink::start(output, header, Identity, SINK_CAPACITY)?;
+        let watch = StopWatch::start(options.duration)?;
+        Ok::<_, RecordError>((sink, watch))
+    })();
+    let (sink, watch) = match setup {
+        Ok(s) => s,
+        Err(e) => {
+            if launched {
+                sys::kill_child(pid);
+            }
+            return Err(e);
+        }
+    };
+    let status = StatusLine::start(options.status_line, sink.stats(), watch.started());
+    let tx = sink.sender();
+    tx.send(Record::Process(ProcessRecord {
+        time: Timestamp(clock.now_ns()),
+        pid: Pid(pid),
+        parent: None,
+        event: if launched {
+            ProcessEvent::Exec
+        } else {
+            ProcessEvent::Existing
+        },
+        command,
+        executable: sys::executable_path(pid),
+    }))?;
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let gone = Arc::new(AtomicBool::new(false));
+    let sampler = Sampler::new(
+        task,
+        Pid(pid),
+        clock,
+        options.frequency_hz,
+        options.stack_size,
+    );
+    let thread = {
+        let (tx, stop, gone) = (tx.clone(), Arc::clone(&stop), Arc::clone(&gone));
+        std::thread::Builder::new()
+            .name("lrnprof-sampler".into())
+            .spawn(move || sampler.run(tx, stop, gone))
+            .map_err(|e| RecordError::Sys {
+                what: "starting the sampling thread".into(),
+                source: e,
+            })?
+    };
+    // The sampler is running: from here on, nothing the target does is missed.
+    if launched {
+        sys::resume_process(pid)?;
+    }
+
+    let (reason, exit) = loop {
+        if let Some(signal) = watch.take_signal() {
+            break (StopReason::Signal(signal), None);
+        }
+        if watch.deadline_passed() {
+            break (StopReason::Duration, None);
+        }
+        if launched {
+            if let Some(exit) = exit_of(pid) {
+                break (StopReason::TargetExited, Some(exit));
+            }
+        } else if gone.load(Ordering::Relaxed) || !sys::process_exists(pid) {
+            break (StopReason::TargetExited, None);
+        }
+        if thread.is_finished() {
+            // The task died (or the sampler failed): a launched child's
+            // status follows shortly.
+            let exit = if launched { wait_briefly(pid) } else { None };
+            break (StopReason::TargetExited, exit);
+        }
+        std::thread::sleep(watch.timeout(POLL));
+    };
+    stop.store(true, Ordering::Relaxed);
+    let sampled = thread
+        .join()
+        .map_err(|_| RecordError::Internal("the sampling thread panicked".into()))?;
+    let end = Timestamp(clock.now_ns());
+    if reason == StopReason::TargetExited {
+        let code = exit.map(|e| e.shell_code());
+        tx.send(Record::Process(ProcessRecord {
+            time: end,
+            pid: Pid(pid),
+            parent: None,
+            event: ProcessEvent::Exit { code },
+            command: Vec::new(),
+            executable: None,
+        }))?;
+    }
+    drop(tx);
+    // A sampler error is reported after the trace is finished, so what was
+    // recorded stays readable.
+    let finished = sink.finish(end);
+    drop(status);
+    sampled?;
+    let totals = finished?;
+    Ok(RecordSummary::new(
+        &options.out,
+        &totals,
+        watch.started().elapsed(),
+        reason,
+        exit,
+    ))
+}
+
+/// How our child `pid` ended, if it has.
+fn exit_of(pid: u32) -> Option<TargetExit> {
+    match sys::try_wait(pid)? {
+        (Some(code), _) => Some(TargetExit::Code(code)),
+        (None, Some(signal)) => Some(TargetExit::Signal(signal)),
+        (None, None) => None,
+    }
+}
+
+/// [`exit_of`], waiting up to a second for the status to arrive.
+fn wait_briefly(pid: u32) -> Option<TargetExit> {
+    for _ in 0..50 {
+        if let Some(exit) = exit_of(pid) {
+            return Some(exit);
+        }
+        std::thread::sleep(POLL);
+    }
+    None
+}

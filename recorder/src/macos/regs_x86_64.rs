@@ -1,0 +1,25 @@
+//! Registers of an x86_64 thread (`x86_THREAD_STATE64`).
+
+use super::sys::{thread_state, Kern, Suspended};
+use crate::macho::{regs_from_x86_thread_state64, X86_THREAD_STATE64_LEN};
+use lrnprof_format::{Arch, Regs};
+use mach2::kern_return::KERN_INVALID_ARGUMENT;
+
+/// The architecture this build records.
+pub(super) const ARCH: Arch = Arch::X86_64;
+
+/// The `cputype` of Mach-O images this build can record.
+pub(super) const CPU_TYPE: u32 = crate::macho::CPU_TYPE_X86_64;
+
+/// Read a suspended thread's registers.
+pub(super) fn read_regs(thread: &Suspended) -> Result<Regs, Kern> {
+    let mut words = [0u32; X86_THREAD_STATE64_LEN / 4];
+    let filled = thread_state(thread, mach2::thread_status::x86_THREAD_STATE64, &mut words)?;
+    let mut bytes = [0u8; X86_THREAD_STATE64_LEN];
+    for (chunk, word) in bytes.chunks_exact_mut(4).zip(&words[..filled]) {
+        chunk.copy_from_slice(&word.to_le_bytes());
+    }
+    regs_from_x86_thread_state64(&bytes[..filled * 4])
+        .map(Regs::X86_64)
+        .map_err(|_| KERN_INVALID_ARGUMENT)
+}
