@@ -54,7 +54,8 @@ fn main() -> ExitCode {
     match run(args) {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("lrnprof-rec: error: {e:#}");
+            // Library errors are complete one-line messages; do not repeat their causes.
+            eprintln!("lrnprof-rec: error: {e}");
             ExitCode::from(2)
         }
     }

@@ -34,7 +34,8 @@ pub(crate) trait Convert: Send + 'static {
     fn finish(&mut self, out: &mut Vec<Record>) -> Result<(), RecordError>;
 }
 
-/// A converter for backends that produce records directly.
+/// A converter for backends that produce records directly (macOS).
+#[cfg_attr(not(target_os = "macos"), allow(dead_code))]
 pub(crate) struct Identity;
 
 impl Convert for Identity {

@@ -93,14 +93,12 @@ impl fmt::Display for RecordSummary {
             self.images,
             self.lost
         )?;
-        let per_sample = if self.samples > 0 {
-            format!(
-                ", {} bytes/sample",
-                self.trace_bytes.saturating_sub(self.embedded_bytes) / self.samples
-            )
-        } else {
-            String::new()
-        };
+        let per_sample = self
+            .trace_bytes
+            .saturating_sub(self.embedded_bytes)
+            .checked_div(self.samples)
+            .map(|b| format!(", {b} bytes/sample"))
+            .unwrap_or_default();
         write!(
             f,
             "lrnprof-rec: wrote {} ({}{per_sample}",

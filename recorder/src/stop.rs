@@ -39,7 +39,7 @@ impl StopWatch {
         for signal in [libc::SIGINT, libc::SIGTERM] {
             previous.push((
                 signal,
-                install(signal, on_stop_signal as libc::sighandler_t)?,
+                install(signal, on_stop_signal as *const () as libc::sighandler_t)?,
             ));
         }
         let started = Instant::now();

@@ -1,11 +1,438 @@
 //! The Linux backend: `perf_event_open` with user register and user stack
 //! sampling.
+//!
+//! One event per (thread, online CPU) with `inherit`, so threads and
+//! processes created later are followed; on each CPU every event's records
+//! are redirected into one ring buffer. This thread only drains the ring
+//! buffers (dropping the dead part of stack copies) and hands the bytes to
+//! the writer thread, which parses, orders and writes them
+//! ([`convert`]).
 
-use crate::{RecordError, RecordOptions, RecordSummary};
+mod attr;
+mod convert;
+mod elf;
+mod launch;
+mod parse;
+mod procfs;
+mod regs;
+mod ring;
+mod sys;
+
+use crate::error::RecordError;
+use crate::sink::{OutputFile, Sink, SinkSender};
+use crate::status::StatusLine;
+use crate::stop::{StopReason, StopWatch};
+use crate::{host, RecordOptions, RecordSummary, TargetExit, TargetSpec};
+use attr::{AttrSettings, EventKind};
+use convert::{Converter, Initial, RawMsg};
+use lrnprof_format::{
+    Clock, Endian, Os, Pid, SampleEvent, SampleKind, SamplingSettings, Target, Timestamp,
+    TraceHeader,
+};
+use parse::Layout;
+use std::collections::HashSet;
+use std::io;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::time::Duration;
+use sys::RingMap;
+
+#[cfg(target_arch = "x86_64")]
+const NATIVE_REGS: regs::ArchRegs = regs::X86_64;
+#[cfg(target_arch = "aarch64")]
+const NATIVE_REGS: regs::ArchRegs = regs::AARCH64;
+
+/// Largest ring buffer data area per CPU, in pages (16 MiB with 4 KiB
+/// pages: a quarter second of 1 kHz samples with 64 KiB stack copies).
+const MAX_RING_PAGES: usize = 4096;
+/// Smallest we accept when the locked-memory limit is low.
+const MIN_RING_PAGES: usize = 8;
+/// Messages the writer thread may lag behind.
+const CHANNEL_CAPACITY: usize = 64;
+/// Longest wait between drains.
+const POLL_INTERVAL: Duration = Duration::from_millis(100);
+
+/// The opened events and their ring buffers.
+struct Events {
+    attr: sys::PerfEventAttr,
+    cpus: Vec<u32>,
+    ring_pages: usize,
+    page_size: usize,
+    /// Per CPU (same order as `cpus`): the event owning the ring buffer.
+    leaders: Vec<Option<(OwnedFd, RingMap)>>,
+    others: Vec<OwnedFd>,
+    tids: HashSet<u32>,
+}
+
+impl Events {
+    /// Open the events of one thread on every CPU.
+    fn open_thread(&mut self, tid: u32) -> io::Result<()> {
+        let mut opened = Vec::new();
+        for &cpu in &self.cpus {
+            opened.push(sys::perf_event_open(&self.attr, tid as i32, cpu as i32)?);
+        }
+        for (i, fd) in opened.into_iter().enumerate() {
+            match &self.leaders[i] {
+                Some((leader, _)) => {
+                    sys::perf_set_output(&fd, leader)?;
+                    self.others.push(fd);
+                }
+                None => {
+                    let ring = self.map_ring(&fd)?;
+                    self.leaders[i] = Some((fd, ring));
+                }
+            }
+        }
+        self.tids.insert(tid);
+        Ok(())
+    }
+
+    /// Map a ring buffer, halving its size while the kernel refuses.
+    fn map_ring(&mut self, fd: &OwnedFd) -> io::Result<RingMap> {
+        loop {
+            match RingMap::new(fd, self.page_size, self.ring_pages) {
+                Ok(r) => return Ok(r),
+                Err(e)
+                    if self.ring_pages > MIN_RING_PAGES
+                        && matches!(e.raw_os_error(), Some(libc::EPERM | libc::ENOMEM)) =>
+                {
+                    self.ring_pages /= 2;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    fn all_fds(&self) -> impl Iterator<Item = &OwnedFd> {
+        self.leaders
+            .iter()
+            .flatten()
+            .map(|(fd, _)| fd)
+            .chain(self.others.iter())
+    }
+}
 
 /// Record on Linux.
-pub(crate) fn record(_options: &RecordOptions) -> Result<RecordSummary, RecordError> {
-    Err(RecordError::Unsupported(
-        "the Linux backend is being written".into(),
+pub(crate) fn record(options: &RecordOptions) -> Result<RecordSummary, RecordError> {
+    let stack_size = attr::valid_stack_size(options.stack_size);
+    let (frequency_hz, clamped) = attr::clamp_frequency(
+        options.frequency_hz,
+        procfs::read_sysctl("/proc/sys/kernel/perf_event_max_sample_rate"),
+    );
+    if clamped {
+        eprintln!(
+            "lrnprof-rec: warning: {} Hz is above kernel.perf_event_max_sample_rate; sampling at {frequency_hz} Hz",
+            options.frequency_hz
+        );
+    }
+    if let TargetSpec::Pid(pid) = options.target {
+        if !std::path::Path::new(&format!("/proc/{pid}")).exists() || procfs::has_exited(pid) {
+            return Err(RecordError::NoSuchProcess { pid });
+        }
+    }
+    let out = OutputFile::create(&options.out)?;
+    let stop = StopWatch::start(options.duration)?;
+    let mut launched = match &options.target {
+        TargetSpec::Command(cmd) => Some(launch::spawn_waiting(cmd)?),
+        TargetSpec::Pid(_) => None,
+    };
+    let pid = match (&options.target, &launched) {
+        (_, Some(l)) => l.pid,
+        (TargetSpec::Pid(p), None) => *p,
+        (TargetSpec::Command(_), None) => unreachable!("launched above"),
+    };
+    let page_size = host::page_size() as usize;
+    let settings = AttrSettings {
+        event: EventKind::Cycles,
+        frequency_hz,
+        stack_size,
+        callchain: options.kernel_callchain,
+        enable_on_exec: launched.is_some(),
+        build_id: true,
+        regs_mask: NATIVE_REGS.mask,
+        wakeup_bytes: (MAX_RING_PAGES * page_size / 4) as u32,
+    };
+    let (mut events, settings) = open_first(pid, settings, page_size)?;
+    if launched.is_none() {
+        attach_all_threads(&mut events, pid)?;
+    }
+    let start_time = sys::monotonic_ns();
+    if let Some(l) = launched.as_mut() {
+        l.release()?;
+    }
+    let header = TraceHeader {
+        arch: NATIVE_REGS.arch,
+        os: Os::Linux,
+        endian: Endian::Little,
+        pointer_size: 8,
+        page_size: page_size as u32,
+        clock: Clock::Monotonic,
+        sampling: SamplingSettings {
+            event: match settings.event {
+                EventKind::Cycles => SampleEvent::Cycles,
+                EventKind::CpuClock => SampleEvent::CpuClock,
+            },
+            frequency_hz,
+            stack_size,
+            kernel_callchain: settings.callchain,
+            include_kernel: false,
+        },
+        recorder: host::RECORDER_NAME.to_string(),
+        start_wall_ns: host::wall_clock_ns(),
+        start_time: Timestamp(start_time),
+        target: match &options.target {
+            TargetSpec::Pid(p) => Target::Attach {
+                pids: vec![Pid(*p)],
+            },
+            TargetSpec::Command(c) => Target::Launch {
+                command: c.iter().map(|a| a.to_string_lossy().into_owned()).collect(),
+                pid: Pid(pid),
+            },
+        },
+        hostname: host::hostname(),
+    };
+    let sample_kind = match settings.event {
+        EventKind::Cycles => SampleKind::Cycles,
+        EventKind::CpuClock => SampleKind::CpuTime,
+    };
+    let layout = settings.layout();
+    let converter = Converter::new(layout, NATIVE_REGS, sample_kind);
+    let sink = Sink::start(out, &header, converter, CHANNEL_CAPACITY)?;
+    let sender = sink.sender();
+    let command = match &header.target {
+        Target::Launch { command, .. } => Some(command.clone()),
+        Target::Attach { .. } => None,
+    };
+    let mut tids: Vec<u32> = events.tids.iter().copied().collect();
+    tids.sort_unstable();
+    let sent = sender.send(RawMsg::Initial(Initial {
+        time: start_time,
+        pid,
+        tids,
+        launched: command,
+    }));
+    let status = StatusLine::start(options.status_line, sink.stats(), stop.started());
+    let outcome = sent.and_then(|()| {
+        sample_loop(
+            &mut events,
+            &layout,
+            &sender,
+            &stop,
+            pid,
+            launched.as_ref().map(|l| l.pid),
+        )
+    });
+    // Stop sampling before the last drain, so nothing is cut in half.
+    for fd in events.all_fds() {
+        let _ = sys::perf_disable(fd);
+    }
+    let drained = drain_all(&mut events, &layout, &sender);
+    drop(status);
+    let end = sys::monotonic_ns();
+    drop(sender);
+    let totals = sink.finish(Timestamp(end));
+    let (reason, target_exit) = outcome?;
+    drained?;
+    let totals = totals?;
+    Ok(RecordSummary::new(
+        &options.out,
+        &totals,
+        stop.started().elapsed(),
+        reason,
+        target_exit,
     ))
+}
+
+/// Open the first thread's events, falling back from hardware cycles to
+/// the software CPU clock and from build-id MMAP2 records to plain ones.
+fn open_first(
+    pid: u32,
+    settings: AttrSettings,
+    page_size: usize,
+) -> Result<(Events, AttrSettings), RecordError> {
+    let candidates = [
+        (EventKind::Cycles, true),
+        (EventKind::Cycles, false),
+        (EventKind::CpuClock, true),
+        (EventKind::CpuClock, false),
+    ];
+    let cpus = procfs::online_cpus(sys::cpu_count());
+    let mut last_err = None;
+    for (event, build_id) in candidates {
+        let s = AttrSettings {
+            event,
+            build_id,
+            ..settings
+        };
+        let mut events = Events {
+            attr: s.attr(),
+            leaders: (0..cpus.len()).map(|_| None).collect(),
+            cpus: cpus.clone(),
+            ring_pages: MAX_RING_PAGES,
+            page_size,
+            others: Vec::new(),
+            tids: HashSet::new(),
+        };
+        match events.open_thread(pid) {
+            Ok(()) => return Ok((events, s)),
+            Err(e) => match e.raw_os_error() {
+                Some(libc::ESRCH) => return Err(RecordError::NoSuchProcess { pid }),
+                Some(libc::EACCES | libc::EPERM) => return Err(permission_denied(pid)),
+                _ => last_err = Some(e),
+            },
+        }
+    }
+    let e = last_err.unwrap_or_else(|| io::Error::from_raw_os_error(libc::ENOSYS));
+    Err(RecordError::Unsupported(format!(
+        "perf_event_open failed for both the cycles and cpu-clock events ({e}); \
+         the kernel needs CONFIG_PERF_EVENTS, and containers must allow the perf_event_open syscall"
+    )))
+}
+
+fn permission_denied(pid: u32) -> RecordError {
+    RecordError::PermissionDenied {
+        pid,
+        advice: attr::permission_advice(
+            procfs::read_sysctl("/proc/sys/kernel/perf_event_paranoid"),
+            sys::geteuid(),
+            procfs::owner_uid(pid),
+        ),
+    }
+}
+
+/// Attach to every thread of `pid`, rescanning until no new thread shows
+/// up (threads created after their creator was attached are inherited).
+fn attach_all_threads(events: &mut Events, pid: u32) -> Result<(), RecordError> {
+    for _ in 0..100 {
+        let tids = procfs::list_tasks(pid).map_err(|_| RecordError::NoSuchProcess { pid })?;
+        let new: Vec<u32> = tids
+            .into_iter()
+            .filter(|t| !events.tids.contains(t))
+            .collect();
+        if new.is_empty() {
+            return Ok(());
+        }
+        for tid in new {
+            match events.open_thread(tid) {
+                Ok(()) => {}
+                // The thread exited meanwhile.
+                Err(e) if e.raw_os_error() == Some(libc::ESRCH) => {}
+                Err(e) if matches!(e.raw_os_error(), Some(libc::EACCES | libc::EPERM)) => {
+                    return Err(permission_denied(pid))
+                }
+                Err(e) => {
+                    return Err(RecordError::Sys {
+                        what: format!("perf_event_open for thread {tid}"),
+                        source: e,
+                    })
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Drain every ring buffer once; returns whether anything was drained.
+fn drain_all(
+    events: &mut Events,
+    layout: &Layout,
+    sender: &SinkSender<RawMsg>,
+) -> Result<bool, RecordError> {
+    let round = sys::monotonic_ns();
+    let mut any = false;
+    let mut scratch = Vec::new();
+    for (_, ring) in events.leaders.iter_mut().flatten() {
+        scratch.clear();
+        if ring.drain(&mut scratch) > 0 {
+            let mut chunk = Vec::with_capacity(scratch.len().min(1 << 20));
+            ring::compact_samples(layout, &scratch, &mut chunk);
+            sender.send(RawMsg::Chunk(chunk))?;
+            any = true;
+        }
+    }
+    sender.send(RawMsg::Round(round))?;
+    Ok(any)
+}
+
+fn decode_wait_status(status: i32) -> TargetExit {
+    if libc::WIFSIGNALED(status) {
+        TargetExit::Signal(libc::WTERMSIG(status))
+    } else {
+        TargetExit::Code(libc::WEXITSTATUS(status))
+    }
+}
+
+/// Drain until a stop condition; returns why and how a launched child ended.
+fn sample_loop(
+    events: &mut Events,
+    layout: &Layout,
+    sender: &SinkSender<RawMsg>,
+    stop: &StopWatch,
+    pid: u32,
+    child: Option<u32>,
+) -> Result<(StopReason, Option<TargetExit>), RecordError> {
+    let fds: Vec<i32> = events
+        .leaders
+        .iter()
+        .flatten()
+        .map(|(fd, _)| fd.as_raw_fd())
+        .collect();
+    let mut signals_seen = 0;
+    loop {
+        drain_all(events, layout, sender)?;
+        if let Some(child) = child {
+            if let Some(status) = sys::try_wait(child).map_err(|e| RecordError::Sys {
+                what: "waitpid".into(),
+                source: e,
+            })? {
+                let exit = decode_wait_status(status);
+                sender.send(RawMsg::Exited {
+                    pid: child,
+                    time: sys::monotonic_ns(),
+                    code: exit.shell_code(),
+                })?;
+                return Ok((StopReason::TargetExited, Some(exit)));
+            }
+        } else if procfs::has_exited(pid) {
+            return Ok((StopReason::TargetExited, None));
+        }
+        if let Some(signal) = stop.take_signal() {
+            signals_seen += 1;
+            match child {
+                // Pass the signal on and keep recording until the command
+                // exits; a second signal stops it for good.
+                Some(child) if signals_seen == 1 => {
+                    if signal != libc::SIGINT || !sys::terminal_delivers_sigint() {
+                        let _ = sys::kill(child, signal);
+                    }
+                }
+                Some(child) => {
+                    let _ = sys::kill(child, libc::SIGKILL);
+                    let exit = sys::wait(child).ok().map(decode_wait_status);
+                    if let Some(exit) = exit {
+                        sender.send(RawMsg::Exited {
+                            pid: child,
+                            time: sys::monotonic_ns(),
+                            code: exit.shell_code(),
+                        })?;
+                    }
+                    return Ok((StopReason::Signal(signal), exit));
+                }
+                None => return Ok((StopReason::Signal(signal), None)),
+            }
+        }
+        if stop.deadline_passed() {
+            return Ok((StopReason::Duration, None));
+        }
+        let timeout = stop.timeout(POLL_INTERVAL);
+        let ready =
+            sys::poll_readable(&fds, timeout.as_millis() as i32).map_err(|e| RecordError::Sys {
+                what: "poll".into(),
+                source: e,
+            })?;
+        if !ready.is_empty() && ready.iter().all(|&(_, hup)| hup) {
+            // Hung up (the thread owning the buffer exited): poll would
+            // return at once from now on, so pace the loop.
+            std::thread::sleep(timeout.min(Duration::from_millis(20)));
+        }
+    }
 }

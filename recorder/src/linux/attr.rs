@@ -1,0 +1,265 @@
+//! Building the `perf_event_attr` and interpreting what the kernel allows.
+
+use super::parse::{sample, Layout};
+use super::sys::{PerfEventAttr, PERF_ATTR_SIZE};
+
+/// `perf_event_attr` flag bits.
+pub(crate) mod flag {
+    pub const DISABLED: u64 = 1 << 0;
+    pub const INHERIT: u64 = 1 << 1;
+    pub const EXCLUDE_KERNEL: u64 = 1 << 5;
+    pub const EXCLUDE_HV: u64 = 1 << 6;
+    pub const MMAP: u64 = 1 << 8;
+    pub const COMM: u64 = 1 << 9;
+    pub const FREQ: u64 = 1 << 10;
+    pub const ENABLE_ON_EXEC: u64 = 1 << 12;
+    pub const TASK: u64 = 1 << 13;
+    pub const WATERMARK: u64 = 1 << 14;
+    pub const SAMPLE_ID_ALL: u64 = 1 << 18;
+    pub const EXCLUDE_CALLCHAIN_KERNEL: u64 = 1 << 21;
+    pub const MMAP2: u64 = 1 << 23;
+    pub const COMM_EXEC: u64 = 1 << 24;
+    pub const USE_CLOCKID: u64 = 1 << 25;
+    pub const BUILD_ID: u64 = 1 << 34;
+}
+
+const PERF_TYPE_HARDWARE: u32 = 0;
+const PERF_TYPE_SOFTWARE: u32 = 1;
+const PERF_COUNT_HW_CPU_CYCLES: u64 = 0;
+const PERF_COUNT_SW_CPU_CLOCK: u64 = 0;
+
+/// The sampling event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum EventKind {
+    /// Hardware cycles, at a frequency.
+    Cycles,
+    /// Software CPU clock, with a fixed period in nanoseconds.
+    CpuClock,
+}
+
+/// Everything that goes into the attribute.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct AttrSettings {
+    pub event: EventKind,
+    pub frequency_hz: u32,
+    /// Bytes of user stack per sample (already a valid size).
+    pub stack_size: u32,
+    pub callchain: bool,
+    /// Launch mode: start disabled, enable at the child's `execve`.
+    pub enable_on_exec: bool,
+    /// Ask for build ids in MMAP2 records (Linux 5.12+).
+    pub build_id: bool,
+    /// `sample_regs_user`.
+    pub regs_mask: u64,
+    /// Wake the reader when this many bytes are waiting.
+    pub wakeup_bytes: u32,
+}
+
+/// The largest `sample_stack_user` the kernel accepts: below `u16::MAX`
+/// (a record's size is a u16) and a multiple of 8.
+pub(crate) const MAX_STACK_SIZE: u32 = 65528;
+
+/// Round a requested stack size down to what the kernel accepts.
+pub(crate) fn valid_stack_size(requested: u32) -> u32 {
+    requested.min(MAX_STACK_SIZE) & !7
+}
+
+/// Clamp the frequency to `perf_event_max_sample_rate`; the bool says
+/// whether it was lowered.
+pub(crate) fn clamp_frequency(requested: u32, max: Option<i64>) -> (u32, bool) {
+    match max {
+        Some(max) if max > 0 && i64::from(requested) > max => (max as u32, true),
+        _ => (requested, false),
+    }
+}
+
+impl AttrSettings {
+    /// The sample layout these settings produce.
+    pub fn layout(&self) -> Layout {
+        Layout {
+            sample_type: self.sample_type(),
+            user_regs: self.regs_mask.count_ones() as usize,
+        }
+    }
+
+    fn sample_type(&self) -> u64 {
+        let mut t = sample::TID
+            | sample::TIME
+            | sample::CPU
+            | sample::PERIOD
+            | sample::REGS_USER
+            | sample::STACK_USER;
+        if self.callchain {
+            t |= sample::CALLCHAIN;
+        }
+        t
+    }
+
+    /// The attribute.
+    pub fn attr(&self) -> PerfEventAttr {
+        let mut flags = flag::INHERIT
+            | flag::EXCLUDE_KERNEL
+            | flag::EXCLUDE_HV
+            | flag::MMAP
+            | flag::MMAP2
+            | flag::COMM
+            | flag::COMM_EXEC
+            | flag::TASK
+            | flag::SAMPLE_ID_ALL
+            | flag::USE_CLOCKID
+            | flag::WATERMARK;
+        if self.callchain {
+            flags |= flag::EXCLUDE_CALLCHAIN_KERNEL;
+        }
+        if self.enable_on_exec {
+            flags |= flag::DISABLED | flag::ENABLE_ON_EXEC;
+        }
+        if self.build_id {
+            flags |= flag::BUILD_ID;
+        }
+        let (type_, config, period) = match self.event {
+            EventKind::Cycles => {
+                flags |= flag::FREQ;
+                (
+                    PERF_TYPE_HARDWARE,
+                    PERF_COUNT_HW_CPU_CYCLES,
+                    u64::from(self.frequency_hz),
+                )
+            }
+            EventKind::CpuClock => (
+                PERF_TYPE_SOFTWARE,
+                PERF_COUNT_SW_CPU_CLOCK,
+                (1_000_000_000 / u64::from(self.frequency_hz.max(1))).max(1),
+            ),
+        };
+        PerfEventAttr {
+            type_,
+            size: PERF_ATTR_SIZE,
+            config,
+            sample_period: period,
+            sample_type: self.sample_type(),
+            flags,
+            wakeup: self.wakeup_bytes,
+            sample_regs_user: self.regs_mask,
+            sample_stack_user: self.stack_size,
+            clockid: libc::CLOCK_MONOTONIC,
+            ..Default::default()
+        }
+    }
+}
+
+/// What to tell a user whose `perf_event_open` on `pid` failed with
+/// EACCES/EPERM.
+pub(crate) fn permission_advice(
+    paranoid: Option<i64>,
+    our_uid: u32,
+    target_uid: Option<u32>,
+) -> String {
+    if our_uid != 0 && target_uid.is_some_and(|u| u != our_uid) {
+        return format!(
+            "the process belongs to uid {} and we are uid {our_uid}: run as that user, or as root \
+             (or with CAP_PERFMON and CAP_SYS_PTRACE)",
+            target_uid.unwrap_or_default()
+        );
+    }
+    match paranoid {
+        Some(p) if p > 2 && our_uid != 0 => format!(
+            "kernel.perf_event_paranoid is {p}: lower it with `sudo sysctl kernel.perf_event_paranoid=2`, \
+             or run as root / with CAP_PERFMON"
+        ),
+        _ => "perf_event_open was refused (a seccomp filter, e.g. a container's, or a \
+              non-dumpable/setuid target): run as root with CAP_PERFMON and CAP_SYS_PTRACE, \
+              or allow perf_event_open in the container's seccomp profile"
+            .to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings() -> AttrSettings {
+        AttrSettings {
+            event: EventKind::CpuClock,
+            frequency_hz: 1000,
+            stack_size: 8192,
+            callchain: true,
+            enable_on_exec: true,
+            build_id: true,
+            regs_mask: 0b111 << 6,
+            wakeup_bytes: 4096,
+        }
+    }
+
+    #[test]
+    fn cpu_clock_uses_a_period_in_ns() {
+        let a = settings().attr();
+        assert_eq!((a.type_, a.config, a.sample_period), (1, 0, 1_000_000));
+        assert_eq!(a.flags & flag::FREQ, 0);
+        assert_eq!(a.size, 128);
+        assert_eq!(a.clockid, libc::CLOCK_MONOTONIC);
+    }
+
+    #[test]
+    fn cycles_use_a_frequency() {
+        let a = AttrSettings {
+            event: EventKind::Cycles,
+            ..settings()
+        }
+        .attr();
+        assert_eq!((a.type_, a.sample_period), (0, 1000));
+        assert_ne!(a.flags & flag::FREQ, 0);
+    }
+
+    #[test]
+    fn flags_follow_the_settings() {
+        let a = settings().attr();
+        for f in [
+            flag::INHERIT,
+            flag::EXCLUDE_KERNEL,
+            flag::EXCLUDE_CALLCHAIN_KERNEL,
+            flag::DISABLED,
+            flag::ENABLE_ON_EXEC,
+            flag::MMAP2,
+            flag::SAMPLE_ID_ALL,
+            flag::USE_CLOCKID,
+            flag::BUILD_ID,
+        ] {
+            assert_ne!(a.flags & f, 0, "flag {f:#x}");
+        }
+        assert_ne!(a.sample_type & sample::CALLCHAIN, 0);
+        let b = AttrSettings {
+            callchain: false,
+            enable_on_exec: false,
+            build_id: false,
+            ..settings()
+        }
+        .attr();
+        assert_eq!(
+            b.flags & (flag::DISABLED | flag::ENABLE_ON_EXEC | flag::BUILD_ID),
+            0
+        );
+        assert_eq!(b.sample_type & sample::CALLCHAIN, 0);
+    }
+
+    #[test]
+    fn stack_sizes_are_kernel_valid() {
+        assert_eq!(valid_stack_size(65536), 65528);
+        assert_eq!(valid_stack_size(8193), 8192);
+        assert_eq!(valid_stack_size(0), 0);
+    }
+
+    #[test]
+    fn frequency_is_clamped_to_the_kernel_maximum() {
+        assert_eq!(clamp_frequency(1000, Some(500)), (500, true));
+        assert_eq!(clamp_frequency(1000, Some(100_000)), (1000, false));
+        assert_eq!(clamp_frequency(1000, None), (1000, false));
+    }
+
+    #[test]
+    fn advice_names_the_restriction() {
+        assert!(permission_advice(Some(2), 1000, Some(0)).contains("belongs to uid 0"));
+        assert!(permission_advice(Some(3), 1000, Some(1000)).contains("perf_event_paranoid is 3"));
+        assert!(permission_advice(Some(2), 0, Some(1000)).contains("seccomp"));
+    }
+}

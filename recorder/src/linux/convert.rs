@@ -1,0 +1,607 @@
+//! Turning drained perf records into trace records, on the writer thread.
+//!
+//! Ring buffers are per CPU, so records arrive in time order per CPU but
+//! not across CPUs. Records are held in a heap and released in time order
+//! once every buffer has been drained past their time (a "round", as in
+//! perf's ordered events). This thread also does the slow lookups the
+//! sampling side must not: build ids, `/proc` reads, the vDSO's bytes.
+
+use super::elf;
+use super::parse::{self, Layout, Mmap2Record, PerfRecord, SampleRecord};
+use super::procfs::{self, MapsEntry};
+use super::regs::ArchRegs;
+use super::sys;
+use crate::error::RecordError;
+use crate::sink::Convert;
+use lrnprof_format::{
+    BuildId, ImageKind, ImageMapRecord, LostRecord, Pid, ProcessEvent, ProcessRecord, Record,
+    Sample, SampleKind, StackSnapshot, ThreadEvent, ThreadRecord, Tid, Timestamp,
+};
+use std::cmp::{Ordering, Reverse};
+use std::collections::{BinaryHeap, HashMap, HashSet};
+use std::os::unix::fs::MetadataExt;
+use std::time::{Duration, Instant};
+
+/// What the sampling side sends to the writer thread.
+#[derive(Debug)]
+pub(crate) enum RawMsg {
+    /// What existed when recording started. Sent before any chunk.
+    Initial(Initial),
+    /// Whole perf records drained from one ring buffer.
+    Chunk(Vec<u8>),
+    /// Every ring buffer has been drained up to at least this time (ns).
+    Round(u64),
+    /// The launched process exited.
+    Exited {
+        /// The process.
+        pid: u32,
+        /// When it was reaped (ns).
+        time: u64,
+        /// `Some(code)` for an exit, or `128 + signal`.
+        code: i32,
+    },
+}
+
+/// The processes already there when recording started.
+#[derive(Debug)]
+pub(crate) struct Initial {
+    /// Start of recording (ns).
+    pub time: u64,
+    /// The process.
+    pub pid: u32,
+    /// Its threads.
+    pub tids: Vec<u32>,
+    /// Launched: the command; it has not exec'd yet, so do not read its
+    /// maps (they are the recorder's).
+    pub launched: Option<Vec<String>>,
+}
+
+/// A record waiting to be released in time order.
+struct Pending {
+    time: u64,
+    seq: u64,
+    record: Record,
+}
+
+impl PartialEq for Pending {
+    fn eq(&self, other: &Self) -> bool {
+        (self.time, self.seq) == (other.time, other.seq)
+    }
+}
+impl Eq for Pending {}
+impl PartialOrd for Pending {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for Pending {
+    fn cmp(&self, other: &Self) -> Ordering {
+        (self.time, self.seq).cmp(&(other.time, other.seq))
+    }
+}
+
+/// Writable memory ranges of a process, to trim stack copies at the end
+/// of the stack's mapping.
+struct Regions {
+    ranges: Vec<(u64, u64)>,
+    read_at: Instant,
+}
+
+/// Re-read a process's maps on a miss at most this often.
+const REGIONS_REFRESH: Duration = Duration::from_millis(50);
+
+/// An image seen during the recording, for embedding later.
+#[derive(Debug, Clone)]
+#[allow(dead_code)] // read by embedding, next
+pub(crate) struct SeenImage {
+    /// Where the file can be read on this machine (None for the vDSO).
+    pub host_path: Option<std::path::PathBuf>,
+    /// Its kind.
+    pub kind: ImageKind,
+}
+
+/// The Linux [`Convert`].
+pub(crate) struct Converter {
+    layout: Layout,
+    regs: ArchRegs,
+    sample_kind: SampleKind,
+    pending: BinaryHeap<Reverse<Pending>>,
+    seq: u64,
+    /// Records older than this may be released.
+    released_before: u64,
+    last_time: u64,
+    threads: HashSet<(u32, u32)>,
+    names: HashMap<u32, String>,
+    launched_root: Option<u32>,
+    regions: HashMap<u32, Regions>,
+    build_ids: HashMap<(u64, u64, i64), Option<BuildId>>,
+    /// Images by build id, for embedding.
+    pub(crate) images: HashMap<BuildId, SeenImage>,
+    /// vDSO bytes by build id.
+    pub(crate) vdso: HashMap<BuildId, Vec<u8>>,
+    /// Records that could not be parsed.
+    pub(crate) malformed: u64,
+}
+
+impl Converter {
+    /// A converter for records of `layout`.
+    pub fn new(layout: Layout, regs: ArchRegs, sample_kind: SampleKind) -> Converter {
+        Converter {
+            layout,
+            regs,
+            sample_kind,
+            pending: BinaryHeap::new(),
+            seq: 0,
+            released_before: 0,
+            last_time: 0,
+            threads: HashSet::new(),
+            names: HashMap::new(),
+            launched_root: None,
+            regions: HashMap::new(),
+            build_ids: HashMap::new(),
+            images: HashMap::new(),
+            vdso: HashMap::new(),
+            malformed: 0,
+        }
+    }
+
+    fn push(&mut self, time: u64, record: Record) {
+        self.last_time = self.last_time.max(time);
+        self.seq += 1;
+        self.pending.push(Reverse(Pending {
+            time,
+            seq: self.seq,
+            record,
+        }));
+    }
+
+    fn release(&mut self, before: u64, out: &mut Vec<Record>) {
+        while let Some(Reverse(p)) = self.pending.peek() {
+            if p.time >= before {
+                break;
+            }
+            let Reverse(p) = self.pending.pop().expect("peeked");
+            out.push(p.record);
+        }
+    }
+
+    fn initial(&mut self, init: Initial) {
+        let t = init.time;
+        let pid = init.pid;
+        let (command, executable) = match &init.launched {
+            Some(cmd) => (cmd.clone(), None),
+            None => (procfs::command_line(pid), procfs::executable(pid)),
+        };
+        if init.launched.is_some() {
+            self.launched_root = Some(pid);
+        }
+        self.push(
+            t,
+            Record::Process(ProcessRecord {
+                time: Timestamp(t),
+                pid: Pid(pid),
+                parent: procfs::parent_pid(pid).map(Pid),
+                event: ProcessEvent::Existing,
+                command,
+                executable,
+            }),
+        );
+        for &tid in &init.tids {
+            let name = procfs::thread_name(pid, tid);
+            self.thread(t, pid, tid, ThreadEvent::Existing, name);
+        }
+        if init.launched.is_none() {
+            if let Ok(maps) = procfs::read_maps(pid) {
+                self.set_regions(pid, &maps);
+                for m in maps.iter().filter(|m| m.exec) {
+                    if let Some(r) = self.image_from_maps(t, pid, m) {
+                        self.push(t, r);
+                    }
+                }
+            }
+        }
+    }
+
+    fn thread(&mut self, t: u64, pid: u32, tid: u32, event: ThreadEvent, name: Option<String>) {
+        self.threads.insert((pid, tid));
+        if let Some(n) = &name {
+            self.names.insert(tid, n.clone());
+        }
+        self.push(
+            t,
+            Record::Thread(ThreadRecord {
+                time: Timestamp(t),
+                pid: Pid(pid),
+                tid: Tid(tid),
+                event,
+                name,
+            }),
+        );
+    }
+
+    fn set_regions(&mut self, pid: u32, maps: &[MapsEntry]) {
+        let ranges = maps
+            .iter()
+            .filter(|m| m.write)
+            .map(|m| (m.start, m.end))
+            .collect();
+        self.regions.insert(
+            pid,
+            Regions {
+                ranges,
+                read_at: Instant::now(),
+            },
+        );
+    }
+
+    /// End of the writable mapping containing `sp`, if known.
+    fn stack_end(&mut self, pid: u32, sp: u64) -> Option<u64> {
+        let find = |r: &Regions| {
+            r.ranges
+                .iter()
+                .find(|&&(s, e)| s <= sp && sp < e)
+                .map(|&(_, e)| e)
+        };
+        if let Some(end) = self.regions.get(&pid).and_then(find) {
+            return Some(end);
+        }
+        let stale = self
+            .regions
+            .get(&pid)
+            .map_or(true, |r| r.read_at.elapsed() >= REGIONS_REFRESH);
+        if stale {
+            match procfs::read_maps(pid) {
+                Ok(maps) => self.set_regions(pid, &maps),
+                Err(_) => {
+                    // Gone: remember that, so we do not retry per sample.
+                    self.regions.insert(
+                        pid,
+                        Regions {
+                            ranges: Vec::new(),
+                            read_at: Instant::now(),
+                        },
+                    );
+                }
+            }
+        }
+        self.regions.get(&pid).and_then(find)
+    }
+
+    fn image_from_maps(&mut self, t: u64, pid: u32, m: &MapsEntry) -> Option<Record> {
+        if m.path == "[vsyscall]" {
+            return None;
+        }
+        self.image(t, pid, m.start, m.end, m.offset, &m.path, None)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn image(
+        &mut self,
+        t: u64,
+        pid: u32,
+        start: u64,
+        end: u64,
+        file_offset: u64,
+        path: &str,
+        kernel_build_id: Option<&[u8]>,
+    ) -> Option<Record> {
+        let kind = image_kind(path);
+        let build_id = match (kernel_build_id, kind) {
+            (Some(id), _) if !id.is_empty() => {
+                let id = BuildId(id.to_vec());
+                if kind == ImageKind::File && !self.images.contains_key(&id) {
+                    let host_path = self.host_path(pid, start, end, path);
+                    self.images
+                        .insert(id.clone(), SeenImage { host_path, kind });
+                }
+                Some(id)
+            }
+            (_, ImageKind::File) => self.file_build_id(pid, start, end, path),
+            (_, ImageKind::Vdso) => self.vdso_build_id(pid, start, end),
+            _ => None,
+        };
+        Some(Record::ImageMap(ImageMapRecord {
+            time: Timestamp(t),
+            pid: Pid(pid),
+            start,
+            end,
+            file_offset,
+            path: path.to_string(),
+            build_id,
+            kind,
+            executable: true,
+        }))
+    }
+
+    /// Where to read an image's file from here: through the process's root
+    /// (containers), or its mapping if the file was deleted.
+    fn host_path(&self, pid: u32, start: u64, end: u64, path: &str) -> Option<std::path::PathBuf> {
+        let candidates = [
+            path.strip_suffix(" (deleted)")
+                .map(|_| format!("/proc/{pid}/map_files/{start:x}-{end:x}").into()),
+            Some(procfs::root_path(pid, path)),
+            Some(std::path::PathBuf::from(path)),
+        ];
+        candidates.into_iter().flatten().find(|p| p.exists())
+    }
+
+    fn file_build_id(&mut self, pid: u32, start: u64, end: u64, path: &str) -> Option<BuildId> {
+        let host = self.host_path(pid, start, end, path)?;
+        let meta = std::fs::metadata(&host).ok()?;
+        let key = (
+            meta.dev(),
+            meta.ino(),
+            meta.mtime_nsec() + meta.mtime() * 1_000_000_000,
+        );
+        let id = match self.build_ids.get(&key) {
+            Some(id) => id.clone(),
+            None => {
+                let id = elf::build_id_of_file(&host);
+                self.build_ids.insert(key, id.clone());
+                id
+            }
+        };
+        if let Some(id) = &id {
+            self.images.entry(id.clone()).or_insert(SeenImage {
+                host_path: Some(host),
+                kind: ImageKind::File,
+            });
+        }
+        id
+    }
+
+    fn vdso_build_id(&mut self, pid: u32, start: u64, end: u64) -> Option<BuildId> {
+        let len = usize::try_from(end.checked_sub(start)?).ok()?;
+        if len > 1 << 20 {
+            return None;
+        }
+        let bytes = sys::read_process_memory(pid, start, len).ok()?;
+        let id = elf::build_id_of_bytes(&bytes)?;
+        self.images.entry(id.clone()).or_insert(SeenImage {
+            host_path: None,
+            kind: ImageKind::Vdso,
+        });
+        self.vdso.entry(id.clone()).or_insert(bytes);
+        Some(id)
+    }
+
+    fn perf_record(&mut self, rec: PerfRecord<'_>) {
+        match rec {
+            PerfRecord::Sample(s) => self.sample(s),
+            PerfRecord::Mmap2(m) => self.mmap(m),
+            PerfRecord::Comm {
+                pid,
+                tid,
+                name,
+                exec,
+                id,
+            } => {
+                let t = id.time.unwrap_or(self.last_time);
+                if exec {
+                    self.push(
+                        t,
+                        Record::Process(ProcessRecord {
+                            time: Timestamp(t),
+                            pid: Pid(pid),
+                            parent: None,
+                            event: ProcessEvent::Exec,
+                            command: procfs::command_line(pid),
+                            executable: procfs::executable(pid),
+                        }),
+                    );
+                    // The exec replaced the address space.
+                    self.regions.remove(&pid);
+                }
+                self.thread(t, pid, tid, ThreadEvent::Rename, Some(name.to_string()));
+            }
+            PerfRecord::Fork {
+                pid,
+                ppid,
+                tid,
+                ptid,
+                time,
+            } => {
+                let name = self.names.get(&ptid).cloned();
+                if pid == tid && pid != ppid {
+                    self.push(
+                        time,
+                        Record::Process(ProcessRecord {
+                            time: Timestamp(time),
+                            pid: Pid(pid),
+                            parent: Some(Pid(ppid)),
+                            event: ProcessEvent::Fork,
+                            command: Vec::new(),
+                            executable: None,
+                        }),
+                    );
+                }
+                self.thread(time, pid, tid, ThreadEvent::Start, name);
+            }
+            PerfRecord::Exit { pid, tid, time } => {
+                self.push(
+                    time,
+                    Record::Thread(ThreadRecord {
+                        time: Timestamp(time),
+                        pid: Pid(pid),
+                        tid: Tid(tid),
+                        event: ThreadEvent::Exit,
+                        name: None,
+                    }),
+                );
+                self.names.remove(&tid);
+                if pid == tid {
+                    self.regions.remove(&pid);
+                    if self.launched_root != Some(pid) {
+                        self.push(time, process_exit(time, pid, None));
+                    }
+                }
+            }
+            PerfRecord::Lost { lost, id } | PerfRecord::LostSamples { lost, id } => {
+                let t = id.time.unwrap_or(self.last_time);
+                self.push(
+                    t,
+                    Record::Lost(LostRecord {
+                        time: Timestamp(t),
+                        pid: None,
+                        tid: None,
+                        count: lost,
+                    }),
+                );
+            }
+            PerfRecord::Throttle { .. } | PerfRecord::Other { .. } => {}
+        }
+    }
+
+    fn mmap(&mut self, m: Mmap2Record<'_>) {
+        if m.prot & libc::PROT_EXEC as u32 == 0 {
+            return;
+        }
+        let t = m.id.time.unwrap_or(self.last_time);
+        let end = m.addr.saturating_add(m.len);
+        if let Some(r) = self.image(t, m.pid, m.addr, end, m.pgoff, m.filename, m.build_id) {
+            self.push(t, r);
+        }
+    }
+
+    fn sample(&mut self, s: SampleRecord<'_>) {
+        let Some(regs) = (self.regs.convert)(&s.regs) else {
+            // No user registers (the thread was in the kernel with no user
+            // context): nothing to unwind from.
+            return;
+        };
+        let sp = regs.sp();
+        let mut live = s.stack;
+        if let Some(end) = self.stack_end(s.pid, sp) {
+            let keep = end.saturating_sub(sp).min(live.len() as u64) as usize;
+            live = &live[..keep];
+        }
+        self.threads.insert((s.pid, s.tid));
+        self.push(
+            s.time,
+            Record::Sample(Sample {
+                time: Timestamp(s.time),
+                pid: Pid(s.pid),
+                tid: Tid(s.tid),
+                cpu: s.cpu,
+                kind: self.sample_kind,
+                weight: s.period,
+                regs,
+                stack: StackSnapshot {
+                    start: sp,
+                    bytes: live.to_vec(),
+                },
+                kernel_callchain: s.callchain,
+                frames: Vec::new(),
+            }),
+        );
+    }
+}
+
+fn process_exit(time: u64, pid: u32, code: Option<i32>) -> Record {
+    Record::Process(ProcessRecord {
+        time: Timestamp(time),
+        pid: Pid(pid),
+        parent: None,
+        event: ProcessEvent::Exit { code },
+        command: Vec::new(),
+        executable: None,
+    })
+}
+
+/// What kind of image a mapping's path names.
+pub(crate) fn image_kind(path: &str) -> ImageKind {
+    if path == "[vdso]" {
+        ImageKind::Vdso
+    } else if path.starts_with('/') && !path.starts_with("//anon") {
+        ImageKind::File
+    } else {
+        ImageKind::Anonymous
+    }
+}
+
+impl Convert for Converter {
+    type Raw = RawMsg;
+
+    fn convert(&mut self, raw: RawMsg, out: &mut Vec<Record>) -> Result<(), RecordError> {
+        match raw {
+            RawMsg::Initial(init) => self.initial(init),
+            RawMsg::Chunk(bytes) => {
+                for (kind, misc, rec) in parse::split_records(&bytes) {
+                    match parse::parse_record(&self.layout, kind, misc, rec) {
+                        Ok(r) => self.perf_record(r),
+                        Err(_) => self.malformed += 1,
+                    }
+                }
+            }
+            RawMsg::Round(time) => {
+                let before = self.released_before;
+                self.release(before, out);
+                self.released_before = time;
+            }
+            RawMsg::Exited { pid, time, code } => {
+                self.push(time, process_exit(time, pid, Some(code)));
+            }
+        }
+        Ok(())
+    }
+
+    fn finish(&mut self, out: &mut Vec<Record>) -> Result<(), RecordError> {
+        self.release(u64::MAX, out);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn image_kinds_from_paths() {
+        assert_eq!(image_kind("/usr/lib/libc.so.6"), ImageKind::File);
+        assert_eq!(image_kind("/tmp/x.so (deleted)"), ImageKind::File);
+        assert_eq!(image_kind("[vdso]"), ImageKind::Vdso);
+        assert_eq!(image_kind("//anon"), ImageKind::Anonymous);
+        assert_eq!(image_kind(""), ImageKind::Anonymous);
+    }
+
+    fn converter() -> Converter {
+        Converter::new(
+            Layout {
+                sample_type: parse::sample::TID | parse::sample::TIME,
+                user_regs: 3,
+            },
+            super::super::regs::X86_64,
+            SampleKind::CpuTime,
+        )
+    }
+
+    fn lost_at(c: &mut Converter, t: u64) {
+        c.push(
+            t,
+            Record::Lost(LostRecord {
+                time: Timestamp(t),
+                pid: None,
+                tid: None,
+                count: 1,
+            }),
+        );
+    }
+
+    #[test]
+    fn releases_in_time_order_one_round_late() {
+        let mut c = converter();
+        let mut out = Vec::new();
+        lost_at(&mut c, 30);
+        lost_at(&mut c, 10);
+        c.convert(RawMsg::Round(40), &mut out).unwrap();
+        // Nothing yet: a record from another CPU may still be older.
+        assert!(out.is_empty());
+        lost_at(&mut c, 20);
+        lost_at(&mut c, 50);
+        c.convert(RawMsg::Round(60), &mut out).unwrap();
+        let times: Vec<u64> = out.iter().map(|r| r.time().unwrap().0).collect();
+        assert_eq!(times, [10, 20, 30]);
+        c.finish(&mut out).unwrap();
+        assert_eq!(out.last().unwrap().time(), Some(Timestamp(50)));
+    }
+}

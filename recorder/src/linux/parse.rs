@@ -1,0 +1,617 @@
+//! Parsing the records perf writes into its ring buffers. Pure functions
+//! over bytes in the machine's byte order (perf records are native-endian;
+//! the recorder runs on the machine it records).
+
+/// `perf_event_header.type` values.
+pub(crate) mod kind {
+    pub const MMAP: u32 = 1;
+    pub const LOST: u32 = 2;
+    pub const COMM: u32 = 3;
+    pub const EXIT: u32 = 4;
+    pub const THROTTLE: u32 = 5;
+    pub const UNTHROTTLE: u32 = 6;
+    pub const FORK: u32 = 7;
+    pub const SAMPLE: u32 = 9;
+    pub const MMAP2: u32 = 10;
+    pub const LOST_SAMPLES: u32 = 13;
+}
+
+/// `perf_event_attr.sample_type` bits.
+pub(crate) mod sample {
+    pub const IP: u64 = 1 << 0;
+    pub const TID: u64 = 1 << 1;
+    pub const TIME: u64 = 1 << 2;
+    pub const ADDR: u64 = 1 << 3;
+    pub const READ: u64 = 1 << 4;
+    pub const CALLCHAIN: u64 = 1 << 5;
+    pub const ID: u64 = 1 << 6;
+    pub const CPU: u64 = 1 << 7;
+    pub const PERIOD: u64 = 1 << 8;
+    pub const STREAM_ID: u64 = 1 << 9;
+    pub const RAW: u64 = 1 << 10;
+    pub const BRANCH_STACK: u64 = 1 << 11;
+    pub const REGS_USER: u64 = 1 << 12;
+    pub const STACK_USER: u64 = 1 << 13;
+    pub const IDENTIFIER: u64 = 1 << 16;
+}
+
+/// `PERF_RECORD_MISC_COMM_EXEC`: a COMM record caused by `execve`.
+pub(crate) const MISC_COMM_EXEC: u16 = 1 << 13;
+/// `PERF_RECORD_MISC_MMAP_BUILD_ID`: an MMAP2 record carries a build id.
+pub(crate) const MISC_MMAP_BUILD_ID: u16 = 1 << 14;
+/// Callchain entries at or above this are context markers
+/// (`PERF_CONTEXT_USER` etc.), not addresses.
+pub(crate) const PERF_CONTEXT_MAX: u64 = -4095i64 as u64;
+
+/// What the attribute asked for, so records can be parsed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Layout {
+    /// `sample_type`.
+    pub sample_type: u64,
+    /// Number of bits set in `sample_regs_user`.
+    pub user_regs: usize,
+}
+
+impl Layout {
+    /// Bytes of the `sample_id` trailer that `sample_id_all` adds to
+    /// non-sample records.
+    pub fn sample_id_len(&self) -> usize {
+        let bits = [
+            sample::TID,
+            sample::TIME,
+            sample::ID,
+            sample::STREAM_ID,
+            sample::CPU,
+            sample::IDENTIFIER,
+        ];
+        bits.iter().filter(|&&b| self.sample_type & b != 0).count() * 8
+    }
+}
+
+/// The `sample_id` trailer of a non-sample record (fields we ask for).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct SampleId {
+    pub pid: Option<u32>,
+    pub tid: Option<u32>,
+    pub time: Option<u64>,
+    pub cpu: Option<u32>,
+}
+
+/// One parsed perf record, borrowing from the buffer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum PerfRecord<'a> {
+    Sample(SampleRecord<'a>),
+    Mmap2(Mmap2Record<'a>),
+    Comm {
+        pid: u32,
+        tid: u32,
+        name: &'a str,
+        exec: bool,
+        id: SampleId,
+    },
+    Fork {
+        pid: u32,
+        ppid: u32,
+        tid: u32,
+        ptid: u32,
+        time: u64,
+    },
+    Exit {
+        pid: u32,
+        tid: u32,
+        time: u64,
+    },
+    Lost {
+        lost: u64,
+        id: SampleId,
+    },
+    LostSamples {
+        lost: u64,
+        id: SampleId,
+    },
+    Throttle {
+        time: u64,
+    },
+    /// A record type this recorder does not use.
+    Other {
+        kind: u32,
+    },
+}
+
+/// A `PERF_RECORD_SAMPLE`.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub(crate) struct SampleRecord<'a> {
+    pub pid: u32,
+    pub tid: u32,
+    pub time: u64,
+    pub cpu: Option<u32>,
+    pub period: u64,
+    /// User callchain, markers removed, innermost first.
+    pub callchain: Vec<u64>,
+    /// User registers in mask bit order; empty if the kernel had none
+    /// (e.g. a kernel thread).
+    pub regs: Vec<u64>,
+    /// The live part of the stack copy (`dyn_size` bytes).
+    pub stack: &'a [u8],
+}
+
+/// A `PERF_RECORD_MMAP2` (or `PERF_RECORD_MMAP`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Mmap2Record<'a> {
+    pub pid: u32,
+    pub tid: u32,
+    pub addr: u64,
+    pub len: u64,
+    pub pgoff: u64,
+    pub build_id: Option<&'a [u8]>,
+    pub prot: u32,
+    pub filename: &'a str,
+    pub id: SampleId,
+}
+
+/// Why a record could not be parsed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct ParseError {
+    /// The record type.
+    pub kind: u32,
+    /// What was wrong.
+    pub what: &'static str,
+}
+
+/// A little cursor over native-endian fields.
+struct Cursor<'a> {
+    data: &'a [u8],
+    pos: usize,
+    kind: u32,
+}
+
+impl<'a> Cursor<'a> {
+    fn bytes(&mut self, n: usize) -> Result<&'a [u8], ParseError> {
+        let end = self.pos.checked_add(n).filter(|&e| e <= self.data.len());
+        match end {
+            Some(end) => {
+                let s = &self.data[self.pos..end];
+                self.pos = end;
+                Ok(s)
+            }
+            None => Err(ParseError {
+                kind: self.kind,
+                what: "record shorter than its fields",
+            }),
+        }
+    }
+
+    fn u64(&mut self) -> Result<u64, ParseError> {
+        Ok(u64::from_ne_bytes(
+            self.bytes(8)?.try_into().expect("8 bytes"),
+        ))
+    }
+
+    fn u32(&mut self) -> Result<u32, ParseError> {
+        Ok(u32::from_ne_bytes(
+            self.bytes(4)?.try_into().expect("4 bytes"),
+        ))
+    }
+
+    fn u32_pair(&mut self) -> Result<(u32, u32), ParseError> {
+        Ok((self.u32()?, self.u32()?))
+    }
+}
+
+/// Split a buffer of whole records into (type, misc, record bytes
+/// including the 8-byte header). Stops at a malformed header.
+pub(crate) fn split_records(buf: &[u8]) -> impl Iterator<Item = (u32, u16, &[u8])> {
+    let mut pos = 0usize;
+    std::iter::from_fn(move || {
+        let header = buf.get(pos..pos + 8)?;
+        let kind = u32::from_ne_bytes(header[0..4].try_into().expect("4 bytes"));
+        let misc = u16::from_ne_bytes(header[4..6].try_into().expect("2 bytes"));
+        let size = u16::from_ne_bytes(header[6..8].try_into().expect("2 bytes")) as usize;
+        if size < 8 {
+            return None;
+        }
+        let record = buf.get(pos..pos + size)?;
+        pos += size;
+        Some((kind, misc, record))
+    })
+}
+
+/// Parse one record (with its 8-byte header) of the given type.
+pub(crate) fn parse_record<'a>(
+    layout: &Layout,
+    kind: u32,
+    misc: u16,
+    record: &'a [u8],
+) -> Result<PerfRecord<'a>, ParseError> {
+    let body = &record[8.min(record.len())..];
+    let mut c = Cursor {
+        data: body,
+        pos: 0,
+        kind,
+    };
+    let trailer = |c: &Cursor<'a>| -> Result<SampleId, ParseError> {
+        let len = layout.sample_id_len();
+        if body.len() < c.pos + len {
+            return Err(ParseError {
+                kind,
+                what: "record shorter than its sample_id",
+            });
+        }
+        parse_sample_id(layout, &body[body.len() - len..], kind)
+    };
+    Ok(match kind {
+        kind::SAMPLE => PerfRecord::Sample(parse_sample(layout, &mut c)?),
+        kind::MMAP2 | kind::MMAP => {
+            let (pid, tid) = c.u32_pair()?;
+            let (addr, len, pgoff) = (c.u64()?, c.u64()?, c.u64()?);
+            let mut build_id = None;
+            let mut prot = libc::PROT_EXEC as u32;
+            if kind == kind::MMAP2 {
+                let ids = c.bytes(24)?;
+                if misc & MISC_MMAP_BUILD_ID != 0 {
+                    let n = (ids[0] as usize).min(20);
+                    build_id = Some(&ids[4..4 + n]);
+                }
+                prot = c.u32()?;
+                let _flags = c.u32()?;
+            }
+            let id = trailer(&c)?;
+            let name_end = body.len() - layout.sample_id_len();
+            let filename = c_str(&body[c.pos..name_end]);
+            PerfRecord::Mmap2(Mmap2Record {
+                pid,
+                tid,
+                addr,
+                len,
+                pgoff,
+                build_id,
+                prot,
+                filename,
+                id,
+            })
+        }
+        kind::COMM => {
+            let (pid, tid) = c.u32_pair()?;
+            let id = trailer(&c)?;
+            let name_end = body.len() - layout.sample_id_len();
+            PerfRecord::Comm {
+                pid,
+                tid,
+                name: c_str(&body[c.pos..name_end]),
+                exec: misc & MISC_COMM_EXEC != 0,
+                id,
+            }
+        }
+        kind::FORK | kind::EXIT => {
+            let (pid, ppid) = c.u32_pair()?;
+            let (tid, ptid) = c.u32_pair()?;
+            let time = c.u64()?;
+            if kind == kind::FORK {
+                PerfRecord::Fork {
+                    pid,
+                    ppid,
+                    tid,
+                    ptid,
+                    time,
+                }
+            } else {
+                PerfRecord::Exit { pid, tid, time }
+            }
+        }
+        kind::LOST => {
+            let _id = c.u64()?;
+            let lost = c.u64()?;
+            PerfRecord::Lost {
+                lost,
+                id: trailer(&c)?,
+            }
+        }
+        kind::LOST_SAMPLES => {
+            let lost = c.u64()?;
+            PerfRecord::LostSamples {
+                lost,
+                id: trailer(&c)?,
+            }
+        }
+        kind::THROTTLE | kind::UNTHROTTLE => PerfRecord::Throttle { time: c.u64()? },
+        other => PerfRecord::Other { kind: other },
+    })
+}
+
+/// A NUL-padded string; invalid UTF-8 yields an empty name rather than an error.
+fn c_str(bytes: &[u8]) -> &str {
+    let end = bytes.iter().position(|&b| b == 0).unwrap_or(bytes.len());
+    std::str::from_utf8(&bytes[..end]).unwrap_or("")
+}
+
+fn parse_sample_id(layout: &Layout, data: &[u8], kind: u32) -> Result<SampleId, ParseError> {
+    let mut c = Cursor { data, pos: 0, kind };
+    let t = layout.sample_type;
+    let mut id = SampleId::default();
+    if t & sample::TID != 0 {
+        let (pid, tid) = c.u32_pair()?;
+        id.pid = Some(pid);
+        id.tid = Some(tid);
+    }
+    if t & sample::TIME != 0 {
+        id.time = Some(c.u64()?);
+    }
+    if t & sample::ID != 0 {
+        c.u64()?;
+    }
+    if t & sample::STREAM_ID != 0 {
+        c.u64()?;
+    }
+    if t & sample::CPU != 0 {
+        id.cpu = Some(c.u32_pair()?.0);
+    }
+    Ok(id)
+}
+
+fn parse_sample<'a>(layout: &Layout, c: &mut Cursor<'a>) -> Result<SampleRecord<'a>, ParseError> {
+    let t = layout.sample_type;
+    let unsupported = sample::ADDR | sample::READ | sample::RAW | sample::BRANCH_STACK;
+    if t & unsupported != 0 {
+        return Err(ParseError {
+            kind: kind::SAMPLE,
+            what: "sample type has fields this parser does not read",
+        });
+    }
+    let mut s = SampleRecord::default();
+    if t & sample::IDENTIFIER != 0 {
+        c.u64()?;
+    }
+    if t & sample::IP != 0 {
+        c.u64()?;
+    }
+    if t & sample::TID != 0 {
+        (s.pid, s.tid) = c.u32_pair()?;
+    }
+    if t & sample::TIME != 0 {
+        s.time = c.u64()?;
+    }
+    if t & sample::ID != 0 {
+        c.u64()?;
+    }
+    if t & sample::STREAM_ID != 0 {
+        c.u64()?;
+    }
+    if t & sample::CPU != 0 {
+        s.cpu = Some(c.u32_pair()?.0);
+    }
+    if t & sample::PERIOD != 0 {
+        s.period = c.u64()?;
+    }
+    if t & sample::CALLCHAIN != 0 {
+        let nr = c.u64()?;
+        // Bounded by the record itself, which is at most 64 KiB.
+        if nr > (c.data.len() / 8) as u64 {
+            return Err(ParseError {
+                kind: kind::SAMPLE,
+                what: "callchain longer than the record",
+            });
+        }
+        for _ in 0..nr {
+            let ip = c.u64()?;
+            if ip < PERF_CONTEXT_MAX {
+                s.callchain.push(ip);
+            }
+        }
+    }
+    if t & sample::REGS_USER != 0 {
+        let abi = c.u64()?;
+        if abi != 0 {
+            for _ in 0..layout.user_regs {
+                s.regs.push(c.u64()?);
+            }
+        }
+    }
+    if t & sample::STACK_USER != 0 {
+        let size = c.u64()? as usize;
+        if size != 0 {
+            let data = c.bytes(size)?;
+            let dyn_size = (c.u64()? as usize).min(size);
+            s.stack = &data[..dyn_size];
+        }
+    }
+    Ok(s)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const LAYOUT: Layout = Layout {
+        sample_type: sample::TID
+            | sample::TIME
+            | sample::CPU
+            | sample::PERIOD
+            | sample::CALLCHAIN
+            | sample::REGS_USER
+            | sample::STACK_USER,
+        user_regs: 3,
+    };
+
+    fn header(kind: u32, misc: u16, body_len: usize) -> Vec<u8> {
+        let mut v = kind.to_ne_bytes().to_vec();
+        v.extend(misc.to_ne_bytes());
+        v.extend(((body_len + 8) as u16).to_ne_bytes());
+        v
+    }
+
+    fn u32s(v: &[u32]) -> Vec<u8> {
+        v.iter().flat_map(|x| x.to_ne_bytes()).collect()
+    }
+
+    fn u64s(v: &[u64]) -> Vec<u8> {
+        v.iter().flat_map(|x| x.to_ne_bytes()).collect()
+    }
+
+    /// sample_id trailer: pid 10, tid 11, time 5000, cpu 1 (+ reserved).
+    fn trailer() -> Vec<u8> {
+        let mut v = u32s(&[10, 11]);
+        v.extend(u64s(&[5000]));
+        v.extend(u32s(&[1, 0]));
+        v
+    }
+
+    #[test]
+    fn sample_id_length_counts_the_requested_fields() {
+        assert_eq!(LAYOUT.sample_id_len(), 24);
+    }
+
+    #[rustfmt::skip]
+    #[test]
+    fn parses_a_sample() {
+        let mut body = Vec::new();
+        body.extend(u32s(&[10, 11]));           // pid, tid
+        body.extend(u64s(&[123_456]));          // time
+        body.extend(u32s(&[1, 0]));             // cpu, reserved
+        body.extend(u64s(&[1_000_000]));        // period
+        body.extend(u64s(&[3]));                // callchain nr
+        body.extend(u64s(&[-512i64 as u64]));   // PERF_CONTEXT_USER marker
+        body.extend(u64s(&[0x401000, 0x401100])); // ip, return address
+        body.extend(u64s(&[2]));                // regs abi: 64-bit
+        body.extend(u64s(&[0x7ff0, 0x7fe0, 0x401000])); // bp, sp, ip
+        body.extend(u64s(&[16]));               // stack size
+        body.extend([7u8; 16]);                 // stack data
+        body.extend(u64s(&[8]));                // dyn_size: only 8 live bytes
+        let mut rec = header(kind::SAMPLE, 2, body.len());
+        rec.extend(&body);
+        let parsed = parse_record(&LAYOUT, kind::SAMPLE, 2, &rec).unwrap();
+        let PerfRecord::Sample(s) = parsed else { panic!("not a sample: {parsed:?}") };
+        assert_eq!((s.pid, s.tid, s.time, s.cpu, s.period), (10, 11, 123_456, Some(1), 1_000_000));
+        assert_eq!(s.callchain, [0x401000, 0x401100]);
+        assert_eq!(s.regs, [0x7ff0, 0x7fe0, 0x401000]);
+        assert_eq!(s.stack, &[7u8; 8]);
+    }
+
+    #[rustfmt::skip]
+    #[test]
+    fn sample_without_registers_or_stack() {
+        let mut body = Vec::new();
+        body.extend(u32s(&[1, 2]));             // pid, tid
+        body.extend(u64s(&[9]));                // time
+        body.extend(u32s(&[0, 0]));             // cpu, reserved
+        body.extend(u64s(&[1]));                // period
+        body.extend(u64s(&[0]));                // callchain nr
+        body.extend(u64s(&[0]));                // regs abi: none
+        body.extend(u64s(&[0]));                // stack size 0: no data, no dyn_size
+        let mut rec = header(kind::SAMPLE, 0, body.len());
+        rec.extend(&body);
+        let PerfRecord::Sample(s) = parse_record(&LAYOUT, kind::SAMPLE, 0, &rec).unwrap() else {
+            panic!()
+        };
+        assert!(s.regs.is_empty() && s.stack.is_empty() && s.callchain.is_empty());
+    }
+
+    #[test]
+    fn truncated_sample_is_an_error() {
+        let body = u32s(&[10, 11]);
+        let mut rec = header(kind::SAMPLE, 0, body.len());
+        rec.extend(&body);
+        assert!(parse_record(&LAYOUT, kind::SAMPLE, 0, &rec).is_err());
+    }
+
+    #[test]
+    fn huge_callchain_count_is_an_error() {
+        let mut body = u32s(&[1, 2]);
+        body.extend(u64s(&[9, 0, 1, u64::MAX]));
+        let mut rec = header(kind::SAMPLE, 0, body.len());
+        rec.extend(&body);
+        assert!(parse_record(&LAYOUT, kind::SAMPLE, 0, &rec).is_err());
+    }
+
+    #[rustfmt::skip]
+    #[test]
+    fn parses_mmap2_with_build_id() {
+        let mut body = Vec::new();
+        body.extend(u32s(&[10, 10]));                 // pid, tid
+        body.extend(u64s(&[0x7f00_0000_0000, 0x2000, 0x1000])); // addr, len, pgoff
+        body.extend([3u8, 0, 0, 0]);                  // build_id_size 3, reserved
+        body.extend([0xab, 0xcd, 0xef]);              // build id
+        body.extend([0u8; 17]);                       // rest of the 20-byte id
+        body.extend(u32s(&[5, 2]));                   // prot (READ|EXEC), flags
+        body.extend(b"/lib/libx.so\0\0\0\0");         // filename, NUL-padded to 8
+        body.extend(trailer());
+        let mut rec = header(kind::MMAP2, MISC_MMAP_BUILD_ID, body.len());
+        rec.extend(&body);
+        let PerfRecord::Mmap2(m) = parse_record(&LAYOUT, kind::MMAP2, MISC_MMAP_BUILD_ID, &rec).unwrap() else {
+            panic!()
+        };
+        assert_eq!((m.addr, m.len, m.pgoff, m.prot), (0x7f00_0000_0000, 0x2000, 0x1000, 5));
+        assert_eq!(m.build_id, Some(&[0xab, 0xcd, 0xef][..]));
+        assert_eq!(m.filename, "/lib/libx.so");
+        assert_eq!(m.id.time, Some(5000));
+    }
+
+    #[rustfmt::skip]
+    #[test]
+    fn parses_mmap2_without_build_id() {
+        let mut body = Vec::new();
+        body.extend(u32s(&[10, 10]));                 // pid, tid
+        body.extend(u64s(&[0x1000, 0x1000, 0]));      // addr, len, pgoff
+        body.extend(u32s(&[8, 1]));                   // maj, min
+        body.extend(u64s(&[42, 0]));                  // ino, ino_generation
+        body.extend(u32s(&[4, 2]));                   // prot (EXEC), flags
+        body.extend(b"[vdso]\0\0");                   // filename
+        body.extend(trailer());
+        let mut rec = header(kind::MMAP2, 0, body.len());
+        rec.extend(&body);
+        let PerfRecord::Mmap2(m) = parse_record(&LAYOUT, kind::MMAP2, 0, &rec).unwrap() else {
+            panic!()
+        };
+        assert_eq!(m.build_id, None);
+        assert_eq!(m.filename, "[vdso]");
+    }
+
+    #[rustfmt::skip]
+    #[test]
+    fn parses_comm_exec_fork_exit_lost() {
+        let mut body = u32s(&[10, 12]);               // pid, tid
+        body.extend(b"worker\0\0");                   // comm, NUL-padded
+        body.extend(trailer());
+        let mut rec = header(kind::COMM, MISC_COMM_EXEC, body.len());
+        rec.extend(&body);
+        assert_eq!(
+            parse_record(&LAYOUT, kind::COMM, MISC_COMM_EXEC, &rec).unwrap(),
+            PerfRecord::Comm { pid: 10, tid: 12, name: "worker", exec: true, id: SampleId {
+                pid: Some(10), tid: Some(11), time: Some(5000), cpu: Some(1) } }
+        );
+
+        let mut body = u32s(&[20, 10, 21, 11]);       // pid, ppid, tid, ptid
+        body.extend(u64s(&[777]));                    // time
+        body.extend(trailer());
+        let mut rec = header(kind::FORK, 0, body.len());
+        rec.extend(&body);
+        assert_eq!(
+            parse_record(&LAYOUT, kind::FORK, 0, &rec).unwrap(),
+            PerfRecord::Fork { pid: 20, ppid: 10, tid: 21, ptid: 11, time: 777 }
+        );
+        let mut rec = header(kind::EXIT, 0, body.len());
+        rec.extend(&body);
+        assert_eq!(
+            parse_record(&LAYOUT, kind::EXIT, 0, &rec).unwrap(),
+            PerfRecord::Exit { pid: 20, tid: 21, time: 777 }
+        );
+
+        let mut body = u64s(&[99, 5]);                // id, lost
+        body.extend(trailer());
+        let mut rec = header(kind::LOST, 0, body.len());
+        rec.extend(&body);
+        let PerfRecord::Lost { lost, id } = parse_record(&LAYOUT, kind::LOST, 0, &rec).unwrap() else {
+            panic!()
+        };
+        assert_eq!((lost, id.time), (5, Some(5000)));
+    }
+
+    #[test]
+    fn splits_a_buffer_and_stops_at_garbage() {
+        let mut buf = header(kind::THROTTLE, 0, 8);
+        buf.extend(u64s(&[1]));
+        buf.extend(header(99, 0, 0));
+        buf.extend([0u8; 8]); // a header claiming size 0
+        let kinds: Vec<u32> = split_records(&buf).map(|(k, _, _)| k).collect();
+        assert_eq!(kinds, [kind::THROTTLE, 99]);
+    }
+}

@@ -1,0 +1,239 @@
+//! Reading `/proc`: pure parsers with unit tests, and thin readers.
+
+use std::path::PathBuf;
+
+/// One line of `/proc/PID/maps`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct MapsEntry {
+    /// First address (AVMA).
+    pub start: u64,
+    /// One past the last address (AVMA).
+    pub end: u64,
+    pub read: bool,
+    pub write: bool,
+    pub exec: bool,
+    /// Offset in the file of the byte mapped at `start`.
+    pub offset: u64,
+    pub inode: u64,
+    /// Path or pseudo-name (`[vdso]`, `[stack]`); empty for anonymous memory.
+    pub path: String,
+}
+
+/// Parse `/proc/PID/maps`; lines that do not parse are skipped.
+pub(crate) fn parse_maps(text: &str) -> Vec<MapsEntry> {
+    text.lines().filter_map(parse_maps_line).collect()
+}
+
+fn parse_maps_line(line: &str) -> Option<MapsEntry> {
+    // address perms offset dev inode pathname; the path may contain spaces.
+    let mut rest = line;
+    let mut field = || {
+        let trimmed = rest.trim_start();
+        let end = trimmed.find(' ').unwrap_or(trimmed.len());
+        let (f, r) = trimmed.split_at(end);
+        rest = r;
+        f
+    };
+    let range = field();
+    let perms = field().as_bytes().to_vec();
+    let offset = field();
+    let _dev = field();
+    let inode = field();
+    let path = rest.trim_start().to_string();
+    let (start, end) = range.split_once('-')?;
+    if perms.len() < 3 {
+        return None;
+    }
+    Some(MapsEntry {
+        start: u64::from_str_radix(start, 16).ok()?,
+        end: u64::from_str_radix(end, 16).ok()?,
+        read: perms[0] == b'r',
+        write: perms[1] == b'w',
+        exec: perms[2] == b'x',
+        offset: u64::from_str_radix(offset, 16).ok()?,
+        inode: inode.parse().ok()?,
+        path,
+    })
+}
+
+/// The state letter of `/proc/PID/stat` (`R`, `S`, `Z`, ...). The command
+/// name in parentheses may contain anything, so look after the last `)`.
+pub(crate) fn parse_stat_state(text: &str) -> Option<char> {
+    let after = &text[text.rfind(')')? + 1..];
+    after.trim_start().chars().next()
+}
+
+/// A `Key:\tvalue` field of `/proc/PID/status`, first value only.
+pub(crate) fn parse_status_field<'a>(text: &'a str, key: &str) -> Option<&'a str> {
+    text.lines().find_map(|l| {
+        let (k, v) = l.split_once(':')?;
+        (k == key).then(|| v.split_whitespace().next().unwrap_or(""))
+    })
+}
+
+/// `/proc/PID/cmdline`: NUL-separated arguments.
+pub(crate) fn parse_cmdline(bytes: &[u8]) -> Vec<String> {
+    bytes
+        .split(|&b| b == 0)
+        .filter(|a| !a.is_empty())
+        .map(|a| String::from_utf8_lossy(a).into_owned())
+        .collect()
+}
+
+/// A kernel CPU list such as `0-3,8,10-11`; malformed parts are skipped.
+pub(crate) fn parse_cpu_list(text: &str) -> Vec<u32> {
+    let mut cpus = Vec::new();
+    for part in text.trim().split(',').filter(|p| !p.is_empty()) {
+        let range = match part.split_once('-') {
+            Some((a, b)) => a.parse::<u32>().ok().zip(b.parse::<u32>().ok()),
+            None => part.parse::<u32>().ok().map(|a| (a, a)),
+        };
+        if let Some((a, b)) = range {
+            // Bounded: no machine has more than this many CPUs.
+            cpus.extend((a..=b).take(1 << 16));
+        }
+    }
+    cpus
+}
+
+/// The online CPUs (all configured ones if the list is unreadable).
+pub(crate) fn online_cpus(configured: usize) -> Vec<u32> {
+    match std::fs::read_to_string("/sys/devices/system/cpu/online") {
+        Ok(s) if !parse_cpu_list(&s).is_empty() => parse_cpu_list(&s),
+        _ => (0..configured as u32).collect(),
+    }
+}
+
+/// Path of a file of process `pid` as seen from the host: through
+/// `/proc/PID/root`, so files inside containers resolve.
+pub(crate) fn root_path(pid: u32, path: &str) -> PathBuf {
+    PathBuf::from(format!("/proc/{pid}/root{path}"))
+}
+
+/// Read `/proc/PID/maps`.
+pub(crate) fn read_maps(pid: u32) -> std::io::Result<Vec<MapsEntry>> {
+    Ok(parse_maps(&std::fs::read_to_string(format!(
+        "/proc/{pid}/maps"
+    ))?))
+}
+
+/// The thread ids of process `pid`, sorted.
+pub(crate) fn list_tasks(pid: u32) -> std::io::Result<Vec<u32>> {
+    let mut tids: Vec<u32> = std::fs::read_dir(format!("/proc/{pid}/task"))?
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+        .collect();
+    tids.sort_unstable();
+    Ok(tids)
+}
+
+/// A thread's name, if it is still there.
+pub(crate) fn thread_name(pid: u32, tid: u32) -> Option<String> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/comm")).ok()?;
+    Some(s.trim_end_matches('\n').to_string())
+}
+
+/// A process's argv, empty if unknown.
+pub(crate) fn command_line(pid: u32) -> Vec<String> {
+    std::fs::read(format!("/proc/{pid}/cmdline"))
+        .map(|b| parse_cmdline(&b))
+        .unwrap_or_default()
+}
+
+/// A process's executable path, if readable.
+pub(crate) fn executable(pid: u32) -> Option<String> {
+    std::fs::read_link(format!("/proc/{pid}/exe"))
+        .ok()
+        .map(|p| p.to_string_lossy().into_owned())
+}
+
+/// A process's parent pid, if known.
+pub(crate) fn parent_pid(pid: u32) -> Option<u32> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    parse_status_field(&s, "PPid")?.parse().ok()
+}
+
+/// The real uid owning a process, if known.
+pub(crate) fn owner_uid(pid: u32) -> Option<u32> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    parse_status_field(&s, "Uid")?.parse().ok()
+}
+
+/// Whether the process is gone or a zombie (it will not run again).
+pub(crate) fn has_exited(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(s) => matches!(parse_stat_state(&s), Some('Z' | 'X') | None),
+        Err(_) => true,
+    }
+}
+
+/// A small integer from a `/proc/sys` file.
+pub(crate) fn read_sysctl(path: &str) -> Option<i64> {
+    std::fs::read_to_string(path).ok()?.trim().parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MAPS: &str = "\
+55d0c0a00000-55d0c0a01000 r--p 00000000 fe:01 1234                       /usr/bin/my prog
+55d0c0a01000-55d0c0a02000 r-xp 00001000 fe:01 1234                       /usr/bin/my prog
+7f1e2c000000-7f1e2c021000 rw-p 00000000 00:00 0 
+7fff5a1d8000-7fff5a1f9000 rw-p 00000000 00:00 0                          [stack]
+7fff5a1fc000-7fff5a1fe000 r-xp 00000000 00:00 0                          [vdso]
+7f0000000000-7f0000001000 r-xp 00000000 fe:01 99                         /tmp/gone.so (deleted)
+garbage line
+";
+
+    #[test]
+    fn parses_maps_lines() {
+        let m = parse_maps(MAPS);
+        assert_eq!(m.len(), 6);
+        assert_eq!(m[1].start, 0x55d0c0a01000);
+        assert_eq!(m[1].end, 0x55d0c0a02000);
+        assert!(m[1].exec && m[1].read && !m[1].write);
+        assert_eq!(m[1].offset, 0x1000);
+        assert_eq!(m[1].inode, 1234);
+        assert_eq!(m[1].path, "/usr/bin/my prog");
+        assert_eq!(m[2].path, "");
+        assert_eq!(m[3].path, "[stack]");
+        assert_eq!(m[4].path, "[vdso]");
+        assert_eq!(m[5].path, "/tmp/gone.so (deleted)");
+    }
+
+    #[test]
+    fn stat_state_survives_odd_names() {
+        assert_eq!(parse_stat_state("42 (a) b) c) Z 1 2"), Some('Z'));
+        assert_eq!(parse_stat_state("42 (sleep) S 1"), Some('S'));
+        assert_eq!(parse_stat_state("nonsense"), None);
+    }
+
+    #[test]
+    fn status_fields() {
+        let s = "Name:\tcat\nPPid:\t17\nUid:\t1000\t1000\t1000\t1000\n";
+        assert_eq!(parse_status_field(s, "PPid"), Some("17"));
+        assert_eq!(parse_status_field(s, "Uid"), Some("1000"));
+        assert_eq!(parse_status_field(s, "Gid"), None);
+    }
+
+    #[test]
+    fn cmdline_splits_on_nul() {
+        assert_eq!(parse_cmdline(b"./a\0--x\0y z\0"), ["./a", "--x", "y z"]);
+        assert!(parse_cmdline(b"").is_empty());
+    }
+
+    #[test]
+    fn cpu_lists() {
+        assert_eq!(parse_cpu_list("0-3,8,10-11\n"), [0, 1, 2, 3, 8, 10, 11]);
+        assert_eq!(parse_cpu_list("0"), [0]);
+        assert_eq!(parse_cpu_list("x,2"), [2]);
+    }
+
+    #[test]
+    fn root_path_goes_through_proc() {
+        assert_eq!(
+            root_path(7, "/usr/lib/libc.so.6"),
+            PathBuf::from("/proc/7/root/usr/lib/libc.so.6")
+        );
+    }
+}

@@ -1,0 +1,168 @@
+//! Copying records out of a perf ring buffer.
+
+use super::parse::{kind, sample, split_records, Layout};
+
+/// Append `data[tail..head)` (positions modulo `data.len()`, a power of
+/// two) to `out`; returns the number of bytes appended. `head` and `tail`
+/// are the kernel's free-running byte counters.
+pub(crate) fn copy_wrapped(data: &[u8], tail: u64, head: u64, out: &mut Vec<u8>) -> usize {
+    let size = data.len() as u64;
+    if size == 0 || head <= tail {
+        return 0;
+    }
+    // A head more than one buffer ahead cannot happen with a kernel that
+    // honours our tail; copy at most one buffer.
+    let len = (head - tail).min(size);
+    let start = (tail % size) as usize;
+    let first = (len as usize).min(data.len() - start);
+    out.extend_from_slice(&data[start..start + first]);
+    out.extend_from_slice(&data[..len as usize - first]);
+    len as usize
+}
+
+/// Append the records of `src` to `out`, dropping the dead part of each
+/// sample's stack copy: the kernel reserves `sample_stack_user` bytes per
+/// sample but fills only `dyn_size`. The result is again valid perf
+/// records (with `size == dyn_size`), so the writer thread's parser reads
+/// both. This is the only work the draining thread does per record: a few
+/// fixed-offset reads and one copy.
+pub(crate) fn compact_samples(layout: &Layout, src: &[u8], out: &mut Vec<u8>) {
+    for (k, _misc, rec) in split_records(src) {
+        match (k == kind::SAMPLE)
+            .then(|| stack_field(layout, rec))
+            .flatten()
+        {
+            Some((at, size, dyn_size)) if dyn_size < size => {
+                let start = out.len();
+                out.extend_from_slice(&rec[..at]);
+                out.extend_from_slice(&dyn_size.to_ne_bytes());
+                if dyn_size > 0 {
+                    out.extend_from_slice(&rec[at + 8..at + 8 + dyn_size as usize]);
+                    out.extend_from_slice(&dyn_size.to_ne_bytes());
+                }
+                let new_len = (out.len() - start) as u16;
+                out[start + 6..start + 8].copy_from_slice(&new_len.to_ne_bytes());
+            }
+            _ => out.extend_from_slice(rec),
+        }
+    }
+}
+
+/// Offset of a sample's `STACK_USER` size field in `rec`, the size and
+/// `dyn_size`; `None` if the record has no stack or is malformed.
+fn stack_field(layout: &Layout, rec: &[u8]) -> Option<(usize, u64, u64)> {
+    let t = layout.sample_type;
+    if t & sample::STACK_USER == 0 {
+        return None;
+    }
+    let read = |at: usize| -> Option<u64> {
+        Some(u64::from_ne_bytes(rec.get(at..at + 8)?.try_into().ok()?))
+    };
+    let fixed = [
+        sample::IDENTIFIER,
+        sample::IP,
+        sample::TID,
+        sample::TIME,
+        sample::ADDR,
+        sample::ID,
+        sample::STREAM_ID,
+        sample::CPU,
+        sample::PERIOD,
+    ];
+    if t & (sample::READ | sample::RAW | sample::BRANCH_STACK) != 0 {
+        return None;
+    }
+    let mut at = 8 + fixed.iter().filter(|&&b| t & b != 0).count() * 8;
+    if t & sample::CALLCHAIN != 0 {
+        let nr = usize::try_from(read(at)?).ok()?;
+        at = at.checked_add(8)?.checked_add(nr.checked_mul(8)?)?;
+    }
+    if t & sample::REGS_USER != 0 {
+        let abi = read(at)?;
+        at += 8;
+        if abi != 0 {
+            at += layout.user_regs * 8;
+        }
+    }
+    let size = read(at)?;
+    if size == 0 {
+        return None;
+    }
+    let dyn_at = at
+        .checked_add(8)?
+        .checked_add(usize::try_from(size).ok()?)?;
+    let dyn_size = read(dyn_at)?.min(size);
+    Some((at, size, dyn_size))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::linux::parse::{parse_record, PerfRecord};
+
+    #[test]
+    fn copies_without_wrapping() {
+        let data = [0u8, 1, 2, 3, 4, 5, 6, 7];
+        let mut out = Vec::new();
+        assert_eq!(copy_wrapped(&data, 2, 5, &mut out), 3);
+        assert_eq!(out, [2, 3, 4]);
+    }
+
+    #[test]
+    fn copies_across_the_end() {
+        let data = [0u8, 1, 2, 3, 4, 5, 6, 7];
+        let mut out = Vec::new();
+        // Counters are free-running: 14 % 8 = 6, so bytes 6, 7, 0, 1.
+        assert_eq!(copy_wrapped(&data, 14, 18, &mut out), 4);
+        assert_eq!(out, [6, 7, 0, 1]);
+    }
+
+    #[test]
+    fn empty_when_nothing_new() {
+        let mut out = Vec::new();
+        assert_eq!(copy_wrapped(&[0u8; 8], 5, 5, &mut out), 0);
+        assert!(out.is_empty());
+    }
+
+    #[rustfmt::skip]
+    #[test]
+    fn compaction_keeps_only_the_live_stack() {
+        let layout = Layout {
+            sample_type: sample::TID | sample::TIME | sample::CALLCHAIN
+                | sample::REGS_USER | sample::STACK_USER,
+            user_regs: 3,
+        };
+        let mut body: Vec<u8> = Vec::new();
+        let mut u64s = |v: &[u64]| body.extend(v.iter().flat_map(|x| x.to_ne_bytes()));
+        u64s(&[(11u64 << 32) | 10]);        // pid 10, tid 11
+        u64s(&[500]);                       // time
+        u64s(&[1, 0x401000]);               // callchain: nr 1, ip
+        u64s(&[2, 1, 2, 3]);                // regs abi 64-bit, bp sp ip
+        u64s(&[32]);                        // stack size
+        u64s(&[0xaa, 0xbb, 0xcc, 0xdd]);    // 32 stack bytes
+        u64s(&[16]);                        // dyn_size: 16 live
+        let mut rec = (kind::SAMPLE).to_ne_bytes().to_vec();
+        rec.extend(0u16.to_ne_bytes());
+        rec.extend(((body.len() + 8) as u16).to_ne_bytes());
+        rec.extend(&body);
+        let mut other = 5u32.to_ne_bytes().to_vec(); // a THROTTLE record, kept as is
+        other.extend(0u16.to_ne_bytes());
+        other.extend(16u16.to_ne_bytes());
+        other.extend(7u64.to_ne_bytes());
+        let mut src = rec.clone();
+        src.extend(&other);
+
+        let mut out = Vec::new();
+        compact_samples(&layout, &src, &mut out);
+        assert_eq!(out.len(), src.len() - 16);
+        let recs: Vec<_> = split_records(&out).collect();
+        assert_eq!(recs.len(), 2);
+        assert_eq!(recs[1].2, &other[..]);
+        let (k, misc, r) = recs[0];
+        let PerfRecord::Sample(s) = parse_record(&layout, k, misc, r).unwrap() else { panic!() };
+        assert_eq!(s.regs, [1, 2, 3]);
+        assert_eq!(s.callchain, [0x401000]);
+        let expect: Vec<u8> = [0xaau64, 0xbb].iter().flat_map(|x| x.to_ne_bytes()).collect();
+        assert_eq!(s.stack, &expect[..]);
+    }
+}

@@ -1,0 +1,325 @@
+//! Tiny wrappers around the system calls the Linux backend needs. Each
+//! `unsafe` block states why it is sound; everything else lives in pure
+//! functions elsewhere.
+
+use crate::error::RecordError;
+use std::ffi::CStr;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// `struct perf_event_attr` up to `sig_data` (`PERF_ATTR_SIZE_VER7`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct PerfEventAttr {
+    pub type_: u32,
+    pub size: u32,
+    pub config: u64,
+    /// `sample_period`, or `sample_freq` when the `freq` flag is set.
+    pub sample_period: u64,
+    pub sample_type: u64,
+    pub read_format: u64,
+    /// The bit fields (`disabled`, `inherit`, ...): see `attr::flag`.
+    pub flags: u64,
+    /// `wakeup_events`, or `wakeup_watermark` when the `watermark` flag is set.
+    pub wakeup: u32,
+    pub bp_type: u32,
+    pub config1: u64,
+    pub config2: u64,
+    pub branch_sample_type: u64,
+    pub sample_regs_user: u64,
+    pub sample_stack_user: u32,
+    pub clockid: i32,
+    pub sample_regs_intr: u64,
+    pub aux_watermark: u32,
+    pub sample_max_stack: u16,
+    pub reserved_2: u16,
+    pub aux_sample_size: u32,
+    pub reserved_3: u32,
+    pub sig_data: u64,
+}
+
+/// `PERF_ATTR_SIZE_VER7`.
+pub(crate) const PERF_ATTR_SIZE: u32 = 128;
+const _: () = assert!(std::mem::size_of::<PerfEventAttr>() == PERF_ATTR_SIZE as usize);
+
+const PERF_EVENT_IOC_DISABLE: libc::c_ulong = 0x2401;
+const PERF_EVENT_IOC_SET_OUTPUT: libc::c_ulong = 0x2405;
+const PERF_FLAG_FD_CLOEXEC: libc::c_ulong = 1 << 3;
+
+/// `perf_event_open(attr, pid, cpu, -1, PERF_FLAG_FD_CLOEXEC)`.
+pub(crate) fn perf_event_open(attr: &PerfEventAttr, pid: i32, cpu: i32) -> io::Result<OwnedFd> {
+    // Safety: attr points to a valid, fully initialized perf_event_attr of
+    // the size it declares; the kernel only reads it.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_perf_event_open,
+            attr as *const PerfEventAttr,
+            pid as libc::pid_t,
+            cpu as libc::c_int,
+            -1 as libc::c_int,
+            PERF_FLAG_FD_CLOEXEC,
+        )
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // Safety: the kernel returned a new file descriptor that we now own.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+}
+
+fn ioctl(fd: &OwnedFd, request: libc::c_ulong, arg: libc::c_ulong) -> io::Result<()> {
+    // Safety: perf event ioctls take an integer argument and touch no memory.
+    let rc = unsafe { libc::ioctl(fd.as_raw_fd(), request as _, arg) };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Stop counting/sampling.
+pub(crate) fn perf_disable(fd: &OwnedFd) -> io::Result<()> {
+    ioctl(fd, PERF_EVENT_IOC_DISABLE, 0)
+}
+
+/// Send `fd`'s records to `target`'s ring buffer (same CPU).
+pub(crate) fn perf_set_output(fd: &OwnedFd, target: &OwnedFd) -> io::Result<()> {
+    ioctl(
+        fd,
+        PERF_EVENT_IOC_SET_OUTPUT,
+        target.as_raw_fd() as libc::c_ulong,
+    )
+}
+
+/// A perf ring buffer: one metadata page, then `data_size` bytes of data.
+pub(crate) struct RingMap {
+    base: *mut u8,
+    len: usize,
+    data_offset: usize,
+    data_size: usize,
+}
+
+// Safety: the mapping is plain shared memory; access goes through &mut self
+// or atomics.
+unsafe impl Send for RingMap {}
+
+/// Offsets in `struct perf_event_mmap_page`.
+const DATA_HEAD: usize = 1024;
+const DATA_TAIL: usize = 1032;
+const DATA_OFFSET: usize = 1040;
+const DATA_SIZE: usize = 1048;
+
+impl RingMap {
+    /// Map `1 + data_pages` pages of `fd` (data_pages a power of two).
+    pub fn new(fd: &OwnedFd, page_size: usize, data_pages: usize) -> io::Result<RingMap> {
+        let len = page_size * (1 + data_pages);
+        // Safety: a fresh shared mapping of the perf fd; the kernel checks
+        // the length.
+        let base = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd.as_raw_fd(),
+                0,
+            )
+        };
+        if base == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        let mut ring = RingMap {
+            base: base.cast(),
+            len,
+            data_offset: page_size,
+            data_size: page_size * data_pages,
+        };
+        // Kernels since 4.1 say where the data is; older ones use page 1.
+        let offset = ring.meta(DATA_OFFSET).load(Ordering::Relaxed) as usize;
+        let size = ring.meta(DATA_SIZE).load(Ordering::Relaxed) as usize;
+        if size != 0 && offset + size <= len {
+            ring.data_offset = offset;
+            ring.data_size = size;
+        }
+        Ok(ring)
+    }
+
+    fn meta(&self, offset: usize) -> &AtomicU64 {
+        // Safety: offsets are inside the first page, 8-aligned, and the
+        // kernel updates these words atomically.
+        unsafe { &*(self.base.add(offset) as *const AtomicU64) }
+    }
+
+    /// Copy all complete records out of the buffer, append them to `out`
+    /// and release the space to the kernel. Returns the bytes copied.
+    pub fn drain(&mut self, out: &mut Vec<u8>) -> usize {
+        let head = self.meta(DATA_HEAD).load(Ordering::Acquire);
+        let tail = self.meta(DATA_TAIL).load(Ordering::Relaxed);
+        // Safety: the data area is mapped for data_size bytes and only the
+        // kernel writes it, outside [tail, head) until we move the tail.
+        let data =
+            unsafe { std::slice::from_raw_parts(self.base.add(self.data_offset), self.data_size) };
+        let n = super::ring::copy_wrapped(data, tail, head, out);
+        self.meta(DATA_TAIL).store(head, Ordering::Release);
+        n
+    }
+}
+
+impl Drop for RingMap {
+    fn drop(&mut self) {
+        // Safety: unmaps exactly the mapping created in new().
+        unsafe { libc::munmap(self.base.cast(), self.len) };
+    }
+}
+
+/// Wait until one of `fds` is readable or `timeout_ms` passes; returns the
+/// indexes that are readable or hung up.
+pub(crate) fn poll_readable(fds: &[RawFd], timeout_ms: i32) -> io::Result<Vec<(usize, bool)>> {
+    let mut pfds: Vec<libc::pollfd> = fds
+        .iter()
+        .map(|&fd| libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        })
+        .collect();
+    // Safety: pfds is a valid array of pollfd of the given length.
+    let rc = unsafe { libc::poll(pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, timeout_ms) };
+    if rc < 0 {
+        let e = io::Error::last_os_error();
+        if e.kind() == io::ErrorKind::Interrupted {
+            return Ok(Vec::new());
+        }
+        return Err(e);
+    }
+    Ok(pfds
+        .iter()
+        .enumerate()
+        .filter(|(_, p)| p.revents != 0)
+        .map(|(i, p)| (i, p.revents & libc::POLLHUP != 0))
+        .collect())
+}
+
+/// `CLOCK_MONOTONIC` in nanoseconds: the clock of every trace timestamp.
+pub(crate) fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // Safety: ts is a valid timespec to write to.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// The number of configured CPUs.
+pub(crate) fn cpu_count() -> usize {
+    // Safety: sysconf has no preconditions.
+    let n = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_CONF) };
+    n.max(1) as usize
+}
+
+/// `kill(pid, signal)`.
+pub(crate) fn kill(pid: u32, signal: i32) -> io::Result<()> {
+    // Safety: kill has no memory preconditions.
+    if unsafe { libc::kill(pid as libc::pid_t, signal) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Reap `pid` if it has exited: `Some(raw wait status)`, `None` while it runs.
+pub(crate) fn try_wait(pid: u32) -> io::Result<Option<i32>> {
+    let mut status = 0;
+    // Safety: status is a valid int to write to.
+    let rc = unsafe { libc::waitpid(pid as libc::pid_t, &mut status, libc::WNOHANG) };
+    match rc {
+        0 => Ok(None),
+        r if r < 0 => Err(io::Error::last_os_error()),
+        _ => Ok(Some(status)),
+    }
+}
+
+/// Block until `pid` exits; its raw wait status.
+pub(crate) fn wait(pid: u32) -> io::Result<i32> {
+    loop {
+        let mut status = 0;
+        // Safety: status is a valid int to write to.
+        let rc = unsafe { libc::waitpid(pid as libc::pid_t, &mut status, 0) };
+        if rc >= 0 {
+            return Ok(status);
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+}
+
+/// A pipe whose ends are closed on exec.
+pub(crate) fn pipe() -> Result<(OwnedFd, OwnedFd), RecordError> {
+    let mut fds = [0; 2];
+    // Safety: fds is a valid array of two ints.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Err(RecordError::last_os("pipe2"));
+    }
+    // Safety: pipe2 returned two new descriptors that we now own.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
+/// Our effective user id.
+pub(crate) fn geteuid() -> u32 {
+    // Safety: geteuid has no preconditions.
+    unsafe { libc::geteuid() }
+}
+
+/// Whether the foreground process group of the terminal on stdin is ours,
+/// i.e. Ctrl-C there also reaches a child in our process group.
+pub(crate) fn terminal_delivers_sigint() -> bool {
+    // Safety: no memory is passed; errors are checked.
+    unsafe { libc::isatty(0) == 1 && libc::tcgetpgrp(0) == libc::getpgrp() }
+}
+
+/// Fork; in the child wait for one byte on `go`, then `execv(path, argv)`.
+/// On exec failure the child writes its errno to `status` and exits 127.
+/// Everything the child touches is prepared before the fork, so it makes
+/// only async-signal-safe calls.
+pub(crate) fn fork_exec_when_told(
+    path: &CStr,
+    argv: &[*const libc::c_char],
+    go: (&OwnedFd, &OwnedFd),
+    status: (&OwnedFd, &OwnedFd),
+) -> Result<u32, RecordError> {
+    let (go_read, go_write) = (go.0.as_raw_fd(), go.1.as_raw_fd());
+    let (status_read, status_write) = (status.0.as_raw_fd(), status.1.as_raw_fd());
+    // Safety: the child only calls close, read, execv, write and _exit,
+    // which are async-signal-safe, on memory prepared before the fork.
+    unsafe {
+        let pid = libc::fork();
+        if pid < 0 {
+            return Err(RecordError::last_os("fork"));
+        }
+        if pid == 0 {
+            libc::close(go_write);
+            libc::close(status_read);
+            let mut byte = 0u8;
+            let n = libc::read(go_read, (&mut byte as *mut u8).cast(), 1);
+            if n != 1 {
+                libc::_exit(127);
+            }
+            libc::execv(path.as_ptr(), argv.as_ptr());
+            let errno = *libc::__errno_location();
+            libc::write(status_write, (&errno as *const i32).cast(), 4);
+            libc::_exit(127);
+        }
+        Ok(pid as u32)
+    }
+}
+
+/// Read up to `buf.len()` bytes of another process's memory at `addr`.
+pub(crate) fn read_process_memory(pid: u32, addr: u64, len: usize) -> io::Result<Vec<u8>> {
+    use std::os::unix::fs::FileExt;
+    let file = std::fs::File::open(format!("/proc/{pid}/mem"))?;
+    let mut buf = vec![0u8; len];
+    file.read_exact_at(&mut buf, addr)?;
+    Ok(buf)
+}
