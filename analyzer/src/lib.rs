@@ -1,1 +1,49 @@
-//! placeholder
+//! lrnprof-analyzer: turns an lrnprof trace (`.lpt`) into profiles.
+//!
+//! [`analyze`] reads a trace, rebuilds each process's image map over time,
+//! unwinds every sample from its registers and stack copy with framehop
+//! (DWARF CFI, `__unwind_info`, frame pointers, and the kernel callchain
+//! where the copy ends), symbolicates each unique address once with
+//! addr2line (inline frames, demangling) or symbol tables, and aggregates
+//! unique stacks into a [`Profile`]. Output writers ([`ProfileWriter`])
+//! turn a profile into pprof, folded stacks or speedscope JSON.
+//!
+//! Image data comes, in order of preference, from `--symbols` directories
+//! and the recorded path (only when the build id matches), the usual debug
+//! file places, and data embedded in the trace. The caller picks the
+//! worker count; the output is the same for any count.
+//!
+//! ```no_run
+//! use lrnprof_analyzer::{analyze, AnalyzeOptions, NoProgress, OutputFormat};
+//! let profile = analyze("trace.lpt".as_ref(), &AnalyzeOptions::default(), &NoProgress)?;
+//! let mut out = Vec::new();
+//! OutputFormat::Folded.writer().write(&profile, &mut out)?;
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+#![deny(missing_docs)]
+
+mod analyze;
+mod blobs;
+mod error;
+mod image;
+mod info;
+mod options;
+mod output;
+mod profile;
+mod symbolicate;
+mod timeline;
+mod unwind;
+mod write_file;
+
+pub use analyze::analyze;
+pub use error::AnalyzeError;
+pub use info::{ThreadInfo, TraceInfo};
+pub use options::{AnalyzeOptions, NoProgress, Progress, SampleFilter};
+pub use output::{FoldedWriter, OutputFormat, PprofWriter, ProfileWriter, SpeedscopeWriter};
+pub use profile::{
+    Function, ImageInfo, Location, LocationLine, ProcessInfo, Profile, SequenceEntry, Stack, Stats,
+    ThreadProfile,
+};
+pub use symbolicate::FrameLine;
+pub use write_file::{default_output_path, write_atomically};

@@ -1,0 +1,85 @@
+//! Raw ELF symbol tables, for images whose `.symtab`/`.strtab` (or
+//! `.dynsym`/`.dynstr`) travel as embedded sections without the rest of the
+//! file.
+
+use super::Symbol;
+
+const STT_FUNC: u8 = 2;
+const STT_GNU_IFUNC: u8 = 10;
+
+/// Function symbols of a 64-bit ELF symbol table `syms` with string table
+/// `strs`. Malformed entries are skipped.
+pub(crate) fn parse_elf64_symbols(syms: &[u8], strs: &[u8], little_endian: bool) -> Vec<Symbol> {
+    let u32_at = |b: &[u8]| {
+        let a = [b[0], b[1], b[2], b[3]];
+        if little_endian {
+            u32::from_le_bytes(a)
+        } else {
+            u32::from_be_bytes(a)
+        }
+    };
+    let u64_at = |b: &[u8]| {
+        let mut a = [0u8; 8];
+        a.copy_from_slice(&b[..8]);
+        if little_endian {
+            u64::from_le_bytes(a)
+        } else {
+            u64::from_be_bytes(a)
+        }
+    };
+    let mut out = Vec::new();
+    // Elf64_Sym: st_name u32, st_info u8, st_other u8, st_shndx u16,
+    // st_value u64, st_size u64.
+    for entry in syms.chunks_exact(24) {
+        let kind = entry[4] & 0xf;
+        let shndx = u16::from_le_bytes([entry[6], entry[7]]);
+        if (kind != STT_FUNC && kind != STT_GNU_IFUNC) || shndx == 0 {
+            continue;
+        }
+        let value = u64_at(&entry[8..]);
+        let size = u64_at(&entry[16..]);
+        let name_off = u32_at(entry) as usize;
+        let Some(rest) = strs.get(name_off..) else {
+            continue;
+        };
+        let end = rest.iter().position(|&b| b == 0).unwrap_or(rest.len());
+        let name = String::from_utf8_lossy(&rest[..end]).into_owned();
+        if value != 0 && !name.is_empty() {
+            out.push(Symbol {
+                svma: value,
+                size,
+                name,
+            });
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[rustfmt::skip]
+    const SYMS: [u8; 72] = [
+        // null symbol
+        0,0,0,0, 0, 0, 0,0, 0,0,0,0,0,0,0,0, 0,0,0,0,0,0,0,0,
+        // "main": name 1, STB_GLOBAL|STT_FUNC, shndx 14, value 0x1130, size 0x20
+        1,0,0,0, 0x12, 0, 14,0, 0x30,0x11,0,0,0,0,0,0, 0x20,0,0,0,0,0,0,0,
+        // "data": name 6, STT_OBJECT, skipped
+        6,0,0,0, 0x11, 0, 20,0, 0x00,0x40,0,0,0,0,0,0, 8,0,0,0,0,0,0,0,
+    ];
+
+    #[test]
+    fn functions_only() {
+        let strs = b"\0main\0data\0";
+        let syms = parse_elf64_symbols(&SYMS, strs, true);
+        assert_eq!(
+            syms,
+            vec![Symbol {
+                svma: 0x1130,
+                size: 0x20,
+                name: "main".into()
+            }]
+        );
+    }
+}

@@ -1,0 +1,317 @@
+//! Finding an image's data: `--symbols` directories, the recorded path,
+//! the usual debug-file places and data embedded in the trace. A local file
+//! is used only if its build id matches the one recorded.
+
+use super::elfsym::parse_elf64_symbols;
+use super::parse::{parse_file, ParsedFile};
+use super::{short_name, ImageData, LoadedImage, Section, SectionBytes, Source};
+use crate::blobs::BlobStore;
+use crate::timeline::ImageKey;
+use lrnprof_format::{BuildId, ImageKind};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// Where to look.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct LocateOptions {
+    pub symbols_dirs: Vec<PathBuf>,
+    /// Never read local files.
+    pub offline: bool,
+    /// Extra roots for the usual debug directories (tests); `/` always.
+    pub debug_roots: Vec<PathBuf>,
+}
+
+/// Unwind sections: what framehop needs.
+const UNWIND_SECTIONS: [&str; 4] = [
+    ".eh_frame",
+    ".eh_frame_hdr",
+    ".debug_frame",
+    "__unwind_info",
+];
+
+fn candidates_in_dir(dir: &Path, key: &ImageKey) -> Vec<PathBuf> {
+    let name = short_name(&key.path);
+    let mut v = vec![dir.join(name), dir.join(format!("{name}.debug"))];
+    if let Some(id) = &key.build_id {
+        let hex = id.to_hex();
+        if hex.len() > 2 {
+            let sub = dir.join(".build-id").join(&hex[..2]);
+            v.push(sub.join(format!("{}.debug", &hex[2..])));
+            v.push(sub.join(&hex[2..]));
+        }
+    }
+    v.push(
+        dir.join(format!("{name}.dSYM"))
+            .join("Contents/Resources/DWARF")
+            .join(name),
+    );
+    v
+}
+
+fn read_candidate(path: &Path) -> Option<ParsedFile> {
+    let meta = std::fs::metadata(path).ok()?;
+    if !meta.is_file() {
+        return None;
+    }
+    let bytes = std::fs::read(path).ok()?;
+    parse_file(Arc::new(bytes)).ok()
+}
+
+/// What was found locally.
+#[derive(Default)]
+struct Found {
+    /// A file with unwind data (the binary itself).
+    main: Option<(PathBuf, ParsedFile)>,
+    /// A file with DWARF (the binary or its debug file / dSYM).
+    debug: Option<(PathBuf, ParsedFile)>,
+    notes: Vec<String>,
+}
+
+impl Found {
+    fn offer(&mut self, path: PathBuf, file: ParsedFile, want: &Option<BuildId>) {
+        if let (Some(want), Some(have)) = (want, &file.build_id) {
+            if &want.0 != have {
+                self.notes.push(format!(
+                    "not using {}: its build id {} differs from the recorded {}",
+                    path.display(),
+                    BuildId(have.clone()),
+                    want
+                ));
+                return;
+            }
+        }
+        if want.is_some() && file.build_id.is_none() {
+            self.notes.push(format!(
+                "not using {}: it has no build id to check against the recorded {}",
+                path.display(),
+                want.as_ref().map(|w| w.to_hex()).unwrap_or_default()
+            ));
+            return;
+        }
+        let has_dwarf = file.data.has_dwarf();
+        let has_unwind = file.data.has_unwind_data();
+        if has_unwind && self.main.is_none() {
+            self.main = Some((path, file));
+        } else if has_dwarf && self.debug.is_none() {
+            self.debug = Some((path, file));
+        } else if self.main.is_none() && !file.data.symbols.is_empty() && self.debug.is_none() {
+            // A stripped-of-unwind-data file with symbols: still useful.
+            self.debug = Some((path, file));
+        }
+    }
+}
+
+/// Find and load what the analyzer needs for `key`.
+pub(crate) fn load_image(key: &ImageKey, blobs: &BlobStore, opts: &LocateOptions) -> LoadedImage {
+    let mut found = Found::default();
+    let mut notes = Vec::new();
+    let embedded_image = key.build_id.as_ref().and_then(|id| blobs.image(id));
+    match key.kind {
+        ImageKind::Anonymous => {
+            return LoadedImage {
+                key: key.clone(),
+                data: None,
+                unwind_source: Source::Missing,
+                symbol_source: Source::Missing,
+                notes,
+            }
+        }
+        ImageKind::Vdso => {}
+        ImageKind::File | ImageKind::SharedCache => {
+            if !opts.offline {
+                for dir in &opts.symbols_dirs {
+                    for c in candidates_in_dir(dir, key) {
+                        if let Some(f) = read_candidate(&c) {
+                            found.offer(c, f, &key.build_id);
+                        }
+                    }
+                }
+                let recorded = PathBuf::from(&key.path);
+                if key.path.starts_with('/') {
+                    if let Some(f) = read_candidate(&recorded) {
+                        if key.build_id.is_none() {
+                            notes.push(format!(
+                                "{}: no build id recorded, local file used unverified",
+                                key.path
+                            ));
+                        }
+                        found.offer(recorded, f, &key.build_id);
+                    }
+                }
+                let main_has_dwarf = found.main.as_ref().is_some_and(|(_, f)| f.data.has_dwarf());
+                if found.debug.is_none() && !main_has_dwarf {
+                    look_for_debug_file(key, &mut found, opts);
+                }
+            }
+        }
+    }
+    notes.append(&mut found.notes);
+
+    let mut data: Option<ImageData> = None;
+    let mut unwind_source = Source::Missing;
+    let mut symbol_source = Source::Missing;
+    if let Some((path, main)) = found.main.take() {
+        unwind_source = Source::File(path.clone());
+        if !main.data.symbols.is_empty() || main.data.has_dwarf() {
+            symbol_source = Source::File(path);
+        }
+        data = Some(main.data);
+    } else if let Some(bytes) = embedded_image {
+        if let Ok(f) = parse_file(bytes) {
+            unwind_source = Source::Embedded;
+            symbol_source = Source::Embedded;
+            data = Some(f.data);
+        }
+    }
+    if let Some((path, debug)) = found.debug.take() {
+        let d = data.get_or_insert_with(|| ImageData {
+            is_macho: debug.data.is_macho,
+            little_endian: debug.data.little_endian,
+            base_svma: debug.data.base_svma,
+            segments: debug.data.segments.clone(),
+            ..Default::default()
+        });
+        let had_dwarf = d.has_dwarf();
+        merge_debug(d, debug.data);
+        if (!had_dwarf && d.has_dwarf()) || symbol_source == Source::Missing {
+            symbol_source = Source::File(path);
+        }
+    }
+    if let Some(id) = &key.build_id {
+        if blobs.has_image_data(id) {
+            let d = data.get_or_insert_with(|| ImageData {
+                little_endian: true,
+                ..Default::default()
+            });
+            let (gave_unwind, gave_symbols) = merge_embedded(d, id, blobs);
+            if gave_unwind && unwind_source == Source::Missing {
+                unwind_source = Source::Embedded;
+            }
+            if gave_symbols
+                && (symbol_source == Source::Missing || !matches!(symbol_source, Source::File(_)))
+            {
+                symbol_source = Source::Embedded;
+            }
+        }
+    }
+    if key.kind == ImageKind::Vdso && data.is_none() {
+        notes.push("vDSO bytes not embedded in the trace".to_string());
+    }
+    LoadedImage {
+        key: key.clone(),
+        data,
+        unwind_source,
+        symbol_source,
+        notes,
+    }
+}
+
+fn look_for_debug_file(key: &ImageKey, found: &mut Found, opts: &LocateOptions) {
+    let mut roots = vec![PathBuf::from("/")];
+    roots.extend(opts.debug_roots.iter().cloned());
+    let mut candidates = Vec::new();
+    if let Some(id) = &key.build_id {
+        let hex = id.to_hex();
+        if hex.len() > 2 {
+            for root in &roots {
+                candidates.push(
+                    root.join("usr/lib/debug/.build-id")
+                        .join(&hex[..2])
+                        .join(format!("{}.debug", &hex[2..])),
+                );
+            }
+        }
+    }
+    let link = found.main.as_ref().and_then(|(_, f)| f.debuglink.clone());
+    let dir = Path::new(&key.path).parent().map(Path::to_path_buf);
+    if let (Some(link), Some(dir)) = (link, dir) {
+        candidates.push(dir.join(&link));
+        candidates.push(dir.join(".debug").join(&link));
+        let rel = dir.strip_prefix("/").unwrap_or(&dir);
+        for root in &roots {
+            candidates.push(root.join("usr/lib/debug").join(rel).join(&link));
+        }
+    }
+    for c in candidates {
+        if found.debug.is_some() {
+            break;
+        }
+        if let Some(f) = read_candidate(&c) {
+            if f.data.has_dwarf() || !f.data.symbols.is_empty() {
+                found.offer(c, f, &key.build_id);
+            }
+        }
+    }
+}
+
+/// Add a debug file's DWARF (and symbols, if the binary had none).
+fn merge_debug(into: &mut ImageData, from: ImageData) {
+    for (name, sec) in from.sections {
+        if name.starts_with(".debug_") && !sec.bytes.is_empty() {
+            let replace = into.sections.get(&name).map_or(true, |s| s.bytes.is_empty());
+            if replace {
+                into.sections.insert(name, sec);
+            }
+        }
+    }
+    if into.symbols.is_empty() {
+        into.symbols = from.symbols;
+    }
+    if into.segments.is_empty() {
+        into.segments = from.segments;
+        into.base_svma = from.base_svma;
+    }
+}
+
+/// Add sections embedded for `id` that `into` lacks. Returns whether unwind
+/// data and symbol data were added.
+fn merge_embedded(into: &mut ImageData, id: &BuildId, blobs: &BlobStore) -> (bool, bool) {
+    let mut gave_unwind = false;
+    let mut gave_symbols = false;
+    for (name, svma) in blobs.section_names(id) {
+        let Some((_, bytes)) = blobs.section(id, &name) else {
+            continue;
+        };
+        let have = into
+            .sections
+            .get(&name)
+            .is_some_and(|s| !s.bytes.is_empty());
+        if have
+            || name.starts_with(".symtab")
+            || name.starts_with(".strtab")
+            || name.starts_with(".dyn")
+        {
+            continue;
+        }
+        if name == "__TEXT" {
+            into.base_svma = svma;
+            into.is_macho = true;
+        }
+        gave_unwind |= UNWIND_SECTIONS.contains(&name.as_str());
+        gave_symbols |= name == ".debug_info";
+        let size = bytes.len() as u64;
+        into.sections.insert(
+            name,
+            Section {
+                svma,
+                size,
+                bytes: SectionBytes::whole(bytes),
+            },
+        );
+    }
+    if into.symbols.is_empty() {
+        let mut syms = Vec::new();
+        for (tab, strtab) in [(".symtab", ".strtab"), (".dynsym", ".dynstr")] {
+            if let (Some((_, s)), Some((_, t))) =
+                (blobs.section(id, tab), blobs.section(id, strtab))
+            {
+                syms.extend(parse_elf64_symbols(&s, &t, into.little_endian));
+            }
+        }
+        syms.sort();
+        syms.dedup_by(|a, b| a.svma == b.svma);
+        gave_symbols |= !syms.is_empty();
+        into.symbols = syms;
+    }
+    (gave_unwind, gave_symbols)
+}

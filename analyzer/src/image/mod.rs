@@ -1,0 +1,183 @@
+//! Image data: the sections and symbols of one executable or library,
+//! whether read from a local file or from data embedded in the trace, plus
+//! the AVMA <-> SVMA arithmetic.
+
+mod elfsym;
+mod locate;
+mod parse;
+
+pub(crate) use locate::{load_image, LocateOptions};
+
+use crate::timeline::{ImageKey, Mapping};
+use std::collections::BTreeMap;
+use std::ops::{Deref, Range};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+/// A byte range of shared, immutable data: cheap to clone, usable by
+/// framehop from any worker thread.
+#[derive(Clone)]
+pub(crate) struct SectionBytes {
+    data: Arc<Vec<u8>>,
+    range: Range<usize>,
+}
+
+impl SectionBytes {
+    pub fn whole(data: Arc<Vec<u8>>) -> SectionBytes {
+        let len = data.len();
+        SectionBytes {
+            data,
+            range: 0..len,
+        }
+    }
+
+    /// `None` if the range is not inside `data`.
+    pub fn slice(data: &Arc<Vec<u8>>, offset: u64, len: u64) -> Option<SectionBytes> {
+        let start = usize::try_from(offset).ok()?;
+        let end = start.checked_add(usize::try_from(len).ok()?)?;
+        (end <= data.len()).then(|| SectionBytes {
+            data: data.clone(),
+            range: start..end,
+        })
+    }
+}
+
+impl Deref for SectionBytes {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        &self.data[self.range.clone()]
+    }
+}
+
+impl std::fmt::Debug for SectionBytes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "SectionBytes({} bytes)", self.range.len())
+    }
+}
+
+/// A section: its SVMA and bytes (empty bytes when only the range is known).
+#[derive(Debug, Clone)]
+pub(crate) struct Section {
+    pub svma: u64,
+    pub size: u64,
+    pub bytes: SectionBytes,
+}
+
+/// A loadable segment: which file bytes land at which SVMA.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Segment {
+    pub file_offset: u64,
+    pub file_size: u64,
+    pub svma: u64,
+}
+
+/// A function symbol from `.symtab`, `.dynsym` or the Mach-O symtab.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) struct Symbol {
+    pub svma: u64,
+    /// 0 when unknown (Mach-O): the symbol then reaches the next one.
+    pub size: u64,
+    pub name: String,
+}
+
+/// Where an image's unwind or symbol data came from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Source {
+    /// A file on the analysis machine (build id matched).
+    File(PathBuf),
+    /// Data embedded in the trace.
+    Embedded,
+    /// Nothing found.
+    Missing,
+}
+
+impl std::fmt::Display for Source {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Source::File(p) => write!(f, "{}", p.display()),
+            Source::Embedded => f.write_str("embedded in trace"),
+            Source::Missing => f.write_str("missing"),
+        }
+    }
+}
+
+/// Everything the analyzer uses of one image, wherever it came from.
+/// Section names are ELF style (`.eh_frame`, `.text`, `.debug_info`); the
+/// Mach-O-only ones keep their names (`__unwind_info`, `__stubs`,
+/// `__stub_helper`, and `__TEXT` for the whole text segment).
+#[derive(Debug, Default)]
+pub(crate) struct ImageData {
+    pub is_macho: bool,
+    pub little_endian: bool,
+    /// Mach-O `__TEXT` vmaddr, 0 for ELF.
+    pub base_svma: u64,
+    pub segments: Vec<Segment>,
+    pub sections: BTreeMap<String, Section>,
+    /// Sorted by SVMA.
+    pub symbols: Vec<Symbol>,
+}
+
+impl ImageData {
+    pub fn section(&self, name: &str) -> Option<&Section> {
+        self.sections.get(name)
+    }
+
+    pub fn has_unwind_data(&self) -> bool {
+        [".eh_frame", ".debug_frame", "__unwind_info"]
+            .iter()
+            .any(|n| self.sections.get(*n).is_some_and(|s| !s.bytes.is_empty()))
+    }
+
+    pub fn has_dwarf(&self) -> bool {
+        self.sections
+            .get(".debug_info")
+            .is_some_and(|s| !s.bytes.is_empty())
+    }
+
+    /// AVMA minus SVMA for `mapping` (an image mapped at `mapping.start` from
+    /// file offset `mapping.file_offset`).
+    pub fn bias(&self, mapping: &Mapping) -> u64 {
+        let seg = self
+            .segments
+            .iter()
+            .find(|s| {
+                s.file_size > 0
+                    && mapping.file_offset >= s.file_offset
+                    && mapping.file_offset - s.file_offset < s.file_size
+            })
+            .copied();
+        let svma = match seg {
+            Some(s) => s.svma + (mapping.file_offset - s.file_offset),
+            // No program headers (embedded sections only): assume the usual
+            // layout where file offsets equal SVMAs, relative to base.
+            None => self.base_svma + mapping.file_offset,
+        };
+        mapping.start.wrapping_sub(svma)
+    }
+}
+
+/// An image and what was found for it.
+#[derive(Debug)]
+pub(crate) struct LoadedImage {
+    pub key: ImageKey,
+    pub data: Option<ImageData>,
+    pub unwind_source: Source,
+    pub symbol_source: Source,
+    /// Why data is missing or a local file was refused.
+    pub notes: Vec<String>,
+}
+
+impl LoadedImage {
+    /// `path` without its directories.
+    pub fn short_name(&self) -> &str {
+        short_name(&self.key.path)
+    }
+}
+
+/// The file name of `path`.
+pub(crate) fn short_name(path: &str) -> &str {
+    path.rsplit('/')
+        .next()
+        .filter(|s| !s.is_empty())
+        .unwrap_or(path)
+}

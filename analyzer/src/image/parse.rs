@@ -1,0 +1,168 @@
+//! Reading an image file (ELF or Mach-O) through `object`.
+
+use super::{ImageData, Section, SectionBytes, Segment, Symbol};
+use object::{Object, ObjectSection, ObjectSegment, ObjectSymbol, SymbolKind};
+use std::sync::Arc;
+
+/// An image file parsed into [`ImageData`], with what identifies it.
+pub(crate) struct ParsedFile {
+    pub data: ImageData,
+    pub build_id: Option<Vec<u8>>,
+    pub debuglink: Option<String>,
+}
+
+/// The ELF-style name the analyzer uses for a section, or `None` for
+/// sections it never needs.
+fn wanted_name(name: &str, macho: bool) -> Option<String> {
+    if macho {
+        return match name {
+            "__text" => Some(".text".into()),
+            "__eh_frame" => Some(".eh_frame".into()),
+            "__got" => Some(".got".into()),
+            "__unwind_info" | "__stubs" | "__stub_helper" => Some(name.into()),
+            n if n.starts_with("__debug_") || n.starts_with("__zdebug_") => Some(format!(
+                ".{}",
+                n.trim_start_matches("__z").trim_start_matches("__")
+            )),
+            _ => None,
+        };
+    }
+    match name {
+        ".text" | ".eh_frame" | ".eh_frame_hdr" | ".debug_frame" | ".got" => Some(name.into()),
+        n if n.starts_with(".debug_") => Some(n.into()),
+        n if n.starts_with(".zdebug_") => Some(format!(".{}", &n[2..])),
+        _ => None,
+    }
+}
+
+/// Parse `bytes` as an ELF or Mach-O image. Section bytes point into
+/// `bytes` (compressed debug sections are decompressed into new buffers).
+pub(crate) fn parse_file(bytes: Arc<Vec<u8>>) -> Result<ParsedFile, String> {
+    let obj = object::File::parse(&bytes[..]).map_err(|e| format!("not a usable image: {e}"))?;
+    let macho = matches!(obj.format(), object::BinaryFormat::MachO);
+    let mut data = ImageData {
+        is_macho: macho,
+        little_endian: obj.is_little_endian(),
+        ..Default::default()
+    };
+    for seg in obj.segments() {
+        let (file_offset, file_size) = seg.file_range();
+        let name = seg.name().ok().flatten().unwrap_or("");
+        if macho && name == "__TEXT" {
+            data.base_svma = seg.address();
+            if let Some(b) = SectionBytes::slice(&bytes, file_offset, file_size) {
+                data.sections.insert(
+                    "__TEXT".into(),
+                    Section {
+                        svma: seg.address(),
+                        size: seg.size(),
+                        bytes: b,
+                    },
+                );
+            }
+        }
+        if file_size > 0 {
+            data.segments.push(Segment {
+                file_offset,
+                file_size,
+                svma: seg.address(),
+            });
+        }
+    }
+    for sec in obj.sections() {
+        let Ok(name) = sec.name() else { continue };
+        let Some(key) = wanted_name(name, macho) else {
+            continue;
+        };
+        if data.sections.contains_key(&key) {
+            continue;
+        }
+        let plain = sec
+            .compressed_file_range()
+            .is_ok_and(|r| r.format == object::CompressionFormat::None);
+        let bytes = match (plain, sec.file_range()) {
+            (true, Some((off, len))) => SectionBytes::slice(&bytes, off, len),
+            (true, None) => Some(SectionBytes::whole(Arc::new(Vec::new()))), // NOBITS
+            (false, _) => sec
+                .uncompressed_data()
+                .ok()
+                .map(|d| SectionBytes::whole(Arc::new(d.into_owned()))),
+        };
+        if let Some(b) = bytes {
+            data.sections.insert(
+                key,
+                Section {
+                    svma: sec.address(),
+                    size: sec.size(),
+                    bytes: b,
+                },
+            );
+        }
+    }
+    let mut symbols: Vec<Symbol> = obj
+        .symbols()
+        .chain(obj.dynamic_symbols())
+        .filter(|s| s.kind() == SymbolKind::Text && s.is_definition() && s.address() != 0)
+        .filter_map(|s| {
+            Some(Symbol {
+                svma: s.address(),
+                size: s.size(),
+                name: s.name().ok()?.to_string(),
+            })
+        })
+        .filter(|s| !s.name.is_empty())
+        .collect();
+    if macho {
+        for s in &mut symbols {
+            // Mach-O C symbols carry a leading underscore.
+            if let Some(n) = s.name.strip_prefix('_') {
+                s.name = n.to_string();
+            }
+        }
+    }
+    symbols.sort();
+    symbols.dedup_by(|a, b| a.svma == b.svma);
+    data.symbols = symbols;
+    let build_id = match obj.build_id() {
+        Ok(Some(id)) => Some(id.to_vec()),
+        _ => obj.mach_uuid().ok().flatten().map(|u| u.to_vec()),
+    };
+    let debuglink = obj
+        .gnu_debuglink()
+        .ok()
+        .flatten()
+        .map(|(name, _crc)| String::from_utf8_lossy(name).into_owned());
+    Ok(ParsedFile {
+        data,
+        build_id,
+        debuglink,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn section_names_are_normalized() {
+        assert_eq!(wanted_name("__text", true).as_deref(), Some(".text"));
+        assert_eq!(
+            wanted_name("__debug_info", true).as_deref(),
+            Some(".debug_info")
+        );
+        assert_eq!(
+            wanted_name("__unwind_info", true).as_deref(),
+            Some("__unwind_info")
+        );
+        assert_eq!(
+            wanted_name(".zdebug_line", false).as_deref(),
+            Some(".debug_line")
+        );
+        assert_eq!(wanted_name(".data", false), None);
+    }
+
+    #[test]
+    fn garbage_is_an_error() {
+        assert!(parse_file(Arc::new(b"not an image".to_vec())).is_err());
+    }
+}

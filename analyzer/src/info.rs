@@ -1,0 +1,196 @@
+//! `lrnprof-analyze info`: what is in a trace, as text or JSON.
+
+use crate::profile::{ImageInfo, ProcessInfo, Profile, Stats};
+use lrnprof_format::{Arch, Os};
+use serde::Serialize;
+use std::fmt::Write as _;
+
+/// A summary of a trace and its analysis.
+#[derive(Debug, Clone, Serialize)]
+pub struct TraceInfo {
+    /// Recorder name and version.
+    pub recorder: String,
+    /// `x86_64` or `aarch64`.
+    pub arch: String,
+    /// `linux` or `macos`.
+    pub os: String,
+    /// Recording host.
+    pub hostname: String,
+    /// Wall-clock start, ns since the Unix epoch.
+    pub start_wall_ns: u64,
+    /// Requested sampling frequency, Hz.
+    pub frequency_hz: u32,
+    /// Largest stack copy per sample, bytes.
+    pub stack_size: u32,
+    /// Processes.
+    pub processes: Vec<ProcessInfo>,
+    /// Threads.
+    pub threads: Vec<ThreadInfo>,
+    /// Images.
+    pub images: Vec<ImageInfo>,
+    /// Totals.
+    pub stats: Stats,
+    /// Trace bytes per sample.
+    pub bytes_per_sample: f64,
+    /// Percentage of samples that unwound to their thread's root.
+    pub unwound_to_root_pct: f64,
+    /// Warnings of the analysis.
+    pub warnings: Vec<String>,
+}
+
+/// A thread in [`TraceInfo`].
+#[derive(Debug, Clone, Serialize)]
+pub struct ThreadInfo {
+    /// Process id.
+    pub pid: u32,
+    /// Thread id.
+    pub tid: u32,
+    /// Last known name.
+    pub name: Option<String>,
+    /// Samples.
+    pub samples: u64,
+    /// Samples that unwound to the root.
+    pub root_samples: u64,
+}
+
+impl TraceInfo {
+    /// Summarize `profile`.
+    pub fn new(profile: &Profile) -> TraceInfo {
+        let h = &profile.header;
+        let stats = profile.stats.clone();
+        TraceInfo {
+            recorder: h.recorder.clone(),
+            arch: match h.arch {
+                Arch::X86_64 => "x86_64",
+                Arch::Aarch64 => "aarch64",
+            }
+            .into(),
+            os: match h.os {
+                Os::Linux => "linux",
+                Os::MacOs => "macos",
+            }
+            .into(),
+            hostname: h.hostname.clone(),
+            start_wall_ns: h.start_wall_ns,
+            frequency_hz: h.sampling.frequency_hz,
+            stack_size: h.sampling.stack_size,
+            processes: profile.processes.clone(),
+            threads: profile
+                .threads
+                .iter()
+                .map(|t| ThreadInfo {
+                    pid: t.pid.0,
+                    tid: t.tid.0,
+                    name: t.name.clone(),
+                    samples: t.trace_samples,
+                    root_samples: t.root_samples,
+                })
+                .collect(),
+            images: profile.images.clone(),
+            bytes_per_sample: if stats.trace_samples == 0 {
+                0.0
+            } else {
+                stats.trace_bytes as f64 / stats.trace_samples as f64
+            },
+            unwound_to_root_pct: stats.root_pct(),
+            stats,
+            warnings: profile.warnings.clone(),
+        }
+    }
+
+    /// Human-readable text.
+    pub fn to_text(&self) -> String {
+        let mut s = String::new();
+        let st = &self.stats;
+        let _ = writeln!(
+            s,
+            "recorder:     {} ({}/{}, host {:?})",
+            self.recorder, self.os, self.arch, self.hostname
+        );
+        let _ = writeln!(
+            s,
+            "sampling:     {} Hz, stack copy up to {} bytes",
+            self.frequency_hz, self.stack_size
+        );
+        let _ = writeln!(s, "duration:     {:.3} s", st.duration_ns as f64 / 1e9);
+        let _ = writeln!(
+            s,
+            "samples:      {} ({} lost), {:.0} bytes per sample, {} bytes of stack copies",
+            st.trace_samples, st.lost_samples, self.bytes_per_sample, st.stack_bytes
+        );
+        let _ = writeln!(
+            s,
+            "unwound:      {:.1}% of samples to their thread's root, {:.1}% unknown frames",
+            st.root_pct(),
+            st.unknown_pct()
+        );
+        let _ = writeln!(
+            s,
+            "trace:        {} bytes, {}",
+            st.trace_bytes,
+            if st.finished {
+                "finished cleanly"
+            } else {
+                "NOT finished cleanly"
+            }
+        );
+        let _ = writeln!(s, "processes:");
+        for p in &self.processes {
+            let _ = writeln!(
+                s,
+                "  {:>7}  {}",
+                p.pid,
+                if p.command.is_empty() {
+                    p.executable.clone().unwrap_or_default()
+                } else {
+                    p.command.join(" ")
+                }
+            );
+        }
+        let _ = writeln!(s, "threads:      (pid tid samples root% name)");
+        for t in &self.threads {
+            let pct = if t.samples == 0 {
+                0.0
+            } else {
+                100.0 * t.root_samples as f64 / t.samples as f64
+            };
+            let _ = writeln!(
+                s,
+                "  {:>7} {:>7} {:>8} {:>5.1}%  {}",
+                t.pid,
+                t.tid,
+                t.samples,
+                pct,
+                t.name.as_deref().unwrap_or("-")
+            );
+        }
+        let _ = writeln!(s, "images:");
+        for i in &self.images {
+            let _ = writeln!(
+                s,
+                "  {} (build id {})",
+                i.path,
+                i.build_id.as_deref().unwrap_or("none")
+            );
+            let _ = writeln!(
+                s,
+                "      unwind: {}; symbols: {}{}; {} frames",
+                i.unwind_data,
+                i.symbol_data,
+                if i.has_debug_info {
+                    " (with debug info)"
+                } else {
+                    ""
+                },
+                i.frames
+            );
+            for n in &i.notes {
+                let _ = writeln!(s, "      note: {n}");
+            }
+        }
+        for w in &self.warnings {
+            let _ = writeln!(s, "warning: {w}");
+        }
+        s
+    }
+}

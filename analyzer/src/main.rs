@@ -1,0 +1,215 @@
+//! `lrnprof-analyze`: thin command-line front end of lrnprof-analyzer.
+
+use anyhow::{Context, Result};
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use lrnprof_analyzer::{
+    analyze, default_output_path, write_atomically, AnalyzeOptions, OutputFormat, Progress,
+    SampleFilter, TraceInfo,
+};
+use lrnprof_format::{Pid, Tid};
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Mutex;
+use std::time::Instant;
+
+/// Analyze an lrnprof trace: unwind, symbolicate, write pprof, folded or speedscope.
+#[derive(Parser, Debug)]
+#[command(
+    name = "lrnprof-analyze",
+    version,
+    args_conflicts_with_subcommands = true,
+    subcommand_negates_reqs = true
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+    #[command(flatten)]
+    run: RunArgs,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Show what a trace holds: processes, threads, images and where their data comes from.
+    Info {
+        /// The trace.
+        trace: PathBuf,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        common: CommonArgs,
+    },
+}
+
+#[derive(Args, Debug)]
+struct CommonArgs {
+    /// Directory with image or debug files (searched by name, .build-id layout, NAME.dSYM). Repeatable.
+    #[arg(long = "symbols", value_name = "DIR")]
+    symbols: Vec<PathBuf>,
+    /// Worker threads (default: one per CPU).
+    #[arg(long, short = 'j', value_name = "N", default_value_t = 0)]
+    jobs: usize,
+    /// Never read local files: use only data embedded in the trace.
+    #[arg(long)]
+    offline: bool,
+}
+
+#[derive(Args, Debug)]
+struct RunArgs {
+    /// The trace to analyze.
+    #[arg(required = true)]
+    trace: Option<PathBuf>,
+    /// Output format.
+    #[arg(long, short = 'f', value_enum, default_value_t = Format::Pprof)]
+    format: Format,
+    /// Output file, `-` for stdout (default: TRACE.pb.gz / .folded / .speedscope.json).
+    #[arg(long, short = 'o', value_name = "OUT")]
+    output: Option<PathBuf>,
+    /// Only this process.
+    #[arg(long)]
+    pid: Option<u32>,
+    /// Only this thread.
+    #[arg(long)]
+    tid: Option<u32>,
+    /// Only threads with this name.
+    #[arg(long, value_name = "NAME")]
+    thread_name: Option<String>,
+    /// Only samples at or after this many seconds into the recording.
+    #[arg(long, value_name = "SECS")]
+    from: Option<f64>,
+    /// Only samples before this many seconds into the recording.
+    #[arg(long, value_name = "SECS")]
+    to: Option<f64>,
+    /// Do not show inlined functions as their own frames.
+    #[arg(long)]
+    no_inline: bool,
+    #[command(flatten)]
+    common: CommonArgs,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug)]
+enum Format {
+    Pprof,
+    Folded,
+    Speedscope,
+}
+
+impl From<Format> for OutputFormat {
+    fn from(f: Format) -> OutputFormat {
+        match f {
+            Format::Pprof => OutputFormat::Pprof,
+            Format::Folded => OutputFormat::Folded,
+            Format::Speedscope => OutputFormat::Speedscope,
+        }
+    }
+}
+
+/// A one-line progress display on a terminal stderr; silent otherwise.
+struct TermProgress {
+    enabled: bool,
+    last: Mutex<(String, u64)>,
+}
+
+impl Progress for TermProgress {
+    fn update(&self, stage: &str, done: u64, total: u64) {
+        if !self.enabled || total == 0 {
+            return;
+        }
+        let pct = done * 100 / total;
+        let mut last = self.last.lock().unwrap_or_else(|e| e.into_inner());
+        if last.0 == stage && last.1 == pct {
+            return;
+        }
+        *last = (stage.to_string(), pct);
+        let bar = "#".repeat((pct / 5) as usize);
+        eprint!("\r{stage:<14} [{bar:<20}] {pct:>3}%");
+    }
+    fn finish(&self) {
+        if self.enabled {
+            eprint!("\r{:60}\r", "");
+        }
+    }
+}
+
+fn options(common: &CommonArgs) -> AnalyzeOptions {
+    AnalyzeOptions {
+        symbols_dirs: common.symbols.clone(),
+        jobs: common.jobs,
+        offline: common.offline,
+        ..Default::default()
+    }
+}
+
+fn run(cli: Cli) -> Result<()> {
+    let started = Instant::now();
+    let progress = TermProgress {
+        enabled: std::io::stderr().is_terminal(),
+        last: Mutex::new((String::new(), 0)),
+    };
+    match cli.command {
+        Some(Command::Info {
+            trace,
+            json,
+            common,
+        }) => {
+            let profile = analyze(&trace, &options(&common), &progress)?;
+            let info = TraceInfo::new(&profile);
+            if json {
+                println!("{}", serde_json::to_string_pretty(&info)?);
+            } else {
+                print!("{}", info.to_text());
+            }
+            Ok(())
+        }
+        None => {
+            let args = cli.run;
+            let trace = args.trace.context("missing TRACE argument")?;
+            let format = OutputFormat::from(args.format);
+            let mut opts = options(&args.common);
+            opts.filter = SampleFilter {
+                pid: args.pid.map(Pid),
+                tid: args.tid.map(Tid),
+                thread_name: args.thread_name,
+                from_secs: args.from,
+                to_secs: args.to,
+            };
+            opts.no_inline = args.no_inline;
+            opts.keep_sequences = format == OutputFormat::Speedscope;
+            let profile = analyze(&trace, &opts, &progress)?;
+            for w in &profile.warnings {
+                eprintln!("warning: {w}");
+            }
+            let out = args
+                .output
+                .unwrap_or_else(|| default_output_path(&trace, format.extension()));
+            let writer = format.writer();
+            write_atomically(&out, |w| writer.write(&profile, w))?;
+            let s = &profile.stats;
+            eprintln!(
+                "{} samples, {:.1}% unwound to root, {:.1}% unknown frames, {:.2} s{}",
+                s.samples,
+                s.root_pct(),
+                s.unknown_pct(),
+                started.elapsed().as_secs_f64(),
+                if out.as_os_str() == "-" {
+                    String::new()
+                } else {
+                    format!(" -> {}", out.display())
+                }
+            );
+            Ok(())
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("lrnprof-analyze: error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

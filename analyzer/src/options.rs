@@ -1,0 +1,85 @@
+//! Plain option structs of the analyzer (no clap here: the binary maps its
+//! flags onto these).
+
+use lrnprof_format::{Pid, Tid};
+use std::path::PathBuf;
+
+/// Which samples to keep.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct SampleFilter {
+    /// Keep only this process.
+    pub pid: Option<Pid>,
+    /// Keep only this thread.
+    pub tid: Option<Tid>,
+    /// Keep only threads whose (last known) name is exactly this.
+    pub thread_name: Option<String>,
+    /// Keep samples taken at or after this many seconds from the start of the
+    /// recording.
+    pub from_secs: Option<f64>,
+    /// Keep samples taken before this many seconds from the start of the
+    /// recording.
+    pub to_secs: Option<f64>,
+}
+
+impl SampleFilter {
+    /// A human description of the active filters, for error messages.
+    pub fn describe(&self) -> String {
+        let mut parts = Vec::new();
+        if let Some(p) = self.pid {
+            parts.push(format!("--pid {}", p.0));
+        }
+        if let Some(t) = self.tid {
+            parts.push(format!("--tid {}", t.0));
+        }
+        if let Some(n) = &self.thread_name {
+            parts.push(format!("--thread-name {n:?}"));
+        }
+        if let Some(f) = self.from_secs {
+            parts.push(format!("--from {f}"));
+        }
+        if let Some(t) = self.to_secs {
+            parts.push(format!("--to {t}"));
+        }
+        if parts.is_empty() {
+            "no filter".to_string()
+        } else {
+            parts.join(" ")
+        }
+    }
+}
+
+/// Options of [`analyze`](crate::analyze).
+#[derive(Debug, Clone, Default)]
+pub struct AnalyzeOptions {
+    /// Extra directories searched for images and debug files (by file name,
+    /// by `.build-id/xx/rest.debug` layout, and for `NAME.dSYM` bundles).
+    pub symbols_dirs: Vec<PathBuf>,
+    /// Worker threads; 0 means one per CPU.
+    pub jobs: usize,
+    /// Which samples to keep.
+    pub filter: SampleFilter,
+    /// Do not expand inlined functions into their own frames.
+    pub no_inline: bool,
+    /// Never read a local file: use only what the trace embeds.
+    pub offline: bool,
+    /// Keep each thread's sample sequence (needed for speedscope output;
+    /// memory grows with runs of distinct consecutive stacks).
+    pub keep_sequences: bool,
+}
+
+/// Receives progress while an analysis runs. Implementations must be cheap:
+/// they are called from worker threads.
+pub trait Progress: Sync {
+    /// `done` of `total` units of the current `stage` are finished.
+    fn update(&self, stage: &str, done: u64, total: u64);
+    /// The analysis finished (clear any progress display).
+    fn finish(&self) {}
+}
+
+/// A [`Progress`] that ignores everything.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NoProgress;
+
+impl Progress for NoProgress {
+    fn update(&self, _stage: &str, _done: u64, _total: u64) {}
+}

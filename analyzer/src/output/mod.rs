@@ -1,0 +1,221 @@
+//! Output writers, one file each, behind [`ProfileWriter`].
+
+mod folded;
+mod pprof;
+mod proto;
+mod speedscope;
+
+pub use folded::FoldedWriter;
+pub use pprof::PprofWriter;
+pub use speedscope::SpeedscopeWriter;
+
+use crate::profile::Profile;
+use std::io::{self, Write};
+
+/// Turns a [`Profile`] into one output format. Output must be
+/// deterministic: the same profile gives the same bytes.
+pub trait ProfileWriter {
+    /// Write `profile` to `out`.
+    fn write(&self, profile: &Profile, out: &mut dyn Write) -> io::Result<()>;
+}
+
+/// The output formats.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OutputFormat {
+    /// Gzipped pprof `profile.proto`.
+    Pprof,
+    /// Folded stacks (`root;...;leaf COUNT`), for flamegraph.pl and inferno.
+    Folded,
+    /// speedscope's JSON file format.
+    Speedscope,
+}
+
+impl OutputFormat {
+    /// The usual file extension, appended to the trace path by default.
+    pub fn extension(self) -> &'static str {
+        match self {
+            OutputFormat::Pprof => "pb.gz",
+            OutputFormat::Folded => "folded",
+            OutputFormat::Speedscope => "speedscope.json",
+        }
+    }
+
+    /// The writer for this format.
+    pub fn writer(self) -> Box<dyn ProfileWriter> {
+        match self {
+            OutputFormat::Pprof => Box::new(PprofWriter),
+            OutputFormat::Folded => Box::new(FoldedWriter),
+            OutputFormat::Speedscope => Box::new(SpeedscopeWriter),
+        }
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod testing {
+    //! A small hand-made profile shared by the writers' tests, and the
+    //! expected-file check (`LRNPROF_BLESS=1` rewrites the files).
+
+    use crate::profile::*;
+    use lrnprof_format::{Pid, Tid, Timestamp, TraceHeader};
+    use std::path::PathBuf;
+
+    /// Thread "main" (tid 10): main->work->leaf x3 (leaf inlined into
+    /// work), main->other x1; thread 11 unnamed: 0x1234 (unknown) x1.
+    pub fn profile() -> Profile {
+        let f = |name: &str, file: Option<&str>, first_line| Function {
+            name: name.into(),
+            file: file.map(Into::into),
+            first_line,
+        };
+        let ll = |function, line| LocationLine { function, line };
+        Profile {
+            header: TraceHeader::example(),
+            trace_name: "t.lpt".into(),
+            threads: vec![
+                ThreadProfile {
+                    pid: Pid(1),
+                    tid: Tid(10),
+                    name: Some("main".into()),
+                    trace_samples: 4,
+                    samples: 4,
+                    weight: 4_000_000,
+                    root_samples: 4,
+                },
+                ThreadProfile {
+                    pid: Pid(1),
+                    tid: Tid(11),
+                    name: None,
+                    trace_samples: 1,
+                    samples: 1,
+                    weight: 1_000_000,
+                    root_samples: 0,
+                },
+            ],
+            processes: vec![],
+            images: vec![ImageInfo {
+                path: "/bin/prog".into(),
+                build_id: Some("abcd".into()),
+                unwind_data: "/bin/prog".into(),
+                symbol_data: "/bin/prog".into(),
+                has_debug_info: true,
+                notes: vec![],
+                frames: 9,
+            }],
+            functions: vec![
+                f("leaf", Some("a.c"), Some(3)),
+                f("work", Some("a.c"), Some(10)),
+                f("main", Some("a.c"), Some(20)),
+                f("other", None, None),
+                f("0x1234", None, None),
+            ],
+            locations: vec![
+                Location {
+                    image: Some(0),
+                    address: 0x1100,
+                    lines: vec![ll(0, Some(3)), ll(1, Some(12))],
+                    unknown: false,
+                },
+                Location {
+                    image: Some(0),
+                    address: 0x1200,
+                    lines: vec![ll(2, Some(21))],
+                    unknown: false,
+                },
+                Location {
+                    image: Some(0),
+                    address: 0x1300,
+                    lines: vec![ll(3, None)],
+                    unknown: false,
+                },
+                Location {
+                    image: None,
+                    address: 0x1234,
+                    lines: vec![ll(4, None)],
+                    unknown: true,
+                },
+            ],
+            stacks: vec![
+                Stack {
+                    thread: 0,
+                    locations: vec![0, 1],
+                    samples: 3,
+                    weight: 3_000_000,
+                    root_samples: 3,
+                },
+                Stack {
+                    thread: 0,
+                    locations: vec![2, 1],
+                    samples: 1,
+                    weight: 1_000_000,
+                    root_samples: 1,
+                },
+                Stack {
+                    thread: 1,
+                    locations: vec![3],
+                    samples: 1,
+                    weight: 1_000_000,
+                    root_samples: 0,
+                },
+            ],
+            sequences: vec![
+                vec![
+                    SequenceEntry {
+                        stack: 0,
+                        time: Timestamp(1_000_000),
+                        last_time: Timestamp(2_000_000),
+                        samples: 2,
+                        weight: 2_000_000,
+                    },
+                    SequenceEntry {
+                        stack: 1,
+                        time: Timestamp(3_000_000),
+                        last_time: Timestamp(3_000_000),
+                        samples: 1,
+                        weight: 1_000_000,
+                    },
+                    SequenceEntry {
+                        stack: 0,
+                        time: Timestamp(4_000_000),
+                        last_time: Timestamp(4_000_000),
+                        samples: 1,
+                        weight: 1_000_000,
+                    },
+                ],
+                vec![SequenceEntry {
+                    stack: 2,
+                    time: Timestamp(1_500_000),
+                    last_time: Timestamp(1_500_000),
+                    samples: 1,
+                    weight: 1_000_000,
+                }],
+            ],
+            stats: Stats::default(),
+            warnings: vec![],
+        }
+    }
+
+    /// Compare `actual` with `analyzer/testdata/NAME`, or rewrite it when
+    /// `LRNPROF_BLESS=1`.
+    pub fn check_expected(name: &str, actual: &[u8]) {
+        let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("testdata")
+            .join(name);
+        if std::env::var_os("LRNPROF_BLESS").is_some_and(|v| v == "1") {
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(&path, actual).unwrap();
+            return;
+        }
+        let expected = std::fs::read(&path).unwrap_or_else(|e| {
+            panic!(
+                "{}: {e}; run with LRNPROF_BLESS=1 to create it",
+                path.display()
+            )
+        });
+        assert!(
+            expected == actual,
+            "{} differs from the output; review and run with LRNPROF_BLESS=1 to update.\nactual:\n{}",
+            path.display(),
+            String::from_utf8_lossy(actual)
+        );
+    }
+}

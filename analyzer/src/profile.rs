@@ -1,0 +1,223 @@
+//! The result of an analysis: unique stacks, locations and functions, in
+//! first-seen order so that output is deterministic.
+
+use lrnprof_format::{BuildId, Pid, Tid, Timestamp, TraceHeader};
+use serde::Serialize;
+
+/// Everything the output writers and `info` read.
+#[derive(Debug, Clone)]
+pub struct Profile {
+    /// The trace header.
+    pub header: TraceHeader,
+    /// The trace's file name (without directories), for profile titles.
+    pub trace_name: String,
+    /// Every thread of the trace, ordered by (pid, tid).
+    pub threads: Vec<ThreadProfile>,
+    /// Every process of the trace, ordered by pid.
+    pub processes: Vec<ProcessInfo>,
+    /// Every image of the trace, in first-mapped order.
+    pub images: Vec<ImageInfo>,
+    /// Unique (name, file) functions, in first-seen order.
+    pub functions: Vec<Function>,
+    /// Unique code locations, in first-seen order.
+    pub locations: Vec<Location>,
+    /// Unique (thread, stack) pairs, in first-seen order.
+    pub stacks: Vec<Stack>,
+    /// Per thread (same index as `threads`), the selected samples in time
+    /// order, consecutive samples with the same stack merged. Empty unless
+    /// [`AnalyzeOptions::keep_sequences`](crate::AnalyzeOptions::keep_sequences).
+    pub sequences: Vec<Vec<SequenceEntry>>,
+    /// Totals.
+    pub stats: Stats,
+    /// Things the user should know (lost data, missing images).
+    pub warnings: Vec<String>,
+}
+
+/// A process.
+#[derive(Debug, Clone, Serialize)]
+pub struct ProcessInfo {
+    /// Process id.
+    pub pid: u32,
+    /// Command line, when recorded.
+    pub command: Vec<String>,
+    /// Executable path, when recorded.
+    pub executable: Option<String>,
+}
+
+/// A thread.
+#[derive(Debug, Clone)]
+pub struct ThreadProfile {
+    /// Its process.
+    pub pid: Pid,
+    /// Thread id.
+    pub tid: Tid,
+    /// Last known name, if any.
+    pub name: Option<String>,
+    /// Samples of this thread in the trace.
+    pub trace_samples: u64,
+    /// Samples kept by the filter.
+    pub samples: u64,
+    /// Sum of the kept samples' weights (ns for time samples).
+    pub weight: u64,
+    /// Kept samples that unwound to the thread's root.
+    pub root_samples: u64,
+}
+
+impl ThreadProfile {
+    /// Name used as the root frame: `NAME-TID`, or `tid-TID` if unnamed.
+    pub fn label(&self) -> String {
+        match &self.name {
+            Some(n) => format!("{n}-{}", self.tid.0),
+            None => format!("tid-{}", self.tid.0),
+        }
+    }
+}
+
+/// An image and where its data came from.
+#[derive(Debug, Clone, Serialize)]
+pub struct ImageInfo {
+    /// Path recorded in the trace.
+    pub path: String,
+    /// Build id (hex), when recorded.
+    pub build_id: Option<String>,
+    /// Where unwind data came from: a path, `embedded in trace`, or `missing`.
+    pub unwind_data: String,
+    /// Where symbols came from: a path, `embedded in trace`, or `missing`.
+    pub symbol_data: String,
+    /// Whether DWARF debug info (file/line, inline frames) was found.
+    pub has_debug_info: bool,
+    /// Why data is missing or a local file was refused.
+    pub notes: Vec<String>,
+    /// Frames that fell into this image.
+    pub frames: u64,
+}
+
+/// A function (for inlined code, the inlined function).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Function {
+    /// Demangled name, or `image+0xOFFSET` / `0xADDR` when unknown.
+    pub name: String,
+    /// Source file, when known.
+    pub file: Option<String>,
+    /// The lowest source line sampled in it, when known.
+    pub first_line: Option<u32>,
+}
+
+/// One level of a location.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct LocationLine {
+    /// Index into [`Profile::functions`].
+    pub function: u32,
+    /// Source line, when known.
+    pub line: Option<u32>,
+}
+
+/// A code address and what is there.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Location {
+    /// Index into [`Profile::images`], `None` for addresses outside any image.
+    pub image: Option<u32>,
+    /// The lookup address: SVMA within the image (return addresses already
+    /// moved back by one byte), or the AVMA outside images.
+    pub address: u64,
+    /// Function levels, innermost (inlined) first; never empty.
+    pub lines: Vec<LocationLine>,
+    /// Whether symbolication failed (the name is `image+0xOFFSET`/`0xADDR`).
+    pub unknown: bool,
+}
+
+/// A unique stack of one thread.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Stack {
+    /// Index into [`Profile::threads`].
+    pub thread: u32,
+    /// Indexes into [`Profile::locations`], leaf first.
+    pub locations: Vec<u32>,
+    /// Number of samples.
+    pub samples: u64,
+    /// Sum of weights (ns for time samples).
+    pub weight: u64,
+    /// Samples with this stack that reached the thread's root.
+    pub root_samples: u64,
+}
+
+/// A run of consecutive samples of one thread with the same stack.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SequenceEntry {
+    /// Index into [`Profile::stacks`].
+    pub stack: u32,
+    /// Time of the first sample of the run.
+    pub time: Timestamp,
+    /// Time of the last sample of the run.
+    pub last_time: Timestamp,
+    /// Number of samples merged.
+    pub samples: u64,
+    /// Sum of their weights.
+    pub weight: u64,
+}
+
+/// Totals of an analysis.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Stats {
+    /// Samples in the trace.
+    pub trace_samples: u64,
+    /// Samples kept by the filter and analyzed.
+    pub samples: u64,
+    /// Analyzed samples that unwound to the thread's root.
+    pub root_samples: u64,
+    /// Frames in analyzed samples (inline levels not counted).
+    pub frames: u64,
+    /// Of which could not be symbolicated.
+    pub unknown_frames: u64,
+    /// Samples that used the kernel callchain beyond the stack copy.
+    pub kernel_callchain_samples: u64,
+    /// Samples that came already unwound (stripped trace).
+    pub presymbolized_samples: u64,
+    /// Samples lost by the kernel or recorder.
+    pub lost_samples: u64,
+    /// Time from the first to the last record, in ns.
+    pub duration_ns: u64,
+    /// Size of the trace file, in bytes.
+    pub trace_bytes: u64,
+    /// Bytes of stack copies in the trace (before compression).
+    pub stack_bytes: u64,
+    /// Whether the trace was finished cleanly by its recorder.
+    pub finished: bool,
+}
+
+impl Stats {
+    fn pct(n: u64, d: u64) -> f64 {
+        if d == 0 {
+            0.0
+        } else {
+            100.0 * n as f64 / d as f64
+        }
+    }
+    /// Percentage of analyzed samples that reached the root.
+    pub fn root_pct(&self) -> f64 {
+        Self::pct(self.root_samples, self.samples)
+    }
+    /// Percentage of frames that could not be symbolicated.
+    pub fn unknown_pct(&self) -> f64 {
+        Self::pct(self.unknown_frames, self.frames)
+    }
+}
+
+impl Profile {
+    /// Names of a stack from root to leaf, inline levels expanded (each
+    /// location's lines reversed), without the thread.
+    pub fn stack_names(&self, stack: &Stack) -> Vec<&str> {
+        let mut out = Vec::with_capacity(stack.locations.len());
+        for &loc in stack.locations.iter().rev() {
+            for l in self.locations[loc as usize].lines.iter().rev() {
+                out.push(self.functions[l.function as usize].name.as_str());
+            }
+        }
+        out
+    }
+}
+
+/// Hex of a build id, for JSON.
+pub(crate) fn hex(id: &Option<BuildId>) -> Option<String> {
+    id.as_ref().map(BuildId::to_hex)
+}

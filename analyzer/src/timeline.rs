@@ -1,0 +1,364 @@
+//! First pass over a trace: everything but the samples' stacks. Rebuilds,
+//! per process, the image map over time as a list of generations, and
+//! collects threads, lost counts and embedded blobs.
+
+use crate::blobs::BlobStore;
+use crate::options::Progress;
+use lrnprof_format::{
+    BuildId, ImageKind, Pid, ProcessEvent, Record, Summary, Tid, Timestamp, TraceHeader,
+    TraceReader,
+};
+use rayon::prelude::*;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+/// Blocks decoded at once: bounds memory to a few blocks per worker.
+pub(crate) const CHUNK_BLOCKS: usize = 16;
+
+/// An image file, identified by path and build id (one entry however many
+/// processes map it).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub(crate) struct ImageKey {
+    pub path: String,
+    pub build_id: Option<BuildId>,
+    pub kind: ImageKind,
+}
+
+/// One mapping of an image into a process (AVMA range).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Mapping {
+    pub start: u64,
+    pub end: u64,
+    pub file_offset: u64,
+    pub image: u32,
+    pub executable: bool,
+}
+
+/// The image map of a process from `time` until the next generation.
+#[derive(Debug, Clone)]
+pub(crate) struct Generation {
+    pub time: Timestamp,
+    /// Sorted by `start`, non-overlapping.
+    pub mappings: Arc<Vec<Mapping>>,
+}
+
+/// What the first pass learnt about a process.
+#[derive(Debug, Default)]
+pub(crate) struct ProcessTimeline {
+    pub command: Vec<String>,
+    pub executable: Option<String>,
+    pub generations: Vec<Generation>,
+    current: Vec<Mapping>,
+    dirty: bool,
+}
+
+impl ProcessTimeline {
+    fn map(&mut self, m: Mapping) {
+        self.unmap(m.start, m.end);
+        let at = self.current.partition_point(|x| x.start < m.start);
+        self.current.insert(at, m);
+        self.dirty = true;
+    }
+
+    fn unmap(&mut self, start: u64, end: u64) {
+        if start >= end {
+            return;
+        }
+        let mut out = Vec::with_capacity(self.current.len() + 1);
+        let mut changed = false;
+        for m in self.current.drain(..) {
+            if m.end <= start || m.start >= end {
+                out.push(m);
+                continue;
+            }
+            changed = true;
+            if m.start < start {
+                out.push(Mapping { end: start, ..m });
+            }
+            if m.end > end {
+                out.push(Mapping {
+                    start: end,
+                    file_offset: m.file_offset + (end - m.start),
+                    ..m
+                });
+            }
+        }
+        self.current = out;
+        self.dirty |= changed;
+    }
+
+    fn snapshot(&mut self, time: Timestamp) {
+        if self.dirty || self.generations.is_empty() {
+            self.generations.push(Generation {
+                time,
+                mappings: Arc::new(self.current.clone()),
+            });
+            self.dirty = false;
+        }
+    }
+
+    /// The generation in effect at `time`.
+    pub fn generation_at(&self, time: Timestamp) -> Option<(usize, &Generation)> {
+        let i = self.generations.partition_point(|g| g.time <= time);
+        let i = i.checked_sub(1).or(if self.generations.is_empty() {
+            None
+        } else {
+            Some(0)
+        })?;
+        Some((i, &self.generations[i]))
+    }
+}
+
+/// What the first pass learnt about a thread.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct ThreadTimeline {
+    pub name: Option<String>,
+    pub samples: u64,
+    pub weight: u64,
+    pub stack_bytes: u64,
+}
+
+/// Everything but the samples' stacks.
+#[derive(Debug)]
+pub(crate) struct Timeline {
+    pub header: TraceHeader,
+    pub processes: BTreeMap<Pid, ProcessTimeline>,
+    pub threads: BTreeMap<(Pid, Tid), ThreadTimeline>,
+    pub thread_index: HashMap<(Pid, Tid), u32>,
+    pub images: Vec<ImageKey>,
+    image_index: HashMap<ImageKey, u32>,
+    pub blobs: BlobStore,
+    pub samples: u64,
+    pub presymbolized_samples: u64,
+    pub lost: u64,
+    pub first_time: Option<Timestamp>,
+    pub last_time: Option<Timestamp>,
+    pub summary: Option<Summary>,
+    pub warnings: Vec<String>,
+}
+
+impl Timeline {
+    fn new(header: TraceHeader) -> Timeline {
+        Timeline {
+            header,
+            processes: BTreeMap::new(),
+            threads: BTreeMap::new(),
+            thread_index: HashMap::new(),
+            images: Vec::new(),
+            image_index: HashMap::new(),
+            blobs: BlobStore::default(),
+            samples: 0,
+            presymbolized_samples: 0,
+            lost: 0,
+            first_time: None,
+            last_time: None,
+            summary: None,
+            warnings: Vec::new(),
+        }
+    }
+
+    fn intern_image(&mut self, key: ImageKey) -> u32 {
+        if let Some(&i) = self.image_index.get(&key) {
+            return i;
+        }
+        let i = self.images.len() as u32;
+        self.image_index.insert(key.clone(), i);
+        self.images.push(key);
+        i
+    }
+
+    fn see_time(&mut self, t: Timestamp) {
+        self.first_time = Some(self.first_time.map_or(t, |f| f.min(t)));
+        self.last_time = Some(self.last_time.map_or(t, |l| l.max(t)));
+    }
+
+    fn apply(&mut self, item: Item) {
+        match item {
+            Item::Record(record) => self.apply_record(record),
+            Item::Sample {
+                time,
+                pid,
+                tid,
+                weight,
+                stack_bytes,
+                presymbolized,
+            } => {
+                self.see_time(time);
+                self.samples += 1;
+                self.presymbolized_samples += u64::from(presymbolized);
+                let t = self.threads.entry((pid, tid)).or_default();
+                t.samples += 1;
+                t.weight += weight;
+                t.stack_bytes += stack_bytes;
+                self.processes.entry(pid).or_default().snapshot(time);
+            }
+        }
+    }
+
+    fn apply_record(&mut self, record: Record) {
+        if let Some(t) = record.time() {
+            self.see_time(t);
+        }
+        match record {
+            Record::Process(p) => {
+                let proc = self.processes.entry(p.pid).or_default();
+                if !p.command.is_empty() {
+                    proc.command = p.command;
+                }
+                if p.executable.is_some() {
+                    proc.executable = p.executable;
+                }
+                if p.event == ProcessEvent::Exec {
+                    proc.current.clear();
+                    proc.dirty = true;
+                }
+            }
+            Record::Thread(t) => {
+                let th = self.threads.entry((t.pid, t.tid)).or_default();
+                if let Some(name) = t.name.filter(|n| !n.is_empty()) {
+                    th.name = Some(name);
+                }
+            }
+            Record::ImageMap(m) => {
+                let image = self.intern_image(ImageKey {
+                    path: m.path,
+                    build_id: m.build_id.filter(|b| !b.0.is_empty()),
+                    kind: m.kind,
+                });
+                if m.start < m.end {
+                    self.processes.entry(m.pid).or_default().map(Mapping {
+                        start: m.start,
+                        end: m.end,
+                        file_offset: m.file_offset,
+                        image,
+                        executable: m.executable,
+                    });
+                }
+            }
+            Record::ImageUnmap(u) => {
+                self.processes
+                    .entry(u.pid)
+                    .or_default()
+                    .unmap(u.start, u.end);
+            }
+            Record::Lost(l) => self.lost += l.count,
+            Record::Blob(b) => self.blobs.add(b),
+            Record::Summary(s) => self.summary = Some(s),
+            Record::Sample(_) => unreachable!("samples are turned into Item::Sample"),
+        }
+    }
+}
+
+/// A record as the first pass keeps it: samples shrink to their metadata.
+enum Item {
+    Record(Record),
+    Sample {
+        time: Timestamp,
+        pid: Pid,
+        tid: Tid,
+        weight: u64,
+        stack_bytes: u64,
+        presymbolized: bool,
+    },
+}
+
+/// Read every block once (in parallel, a chunk at a time) and build the
+/// timeline. Blocks that fail to decode are skipped with a warning.
+pub(crate) fn scan<D: AsRef<[u8]> + Sync>(
+    reader: &TraceReader<D>,
+    progress: &dyn Progress,
+) -> Timeline {
+    let mut timeline = Timeline::new(reader.header().clone());
+    let blocks = reader.blocks();
+    let total = blocks.len() as u64;
+    let mut done = 0;
+    for chunk in blocks.chunks(CHUNK_BLOCKS) {
+        let decoded: Vec<_> = chunk
+            .par_iter()
+            .map(|b| {
+                let items = reader.decode_block(b).map(|records| {
+                    records
+                        .into_iter()
+                        .map(|r| match r {
+                            Record::Sample(s) => Item::Sample {
+                                time: s.time,
+                                pid: s.pid,
+                                tid: s.tid,
+                                weight: s.weight,
+                                stack_bytes: s.stack.bytes.len() as u64,
+                                presymbolized: !s.frames.is_empty(),
+                            },
+                            other => Item::Record(other),
+                        })
+                        .collect::<Vec<_>>()
+                });
+                (b.offset, items)
+            })
+            .collect();
+        for (offset, items) in decoded {
+            match items {
+                Ok(items) => items.into_iter().for_each(|i| timeline.apply(i)),
+                Err(e) => timeline.warnings.push(format!(
+                    "block at offset {} could not be decoded and was skipped: {e}",
+                    offset.0
+                )),
+            }
+        }
+        done += chunk.len() as u64;
+        progress.update("reading", done, total);
+    }
+    for (i, key) in timeline.threads.keys().enumerate() {
+        timeline.thread_index.insert(*key, i as u32);
+    }
+    timeline
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn m(start: u64, end: u64, off: u64, image: u32) -> Mapping {
+        Mapping {
+            start,
+            end,
+            file_offset: off,
+            image,
+            executable: true,
+        }
+    }
+
+    #[test]
+    fn map_replaces_and_unmap_splits() {
+        let mut p = ProcessTimeline::default();
+        p.map(m(0x1000, 0x5000, 0, 1));
+        p.map(m(0x2000, 0x3000, 0x100, 2));
+        assert_eq!(
+            p.current,
+            vec![
+                m(0x1000, 0x2000, 0, 1),
+                m(0x2000, 0x3000, 0x100, 2),
+                m(0x3000, 0x5000, 0x2000, 1)
+            ]
+        );
+        p.unmap(0x1800, 0x3800);
+        assert_eq!(
+            p.current,
+            vec![m(0x1000, 0x1800, 0, 1), m(0x3800, 0x5000, 0x2800, 1)]
+        );
+    }
+
+    #[test]
+    fn generations_follow_time() {
+        let mut p = ProcessTimeline::default();
+        p.map(m(0x1000, 0x2000, 0, 1));
+        p.snapshot(Timestamp(10));
+        p.snapshot(Timestamp(11)); // unchanged: no new generation
+        p.map(m(0x4000, 0x5000, 0, 2));
+        p.snapshot(Timestamp(20));
+        assert_eq!(p.generations.len(), 2);
+        assert_eq!(p.generation_at(Timestamp(15)).unwrap().0, 0);
+        assert_eq!(p.generation_at(Timestamp(20)).unwrap().0, 1);
+        assert_eq!(p.generation_at(Timestamp(5)).unwrap().0, 0);
+        assert_eq!(p.generation_at(Timestamp(99)).unwrap().1.mappings.len(), 2);
+    }
+}

@@ -1,0 +1,34 @@
+//! AArch64 traces.
+
+use super::{walk, Unwound};
+use crate::image::SectionBytes;
+use framehop::aarch64::{CacheAarch64, PtrAuthMask, UnwindRegsAarch64, UnwinderAarch64};
+use framehop::{Module, Unwinder as _};
+use lrnprof_format::RegsAarch64;
+
+pub(crate) type Unwinder = UnwinderAarch64<SectionBytes>;
+pub(crate) type Cache = CacheAarch64;
+
+pub(crate) fn build(modules: impl Iterator<Item = Module<SectionBytes>>) -> Unwinder {
+    let mut u = Unwinder::new();
+    for m in modules {
+        u.add_module(m);
+    }
+    u
+}
+
+pub(crate) fn unwind<F>(
+    u: &Unwinder,
+    cache: &mut Cache,
+    r: &RegsAarch64,
+    read_stack: &mut F,
+) -> Unwound
+where
+    F: FnMut(u64) -> Result<u64, ()>,
+{
+    // Return addresses may carry pointer-authentication bits: strip what
+    // lies above the highest code address the process has mapped.
+    let mask = PtrAuthMask::from_max_known_address(u.max_known_code_address());
+    let regs = UnwindRegsAarch64::new_with_ptr_auth_mask(mask, r.lr, r.sp, r.fp);
+    walk(u, r.pc, regs, cache, read_stack)
+}

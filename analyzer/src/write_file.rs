@@ -1,0 +1,76 @@
+//! Writing output files whole or not at all: a temporary name in the same
+//! directory, renamed into place once complete.
+
+use crate::error::AnalyzeError;
+use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
+
+/// `TRACE.EXT`: the trace path with `ext` appended to its file name.
+pub fn default_output_path(trace: &Path, ext: &str) -> PathBuf {
+    let mut name = trace.file_name().unwrap_or_default().to_os_string();
+    name.push(".");
+    name.push(ext);
+    trace.with_file_name(name)
+}
+
+/// Write to `path` through `f`; `-` is stdout. A failure leaves no file
+/// at `path` (and the temporary one is removed).
+pub fn write_atomically(
+    path: &Path,
+    f: impl FnOnce(&mut dyn Write) -> std::io::Result<()>,
+) -> Result<(), AnalyzeError> {
+    let err = |source| AnalyzeError::Write {
+        path: path.to_path_buf(),
+        source,
+    };
+    if path == Path::new("-") {
+        let stdout = std::io::stdout();
+        let mut lock = BufWriter::new(stdout.lock());
+        return f(&mut lock).and_then(|_| lock.flush()).map_err(err);
+    }
+    let mut tmp_name = path.file_name().unwrap_or_default().to_os_string();
+    tmp_name.push(format!(".tmp{}", std::process::id()));
+    let tmp = path.with_file_name(tmp_name);
+    let result = (|| {
+        let file = std::fs::File::create(&tmp)?;
+        let mut w = BufWriter::new(file);
+        f(&mut w)?;
+        let file = w.into_inner().map_err(|e| e.into_error())?;
+        file.sync_all()?;
+        std::fs::rename(&tmp, path)
+    })();
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result.map_err(err)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_path_appends_extension() {
+        assert_eq!(
+            default_output_path(Path::new("/x/t.lpt"), "pb.gz"),
+            PathBuf::from("/x/t.lpt.pb.gz")
+        );
+    }
+
+    #[test]
+    fn failed_write_leaves_nothing() {
+        let dir = std::env::temp_dir().join(format!("lrnprof-wf-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("out.folded");
+        let r = write_atomically(&path, |w| {
+            w.write_all(b"partial")?;
+            Err(std::io::Error::other("boom"))
+        });
+        assert!(r.is_err());
+        assert!(!path.exists());
+        assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0);
+        write_atomically(&path, |w| w.write_all(b"whole")).unwrap();
+        assert_eq!(std::fs::read(&path).unwrap(), b"whole");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
