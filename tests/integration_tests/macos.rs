@@ -1,1 +1,583 @@
-//! End-to-end tests: macos.
+//! End-to-end tests: macOS traces analyzed on this (Linux) machine.
+//!
+//! No Mac is involved. Each test builds the arm64 Mach-O fixture
+//! `tests/fixtures/macho_callchain.c` with clang and ld64.lld, reads its
+//! symbols and instructions with `object`, and writes a trace whose header
+//! says aarch64/macOS and whose one thread was sampled with the program
+//! counter inside `leaf`: registers and a stack copy laid out exactly as
+//! arm64 frame records (fp, lr pairs) would be, with the image loaded at a
+//! slid address. `lrnprof-analyze` must then unwind and symbolicate it to
+//! `start;outer;middle;leaf`.
+//!
+//! The tests skip, saying why, when clang or ld64.lld is missing (Debian
+//! packages `clang` and `lld`).
+
+use lrnprof_format::{
+    Arch, Blob, BlobKind, BuildId, Clock, ImageKind, ImageMapRecord, Os, Pid, ProcessEvent,
+    ProcessRecord, Record, Regs, RegsAarch64, Sample, SampleEvent, SampleKind, StackSnapshot,
+    Summary, Target, ThreadEvent, ThreadRecord, Tid, Timestamp, TraceHeader, TraceWriter,
+    WriterOptions,
+};
+use object::{Object, ObjectSection, ObjectSegment, ObjectSymbol};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// How far the image is moved from its linked address (a multiple of the
+/// 16 KiB arm64 page, like ASLR's slides), so that a wrong AVMA/SVMA
+/// translation cannot find the symbols.
+const SLIDE: u64 = 0x3a4_c000;
+/// One past the top of the synthetic stack (AVMA), where macOS puts a main
+/// thread's stack.
+const STACK_TOP: u64 = 0x1_6fdf_f000;
+/// Samples written per trace; the folded count must match.
+const SAMPLES: u64 = 3;
+const PID: Pid = Pid(4242);
+const TID: Tid = Tid(0x1_2345);
+
+/// The expected stack, root first.
+const EXPECTED: [&str; 4] = ["start", "outer", "middle", "leaf"];
+
+/// A scratch directory for one test.
+fn scratch(test: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("lrnprof-macos-{}-{test}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn runs(program: &str, arg: &str) -> bool {
+    Command::new(program)
+        .arg(arg)
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+fn fixture_source(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("fixtures")
+        .join(name)
+}
+
+/// A tool from the LLVM toolchain, unversioned or with Debian's suffix.
+fn find_tool(name: &str) -> Option<String> {
+    let path = std::env::var_os("PATH")?;
+    let names =
+        std::iter::once(name.to_string()).chain((14..=22).rev().map(|v| format!("{name}-{v}")));
+    for candidate in names {
+        for dir in std::env::split_paths(&path) {
+            if dir.join(&candidate).is_file() {
+                return Some(dir.join(&candidate).to_string_lossy().into_owned());
+            }
+        }
+    }
+    None
+}
+
+/// Compile the fixture with `cflags` and link it into `dir/out_name`;
+/// `None` (after printing why) when the toolchain is missing. A toolchain
+/// that is present but fails is a test failure.
+fn build_fixture(dir: &Path, out_name: &str, cflags: &[&str]) -> Option<PathBuf> {
+    if !runs("clang", "--version") {
+        eprintln!("SKIP: clang is not installed (Debian: apt-get install clang lld)");
+        return None;
+    }
+    let Some(linker) = find_tool("ld64.lld") else {
+        eprintln!("SKIP: ld64.lld is not installed (Debian: apt-get install lld)");
+        return None;
+    };
+    let object = dir.join(format!("{out_name}.o"));
+    let out = dir.join(out_name);
+    let run = |cmd: &mut Command, what: &str| {
+        let output = cmd.output().expect("running clang");
+        assert!(
+            output.status.success(),
+            "{what} the Mach-O fixture failed:\n{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    };
+    run(
+        Command::new("clang")
+            .args([
+                "--target=arm64-apple-macos11",
+                "-O1",
+                "-fno-omit-frame-pointer",
+                "-c",
+            ])
+            .args(cflags)
+            .arg("-o")
+            .arg(&object)
+            .arg(fixture_source("macho_callchain.c")),
+        "compiling",
+    );
+    // No SDK and no libSystem: the fixture calls nothing, and `start` is
+    // the entry point.
+    run(
+        Command::new("clang")
+            .args(["--target=arm64-apple-macos11", "-nostdlib", "-fuse-ld=lld"])
+            .arg(format!("--ld-path={linker}"))
+            .args([
+                "-Wl,-e,_start",
+                "-Wl,-platform_version,macos,11.0,11.0",
+                "-o",
+            ])
+            .arg(&out)
+            .arg(&object),
+        "linking",
+    );
+    Some(out)
+}
+
+/// What the test needs to know about a built fixture.
+struct Fixture {
+    path: PathBuf,
+    bytes: Vec<u8>,
+    uuid: [u8; 16],
+    /// `__TEXT` vmaddr and vmsize (SVMA).
+    text: (u64, u64),
+    /// Function name (without the leading underscore) to SVMA.
+    functions: HashMap<String, u64>,
+    /// `__text` address (SVMA) and bytes.
+    code: (u64, Vec<u8>),
+    /// `__unwind_info` address (SVMA) and bytes, if the linker made one.
+    unwind_info: Option<(u64, Vec<u8>)>,
+}
+
+/// Function name (without the leading underscore) to SVMA.
+fn function_symbols(file: &object::File) -> HashMap<String, u64> {
+    file.symbols()
+        .filter_map(|s| {
+            let name = s.name().ok()?.strip_prefix('_')?.to_string();
+            Some((name, s.address()))
+        })
+        .collect()
+}
+
+impl Fixture {
+    fn load(path: &Path) -> Fixture {
+        let bytes = std::fs::read(path).unwrap();
+        let file = object::File::parse(&bytes[..]).unwrap();
+        assert_eq!(file.architecture(), object::Architecture::Aarch64);
+        let uuid = file.mach_uuid().unwrap().expect("ld64.lld writes LC_UUID");
+        let text = file
+            .segments()
+            .find(|s| s.name().ok().flatten() == Some("__TEXT"))
+            .map(|s| (s.address(), s.size()))
+            .unwrap();
+        let functions = function_symbols(&file);
+        let section = |name: &str| {
+            file.section_by_name(name)
+                .map(|s| (s.address(), s.data().unwrap().to_vec()))
+        };
+        let code = section("__text").unwrap();
+        let unwind_info = section("__unwind_info");
+        Fixture {
+            path: path.to_owned(),
+            uuid,
+            text,
+            functions,
+            code,
+            unwind_info,
+            bytes: bytes.clone(),
+        }
+    }
+
+    /// The function whose code holds `svma` (the symbol at or below it).
+    fn function_containing(&self, svma: u64) -> &str {
+        self.functions
+            .iter()
+            .filter(|(name, &start)| start <= svma && !name.starts_with('_'))
+            .max_by_key(|(_, &start)| start)
+            .map(|(name, _)| name.as_str())
+            .unwrap_or("?")
+    }
+
+    fn function(&self, name: &str) -> u64 {
+        *self
+            .functions
+            .get(name)
+            .unwrap_or_else(|| panic!("fixture has no symbol {name}"))
+    }
+
+    /// The return address (SVMA) of the `bl callee` inside `caller`: the
+    /// instruction after it. Found by decoding, not by fixed offsets, so a
+    /// different compiler version still gives the right answer.
+    fn return_address(&self, caller: &str, callee: &str) -> u64 {
+        let (base, code) = &self.code;
+        let start = self.function(caller);
+        let target = self.function(callee);
+        for (i, insn) in code.chunks_exact(4).enumerate() {
+            let at = base + 4 * i as u64;
+            if at < start {
+                continue;
+            }
+            let insn = u32::from_le_bytes(insn.try_into().unwrap());
+            // BL: 0b100101 then a signed 26-bit word offset.
+            if insn >> 26 == 0b100101 {
+                let offset = (((insn & 0x03ff_ffff) << 6) as i32 >> 6) as i64 * 4;
+                if at.wrapping_add(offset as u64) == target {
+                    return at + 4;
+                }
+            }
+        }
+        panic!("no `bl {callee}` in {caller}");
+    }
+
+    /// Header plus load commands: what the recorder embeds as `__TEXT` for a
+    /// shared-cache image.
+    fn header_and_load_commands(&self) -> Vec<u8> {
+        let sizeofcmds = u32::from_le_bytes(self.bytes[20..24].try_into().unwrap()) as usize;
+        self.bytes[..32 + sizeofcmds].to_vec()
+    }
+}
+
+/// Registers and stack of a thread stopped inside `leaf`, called from
+/// `middle`, from `outer`, from `start`, with the image slid by [`SLIDE`].
+///
+/// arm64 frame records: each function that calls pushes (caller's fp,
+/// return address) and points fp at that pair; `leaf` pushes nothing and
+/// returns through lr.
+fn sample_in_leaf(fx: &Fixture) -> (RegsAarch64, StackSnapshot) {
+    let ret_into_middle = fx.return_address("middle", "leaf") + SLIDE;
+    let ret_into_outer = fx.return_address("outer", "middle") + SLIDE;
+    let ret_into_start = fx.return_address("start", "outer") + SLIDE;
+    // Stack, from sp upwards:
+    //   sp+0  middle's frame record: outer's fp, return into outer
+    //   sp+16 outer's frame record:  start's fp, return into start
+    //   sp+32 start's locals (16 bytes)
+    //   sp+48 start's frame record:  0, 0 (the end of the chain)
+    let sp = STACK_TOP - 64;
+    let words: [u64; 8] = [
+        sp + 16,
+        ret_into_outer,
+        sp + 48,
+        ret_into_start,
+        0,
+        0x0000_0001_0000_0000, // start's `volatile int x = 1` and padding
+        0,
+        0,
+    ];
+    let regs = RegsAarch64 {
+        // Inside leaf's loop, three instructions in.
+        pc: fx.function("leaf") + 12 + SLIDE,
+        sp,
+        fp: sp,
+        lr: ret_into_middle,
+    };
+    let stack = StackSnapshot {
+        start: sp,
+        bytes: words.iter().flat_map(|w| w.to_le_bytes()).collect(),
+    };
+    (regs, stack)
+}
+
+/// Write a trace of [`SAMPLES`] identical samples in `leaf`, with the
+/// fixture mapped as `kind` under `recorded_path`, plus `blobs`.
+fn write_trace(fx: &Fixture, out: &Path, kind: ImageKind, recorded_path: &str, blobs: Vec<Blob>) {
+    let header = TraceHeader {
+        arch: Arch::Aarch64,
+        os: Os::MacOs,
+        page_size: 16384,
+        clock: Clock::MachAbsolute,
+        target: Target::Launch {
+            command: vec![recorded_path.to_string()],
+            pid: PID,
+        },
+        ..TraceHeader::example()
+    };
+    let mut header = header;
+    header.sampling.event = SampleEvent::Timer;
+    header.sampling.kernel_callchain = false;
+    let (regs, stack) = sample_in_leaf(fx);
+    let text_start = fx.text.0 + SLIDE;
+    let mut records = vec![
+        Record::Process(ProcessRecord {
+            time: Timestamp(10),
+            pid: PID,
+            parent: None,
+            event: ProcessEvent::Exec,
+            command: vec![recorded_path.to_string()],
+            executable: Some(recorded_path.to_string()),
+        }),
+        Record::Thread(ThreadRecord {
+            time: Timestamp(20),
+            pid: PID,
+            tid: TID,
+            event: ThreadEvent::Existing,
+            name: Some("main".to_string()),
+        }),
+        Record::ImageMap(ImageMapRecord {
+            time: Timestamp(30),
+            pid: PID,
+            start: text_start,
+            end: text_start + fx.text.1,
+            file_offset: 0,
+            path: recorded_path.to_string(),
+            build_id: Some(BuildId(fx.uuid.to_vec())),
+            kind,
+            executable: true,
+        }),
+    ];
+    for i in 0..SAMPLES {
+        records.push(Record::Sample(Sample {
+            time: Timestamp(1_000 * (i + 1)),
+            pid: PID,
+            tid: TID,
+            cpu: None,
+            kind: SampleKind::CpuTime,
+            weight: 1_000_000,
+            regs: Regs::Aarch64(regs),
+            stack: stack.clone(),
+            kernel_callchain: Vec::new(),
+            frames: Vec::new(),
+        }));
+    }
+    records.extend(blobs.into_iter().map(Record::Blob));
+    records.push(Record::Summary(Summary {
+        end_time: Timestamp(10_000),
+        samples: SAMPLES,
+        lost: 0,
+        threads: 1,
+        images: 1,
+    }));
+    let file = std::fs::File::create(out).unwrap();
+    let mut writer = TraceWriter::new(file, &header, WriterOptions::default()).unwrap();
+    for r in &records {
+        writer.write(r).unwrap();
+    }
+    writer.finish().unwrap();
+}
+
+/// The built `lrnprof-analyze`, next to this test binary's `deps/` folder,
+/// built on demand when `cargo test` was asked only for this package.
+fn analyzer_binary() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let profile_dir = exe.parent().and_then(Path::parent).unwrap().to_path_buf();
+    let bin = profile_dir.join(format!("lrnprof-analyze{}", std::env::consts::EXE_SUFFIX));
+    if !bin.exists() {
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let status = Command::new(cargo)
+            .args([
+                "build",
+                "-p",
+                "lrnprof-analyzer",
+                "--bin",
+                "lrnprof-analyze",
+            ])
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .status()
+            .expect("running cargo build for lrnprof-analyze");
+        assert!(status.success(), "building lrnprof-analyze failed");
+    }
+    assert!(
+        bin.exists(),
+        "lrnprof-analyze not found at {}",
+        bin.display()
+    );
+    bin
+}
+
+/// Run `lrnprof-analyze --format folded` on `trace`; return the stacks
+/// (frames root first, after the thread label) with their counts.
+fn analyze_folded(trace: &Path, extra: &[&str]) -> Vec<(Vec<String>, u64)> {
+    let out = trace.with_extension("folded");
+    let output = Command::new(analyzer_binary())
+        .arg(trace)
+        .args(["--format", "folded", "-o"])
+        .arg(&out)
+        .args(extra)
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "lrnprof-analyze failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let text = std::fs::read_to_string(&out).unwrap();
+    text.lines()
+        .map(|line| {
+            let (stack, count) = line.rsplit_once(' ').expect("`STACK COUNT` lines");
+            let mut frames: Vec<String> = stack.split(';').map(str::to_string).collect();
+            frames.remove(0); // the thread label
+            (frames, count.parse().expect("a sample count"))
+        })
+        .collect()
+}
+
+fn assert_single_stack(stacks: &[(Vec<String>, u64)], expected: &[&str]) {
+    assert_eq!(
+        stacks.len(),
+        1,
+        "expected one stack, got {stacks:?} (all samples are identical)"
+    );
+    let (frames, count) = &stacks[0];
+    assert_eq!(frames, expected, "unwound stack");
+    assert_eq!(*count, SAMPLES);
+}
+
+#[test]
+fn frame_pointer_chain_is_unwound_and_symbolicated_at_a_slid_address() {
+    let dir = scratch("fp");
+    // No unwind tables: the linker writes no __unwind_info, so only the
+    // frame-pointer chain can link the frames.
+    let Some(bin) = build_fixture(
+        &dir,
+        "callchain_fp",
+        &["-fno-unwind-tables", "-fno-asynchronous-unwind-tables"],
+    ) else {
+        return;
+    };
+    let fx = Fixture::load(&bin);
+    assert!(
+        fx.unwind_info.is_none(),
+        "the fixture should have no __unwind_info"
+    );
+    let trace = dir.join("fp.lpt");
+    write_trace(
+        &fx,
+        &trace,
+        ImageKind::File,
+        &fx.path.to_string_lossy(),
+        Vec::new(),
+    );
+    assert_single_stack(&analyze_folded(&trace, &[]), &EXPECTED);
+}
+
+#[test]
+fn compact_unwind_image_is_unwound_and_symbolicated() {
+    let dir = scratch("compact");
+    let Some(bin) = build_fixture(&dir, "callchain_cu", &[]) else {
+        return;
+    };
+    let fx = Fixture::load(&bin);
+    assert!(
+        fx.unwind_info.is_some(),
+        "ld64.lld should have written __unwind_info"
+    );
+    let trace = dir.join("compact.lpt");
+    write_trace(
+        &fx,
+        &trace,
+        ImageKind::File,
+        &fx.path.to_string_lossy(),
+        Vec::new(),
+    );
+    assert_single_stack(&analyze_folded(&trace, &[]), &EXPECTED);
+}
+
+/// A blob record holding all of `data` (what the recorder writes for a
+/// section that fits one record).
+fn section_blob(fx: &Fixture, name: &str, svma: u64, data: Vec<u8>) -> Blob {
+    Blob {
+        build_id: BuildId(fx.uuid.to_vec()),
+        kind: BlobKind::Section {
+            name: name.to_string(),
+            svma,
+        },
+        compressed: false,
+        offset: 0,
+        total_len: data.len() as u64,
+        data,
+    }
+}
+
+#[test]
+fn shared_cache_image_unwinds_from_embedded_sections() {
+    let dir = scratch("cache");
+    let Some(bin) = build_fixture(&dir, "callchain_cache", &[]) else {
+        return;
+    };
+    let fx = Fixture::load(&bin);
+    let (unwind_svma, unwind_info) = fx.unwind_info.clone().expect("__unwind_info");
+    // What the macOS recorder embeds for a dyld-shared-cache image, which
+    // has no file: the header with its load commands as `__TEXT` at the
+    // segment's SVMA, and the unwind sections.
+    let blobs = vec![
+        section_blob(&fx, "__TEXT", fx.text.0, fx.header_and_load_commands()),
+        section_blob(&fx, "__unwind_info", unwind_svma, unwind_info),
+    ];
+    let trace = dir.join("cache.lpt");
+    write_trace(
+        &fx,
+        &trace,
+        ImageKind::SharedCache,
+        "/System/Library/lrnprof-test/libcallchain.dylib",
+        blobs,
+    );
+    // No file and no symbols: frames are named `IMAGE+OFFSET`, the offset
+    // from the image's base. Each must land in the right function (return
+    // addresses are shown minus one, inside the call instruction).
+    let stacks = analyze_folded(&trace, &["--offline"]);
+    assert_eq!(stacks.len(), 1, "{stacks:?}");
+    let (frames, count) = &stacks[0];
+    assert_eq!(*count, SAMPLES);
+    let functions: Vec<&str> = frames
+        .iter()
+        .map(|f| {
+            let offset = f
+                .strip_prefix("libcallchain.dylib+0x")
+                .and_then(|hex| u64::from_str_radix(hex, 16).ok())
+                .unwrap_or_else(|| panic!("frame {f:?} is not libcallchain.dylib+OFFSET"));
+            fx.function_containing(fx.text.0 + offset)
+        })
+        .collect();
+    assert_eq!(functions, EXPECTED, "frames {frames:?}");
+}
+
+#[test]
+fn dsym_given_with_symbols_names_a_stripped_binary() {
+    let dir = scratch("dsym");
+    let (Some(dsymutil), Some(strip)) = (find_tool("dsymutil"), find_tool("llvm-strip")) else {
+        eprintln!("SKIP: dsymutil or llvm-strip is not installed (Debian: apt-get install llvm)");
+        return;
+    };
+    let Some(bin) = build_fixture(&dir, "callchain", &["-g"]) else {
+        return;
+    };
+    // The dSYM goes to its own folder; the binary keeps its unwind info but
+    // loses every function name.
+    let symbols = dir.join("symbols");
+    std::fs::create_dir_all(&symbols).unwrap();
+    let status = Command::new(dsymutil)
+        .arg(&bin)
+        .arg("-o")
+        .arg(symbols.join("callchain.dSYM"))
+        .status()
+        .unwrap();
+    assert!(status.success(), "dsymutil failed");
+    assert!(Command::new(strip).arg(&bin).status().unwrap().success());
+    let mut fx = Fixture::load(&bin);
+    assert!(
+        !fx.functions.contains_key("leaf"),
+        "the stripped fixture should have no function symbols"
+    );
+    // The test itself takes function addresses from the dSYM (same UUID,
+    // same layout).
+    let dsym = std::fs::read(symbols.join("callchain.dSYM/Contents/Resources/DWARF/callchain"))
+        .expect("dsymutil wrote the DWARF file");
+    let dsym = object::File::parse(&dsym[..]).unwrap();
+    assert_eq!(dsym.mach_uuid().unwrap(), Some(fx.uuid));
+    fx.functions = function_symbols(&dsym);
+    let trace = dir.join("dsym.lpt");
+    write_trace(
+        &fx,
+        &trace,
+        ImageKind::File,
+        &bin.to_string_lossy(),
+        Vec::new(),
+    );
+
+    // Without the dSYM no frame has a function name...
+    let unnamed = analyze_folded(&trace, &[]);
+    assert_eq!(unnamed.len(), 1, "{unnamed:?}");
+    for name in EXPECTED {
+        assert!(
+            !unnamed[0].0.iter().any(|f| f == name),
+            "{name} named without the dSYM: {unnamed:?}"
+        );
+    }
+    // ...with it, every frame has.
+    let symbols_arg = symbols.to_string_lossy().into_owned();
+    let named = analyze_folded(&trace, &["--symbols", &symbols_arg]);
+    assert_single_stack(&named, &EXPECTED);
+}
