@@ -131,7 +131,7 @@ fn attach(spec: &TargetSpec) -> Result<Attached, RecordError> {
             let task = match sys::task_for(pid) {
                 Ok(task) => task,
                 Err(_) => {
-                    sys::kill_child(pid);
+                    let _ = sys::kill_child(pid);
                     return Err(RecordError::PermissionDenied {
                         pid,
                         advice: TASK_FOR_PID_ADVICE.into(),
@@ -181,7 +181,7 @@ fn start(
         Ok(s) => s,
         Err(e) => {
             if launched {
-                sys::kill_child(pid);
+                let _ = sys::kill_child(pid);
             }
             return Err(e);
         }
@@ -225,9 +225,23 @@ fn start(
         sys::resume_process(pid)?;
     }
 
+    let mut signals_seen = 0;
     let (reason, exit) = loop {
         if let Some(signal) = watch.take_signal() {
-            break (StopReason::Signal(signal), None);
+            signals_seen += 1;
+            if !launched {
+                break (StopReason::Signal(signal), None);
+            }
+            if signals_seen == 1 {
+                // Pass the signal on and record until the command exits; a
+                // second signal stops it for good.
+                if signal != libc::SIGINT || !sys::terminal_delivers_sigint() {
+                    sys::signal(pid, signal);
+                }
+            } else {
+                let exit = sys::kill_child(pid).and_then(exit_from);
+                break (StopReason::Signal(signal), exit);
+            }
         }
         if watch.deadline_passed() {
             break (StopReason::Duration, None);
@@ -281,7 +295,11 @@ fn start(
 
 /// How our child `pid` ended, if it has.
 fn exit_of(pid: u32) -> Option<TargetExit> {
-    match sys::try_wait(pid)? {
+    sys::try_wait(pid).and_then(exit_from)
+}
+
+fn exit_from(status: (Option<i32>, Option<i32>)) -> Option<TargetExit> {
+    match status {
         (Some(code), _) => Some(TargetExit::Code(code)),
         (None, Some(signal)) => Some(TargetExit::Signal(signal)),
         (None, None) => None,

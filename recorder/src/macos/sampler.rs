@@ -130,10 +130,10 @@ impl Sampler {
                 )));
             }
         }
-        let list = match sys::threads_of(&self.task) {
-            Ok(list) => list,
-            Err(code) if sys::is_gone(code) => return Ok(false),
-            Err(code) => return Err(sys::kern_error("task_threads", code)),
+        // task_threads fails only on a task that is gone (whatever the
+        // code: dead port, terminated task), so any failure ends sampling.
+        let Ok(list) = sys::threads_of(&self.task) else {
+            return Ok(false);
         };
         self.totals.ticks += 1;
         let tick = self.totals.ticks;

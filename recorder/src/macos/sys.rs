@@ -22,12 +22,6 @@ use std::os::unix::ffi::OsStrExt;
 /// A failed Mach call's `kern_return_t`.
 pub(super) type Kern = kern_return_t;
 
-/// `KERN_INVALID_ARGUMENT`, `MACH_SEND_INVALID_DEST` and `KERN_TERMINATED`:
-/// what Mach calls return on a thread or task that has gone away.
-pub(super) fn is_gone(code: Kern) -> bool {
-    matches!(code, 4 | 0x1000_0003 | 37)
-}
-
 /// A [`RecordError::Sys`] for a failed Mach call.
 pub(super) fn kern_error(what: impl Into<String>, code: Kern) -> RecordError {
     RecordError::Sys {
@@ -351,13 +345,28 @@ pub(super) fn resume_process(pid: u32) -> Result<(), RecordError> {
     Ok(())
 }
 
-/// Kill and reap a child we started but cannot record.
-pub(super) fn kill_child(pid: u32) {
+/// Kill and reap a child we started; how it ended, as [`try_wait`] says.
+pub(super) fn kill_child(pid: u32) -> Option<(Option<i32>, Option<i32>)> {
+    signal(pid, libc::SIGKILL);
     let mut status = 0;
-    // Safety: plain signal send and wait on our own child.
+    // Safety: waits on our own child, which SIGKILL ends promptly.
+    let rc = unsafe { libc::waitpid(pid as libc::pid_t, &mut status, 0) };
+    (rc == pid as libc::pid_t).then(|| decode_status(status))?
+}
+
+/// Send `signal` to `pid`, ignoring failure (it may have exited).
+pub(super) fn signal(pid: u32, signal: libc::c_int) {
+    // Safety: plain signal send.
+    unsafe { libc::kill(pid as libc::pid_t, signal) };
+}
+
+/// Whether a Ctrl-C at the terminal also reaches our children: they share
+/// our process group, and it is the terminal's foreground group.
+pub(super) fn terminal_delivers_sigint() -> bool {
+    // Safety: plain queries without pointers.
     unsafe {
-        libc::kill(pid as libc::pid_t, libc::SIGKILL);
-        libc::waitpid(pid as libc::pid_t, &mut status, 0);
+        let foreground = libc::tcgetpgrp(libc::STDIN_FILENO);
+        foreground > 0 && foreground == libc::getpgrp()
     }
 }
 
@@ -369,6 +378,10 @@ pub(super) fn try_wait(pid: u32) -> Option<(Option<i32>, Option<i32>)> {
     if rc != pid as libc::pid_t {
         return None;
     }
+    decode_status(status)
+}
+
+fn decode_status(status: libc::c_int) -> Option<(Option<i32>, Option<i32>)> {
     if libc::WIFEXITED(status) {
         Some((Some(libc::WEXITSTATUS(status)), None))
     } else if libc::WIFSIGNALED(status) {
