@@ -1,0 +1,31 @@
+//! Benchmarks of lrnprof and the side-by-side comparison with `perf`.
+//!
+//! The `compare` binary runs the same workloads without a profiler, under
+//! `perf record` (frame pointers and DWARF) and under `lrnprof-rec`, then
+//! analyzes the traces with `perf report` and `lrnprof-analyze`, and prints
+//! medians and ratios to the baseline of the same run. This library holds its
+//! pieces: measuring a command's CPU time and peak memory ([`measure`]),
+//! parsing `perf` output ([`parse_perf_stats`], [`parse_perf_script`]) and
+//! medians ([`median`]).
+//!
+//! ```
+//! use lrnprof_benches::{median, parse_perf_script};
+//! let listing = "app 7 1.0: 1 cpu-clock:\n\t 401 main+0x1 (/app)\n\t 402 _start+0x2 (/app)\n";
+//! assert_eq!(parse_perf_script(listing).root_pct(), Some(100.0));
+//! assert_eq!(median(&[3.0, 1.0, 2.0]), Some(2.0));
+//! ```
+
+#![deny(missing_docs)]
+
+mod error;
+mod measure;
+mod perf_text;
+mod stats;
+pub mod synthetic;
+
+pub use error::BenchError;
+pub use measure::{command_line, measure, parse_vmhwm_kib, Measured};
+pub use perf_text::{
+    parse_perf_script, parse_perf_stats, PerfStats, StackCompleteness, ROOT_FUNCTIONS,
+};
+pub use stats::{median, paired_overheads, percent};

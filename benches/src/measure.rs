@@ -1,0 +1,194 @@
+//! Running one command and measuring what it and its children cost.
+//!
+//! CPU time comes from `wait4(2)`: the rusage of a reaped child includes the
+//! children it reaped itself, so `perf record -- CMD` reports perf plus CMD,
+//! which is exactly "target + profiler". Peak memory of the command's own
+//! process (not its children) is polled from `/proc/PID/status` `VmHWM`,
+//! because `ru_maxrss` is the largest of the whole tree.
+
+use crate::error::BenchError;
+use std::fs::File;
+use std::os::unix::process::ExitStatusExt;
+use std::path::Path;
+use std::process::{Command, ExitStatus};
+use std::time::{Duration, Instant};
+
+/// What one run of a command cost.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Measured {
+    /// User CPU time of the command and its reaped children, in seconds.
+    pub user_s: f64,
+    /// System CPU time of the command and its reaped children, in seconds.
+    pub sys_s: f64,
+    /// Wall time from spawn to exit, in seconds.
+    pub wall_s: f64,
+    /// Peak resident set of the command's own process, in KiB (`VmHWM`, last
+    /// value polled before it exited; 0 if it exited before the first poll).
+    pub peak_rss_kib: u64,
+    /// Largest peak resident set over the command and its children, in KiB.
+    pub tree_max_rss_kib: u64,
+}
+
+impl Measured {
+    /// User plus system CPU time, in seconds.
+    pub fn cpu_s(&self) -> f64 {
+        self.user_s + self.sys_s
+    }
+}
+
+/// How often `VmHWM` is read, and how long a reap may lag the exit.
+const POLL: Duration = Duration::from_millis(5);
+
+/// Run `cmd` to completion with its standard error going to `stderr_path`
+/// (read back for the error message if it fails) and measure it.
+///
+/// The caller sets standard input and output. A command still running after
+/// `timeout` is killed and reported as failed.
+pub fn measure(
+    cmd: &mut Command,
+    stderr_path: &Path,
+    timeout: Duration,
+) -> Result<Measured, BenchError> {
+    let line = command_line(cmd);
+    let stderr = File::create(stderr_path)
+        .map_err(|e| BenchError::io(format!("create {}", stderr_path.display()), e))?;
+    let start = Instant::now();
+    let mut child = cmd
+        .stderr(stderr)
+        .spawn()
+        .map_err(|e| BenchError::io(format!("start `{line}`"), e))?;
+    let pid = child.id() as libc::pid_t;
+    let mut peak_rss_kib = 0;
+    let mut killed = false;
+    let (status, usage) = loop {
+        if let Some(done) =
+            sys::wait4_nohang(pid).map_err(|e| BenchError::io(format!("wait for `{line}`"), e))?
+        {
+            break done;
+        }
+        if let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/status")) {
+            peak_rss_kib = parse_vmhwm_kib(&text).unwrap_or(0).max(peak_rss_kib);
+        }
+        if !killed && start.elapsed() > timeout {
+            // The child is not reaped yet, so its pid cannot have been reused.
+            let _ = child.kill();
+            killed = true;
+        }
+        std::thread::sleep(POLL);
+    };
+    let wall_s = start.elapsed().as_secs_f64();
+    let status = ExitStatus::from_raw(status);
+    if killed || !status.success() {
+        let stderr = std::fs::read_to_string(stderr_path).unwrap_or_default();
+        return Err(BenchError::CommandFailed {
+            command: line,
+            status: if killed {
+                format!("killed after the {} s timeout", timeout.as_secs())
+            } else {
+                status.to_string()
+            },
+            stderr,
+        });
+    }
+    Ok(Measured {
+        user_s: timeval_s(usage.ru_utime),
+        sys_s: timeval_s(usage.ru_stime),
+        wall_s,
+        peak_rss_kib,
+        tree_max_rss_kib: usage.ru_maxrss.max(0) as u64,
+    })
+}
+
+/// The command as a shell-like line, for messages.
+pub fn command_line(cmd: &Command) -> String {
+    std::iter::once(cmd.get_program())
+        .chain(cmd.get_args())
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+fn timeval_s(t: libc::timeval) -> f64 {
+    t.tv_sec as f64 + t.tv_usec as f64 / 1e6
+}
+
+/// The `VmHWM` (peak resident set) line of `/proc/PID/status`, in KiB.
+pub fn parse_vmhwm_kib(status: &str) -> Option<u64> {
+    let rest = status.lines().find_map(|l| l.strip_prefix("VmHWM:"))?;
+    let mut words = rest.split_whitespace();
+    let value: u64 = words.next()?.parse().ok()?;
+    (words.next()? == "kB").then_some(value)
+}
+
+mod sys {
+    /// `wait4(pid, WNOHANG)`: `None` while the child runs, else its raw
+    /// wait status and resource usage (including its reaped children).
+    pub(super) fn wait4_nohang(pid: libc::pid_t) -> std::io::Result<Option<(i32, libc::rusage)>> {
+        loop {
+            let mut status = 0;
+            // Safety: rusage is a plain C struct of integers; all-zero is valid.
+            let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+            // Safety: both out-pointers are valid for writes during the call.
+            let r = unsafe { libc::wait4(pid, &mut status, libc::WNOHANG, &mut usage) };
+            match r {
+                0 => return Ok(None),
+                r if r == pid => return Ok(Some((status, usage))),
+                _ => {
+                    let e = std::io::Error::last_os_error();
+                    if e.kind() != std::io::ErrorKind::Interrupted {
+                        return Err(e);
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn vmhwm_is_read_in_kib() {
+        let status = "Name:\tcat\nVmPeak:\t    9000 kB\nVmHWM:\t    1234 kB\nVmRSS:\t 1000 kB\n";
+        assert_eq!(parse_vmhwm_kib(status), Some(1234));
+        assert_eq!(parse_vmhwm_kib("Name:\tzombie\nState:\tZ\n"), None);
+        assert_eq!(parse_vmhwm_kib("VmHWM:\t 12 MB\n"), None);
+    }
+
+    #[test]
+    fn measures_cpu_time_of_grandchildren() {
+        // sh reaps the busy loop child, so its CPU time must be included.
+        let dir = std::env::temp_dir();
+        let err = dir.join(format!("lrnprof-bench-measure-{}", std::process::id()));
+        let m = measure(
+            Command::new("sh").args([
+                "-c",
+                "i=0; while [ $i -lt 200000 ]; do i=$((i+1)); done & wait",
+            ]),
+            &err,
+            Duration::from_secs(60),
+        )
+        .unwrap();
+        let _ = std::fs::remove_file(&err);
+        assert!(m.cpu_s() > 0.01, "{m:?}");
+        assert!(m.wall_s > 0.0 && m.tree_max_rss_kib > 0, "{m:?}");
+    }
+
+    #[test]
+    fn failure_reports_status_and_stderr() {
+        let err = std::env::temp_dir().join(format!("lrnprof-bench-fail-{}", std::process::id()));
+        let e = measure(
+            Command::new("sh").args(["-c", "echo boom >&2; exit 3"]),
+            &err,
+            Duration::from_secs(60),
+        )
+        .unwrap_err();
+        let _ = std::fs::remove_file(&err);
+        let msg = e.to_string();
+        assert!(
+            msg.contains("exit status: 3") && msg.contains("boom"),
+            "{msg}"
+        );
+    }
+}
