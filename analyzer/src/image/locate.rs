@@ -162,6 +162,17 @@ pub(crate) fn load_image(key: &ImageKey, blobs: &BlobStore, opts: &LocateOptions
             symbol_source = Source::Embedded;
             data = Some(f.data);
         }
+    } else if key.kind == ImageKind::Vdso && !opts.offline {
+        // On the recording machine our own vDSO is the same image: use it
+        // when its build id matches.
+        if let Some(f) = own_vdso().and_then(|b| parse_file(Arc::new(b)).ok()) {
+            if key.build_id.is_some() && f.build_id.as_ref() == key.build_id.as_ref().map(|b| &b.0)
+            {
+                unwind_source = Source::File(PathBuf::from("[vdso] of lrnprof-analyze"));
+                symbol_source = unwind_source.clone();
+                data = Some(f.data);
+            }
+        }
     }
     if let Some((path, debug)) = found.debug.take() {
         let d = data.get_or_insert_with(|| ImageData {
@@ -206,6 +217,23 @@ pub(crate) fn load_image(key: &ImageKey, blobs: &BlobStore, opts: &LocateOptions
     }
 }
 
+/// The bytes of this process's vDSO, read through `/proc/self/mem`.
+fn own_vdso() -> Option<Vec<u8>> {
+    use std::io::{Read, Seek, SeekFrom};
+    let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
+    let line = maps.lines().find(|l| l.ends_with("[vdso]"))?;
+    let range = line.split_whitespace().next()?;
+    let (start, end) = range.split_once('-')?;
+    let start = u64::from_str_radix(start, 16).ok()?;
+    let end = u64::from_str_radix(end, 16).ok()?;
+    let len = end.checked_sub(start).filter(|&l| l <= 1 << 20)?;
+    let mut mem = std::fs::File::open("/proc/self/mem").ok()?;
+    mem.seek(SeekFrom::Start(start)).ok()?;
+    let mut buf = vec![0u8; len as usize];
+    mem.read_exact(&mut buf).ok()?;
+    Some(buf)
+}
+
 fn look_for_debug_file(key: &ImageKey, found: &mut Found, opts: &LocateOptions) {
     let mut roots = vec![PathBuf::from("/")];
     roots.extend(opts.debug_roots.iter().cloned());
@@ -248,7 +276,10 @@ fn look_for_debug_file(key: &ImageKey, found: &mut Found, opts: &LocateOptions) 
 fn merge_debug(into: &mut ImageData, from: ImageData) {
     for (name, sec) in from.sections {
         if name.starts_with(".debug_") && !sec.bytes.is_empty() {
-            let replace = into.sections.get(&name).map_or(true, |s| s.bytes.is_empty());
+            let replace = into
+                .sections
+                .get(&name)
+                .map_or(true, |s| s.bytes.is_empty());
             if replace {
                 into.sections.insert(name, sec);
             }

@@ -212,8 +212,17 @@ pub(crate) fn continue_with_callchain(frames: &mut Vec<u64>, chain: &[u64]) -> b
         frames.extend(chain.iter().take(MAX_FRAMES));
         return !chain.is_empty();
     };
-    // The deepest position in the chain equal to our outermost frame.
-    let Some(pos) = chain.iter().rposition(|&a| a == last) else {
+    // Where the chain holds our outermost frame. Recursion repeats
+    // addresses, and the frame-pointer walk may skip a frame or two, so
+    // take the occurrence nearest to the same depth.
+    let depth = frames.len() - 1;
+    let Some(pos) = chain
+        .iter()
+        .enumerate()
+        .filter(|(_, &a)| a == last)
+        .map(|(i, _)| i)
+        .min_by_key(|&i| i.abs_diff(depth))
+    else {
         return false;
     };
     let rest = &chain[pos + 1..];
@@ -232,6 +241,15 @@ mod tests {
         let chain = [PERF_CONTEXT_MAX + 0x200, 0x10, 0x20, 0x30, 0x40, 0x50];
         assert!(continue_with_callchain(&mut frames, &chain));
         assert_eq!(frames, vec![0x10, 0x20, 0x30, 0x40, 0x50]);
+    }
+
+    #[test]
+    fn callchain_in_recursion_aligns_by_depth() {
+        // Unwound 3 frames of a recursion; the chain goes on to the root.
+        let mut frames = vec![0x10, 0x20, 0x20];
+        let chain = [0x10, 0x20, 0x20, 0x20, 0x20, 0x30, 0x40];
+        assert!(continue_with_callchain(&mut frames, &chain));
+        assert_eq!(frames, vec![0x10, 0x20, 0x20, 0x20, 0x20, 0x30, 0x40]);
     }
 
     #[test]
