@@ -1,1 +1,139 @@
-//! Helpers shared by the end-to-end tests.
+//! Helpers shared by the end-to-end tests: building the C fixture programs
+//! with `cc`, finding the built `lrnprof-rec` / `lrnprof-analyze`, scratch
+//! directories, and checking whether `perf_event_open` may be used here.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::{Mutex, OnceLock};
+
+/// The repository root.
+pub fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("tests/ has a parent")
+        .to_owned()
+}
+
+/// `tests/fixtures/NAME`.
+pub fn fixture_source(name: &str) -> PathBuf {
+    workspace_root().join("tests/fixtures").join(name)
+}
+
+/// A fresh, empty scratch directory for one test (named after it and this
+/// test process, so parallel tests and runs do not collide).
+pub fn scratch_dir(test: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("lrnprof-test-{}-{test}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("creating a scratch directory");
+    dir
+}
+
+/// Compile C `sources` (file names in `tests/fixtures/`) with `cc` and
+/// `flags` into `dir/output`; panics with cc's message if it fails.
+pub fn build_c(sources: &[&str], flags: &[&str], dir: &Path, output: &str) -> PathBuf {
+    let out = dir.join(output);
+    let result = Command::new(std::env::var("CC").unwrap_or_else(|_| "cc".into()))
+        .args(flags)
+        .arg("-I")
+        .arg(workspace_root().join("tests/fixtures"))
+        .arg("-o")
+        .arg(&out)
+        .args(sources.iter().map(|s| fixture_source(s)))
+        .output()
+        .expect("running cc (install gcc or set CC)");
+    assert!(
+        result.status.success(),
+        "cc {sources:?} failed:\n{}",
+        String::from_utf8_lossy(&result.stderr)
+    );
+    out
+}
+
+/// Build a binary of this workspace with cargo (once per test process, so
+/// it is never stale) and return its path next to this test binary.
+pub fn workspace_binary(package: &str, bin: &str) -> PathBuf {
+    static BUILT: OnceLock<Mutex<HashMap<String, PathBuf>>> = OnceLock::new();
+    let built = BUILT.get_or_init(Default::default);
+    let mut built = built.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(p) = built.get(bin) {
+        return p.clone();
+    }
+    // This test binary is <target>/<profile>/deps/integration_tests-HASH.
+    let exe = std::env::current_exe().expect("the test binary's path");
+    let profile_dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("test binary inside <target>/<profile>/deps");
+    let target_dir = profile_dir.parent().expect("a target directory");
+    let mut cargo = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    cargo
+        .args(["build", "--quiet", "-p", package, "--bin", bin])
+        .env("CARGO_TARGET_DIR", target_dir)
+        .current_dir(workspace_root());
+    if profile_dir.file_name().is_some_and(|n| n == "release") {
+        cargo.arg("--release");
+    }
+    let status = cargo.status().expect("running cargo build");
+    assert!(
+        status.success(),
+        "cargo build -p {package} --bin {bin} failed"
+    );
+    let path = profile_dir.join(format!("{bin}{}", std::env::consts::EXE_SUFFIX));
+    assert!(path.exists(), "{} was not built", path.display());
+    built.insert(bin.to_string(), path.clone());
+    path
+}
+
+/// The `lrnprof-rec` binary.
+pub fn lrnprof_rec() -> PathBuf {
+    workspace_binary("lrnprof-recorder", "lrnprof-rec")
+}
+
+/// The `lrnprof-analyze` binary.
+pub fn lrnprof_analyze() -> PathBuf {
+    workspace_binary("lrnprof-analyzer", "lrnprof-analyze")
+}
+
+/// `None` if this machine lets us sample our own processes with
+/// `perf_event_open` (Linux only); otherwise why not, for a skip message.
+/// Decided once, by recording `true` with `lrnprof-rec`.
+pub fn perf_unavailable() -> Option<String> {
+    static REASON: OnceLock<Option<String>> = OnceLock::new();
+    REASON
+        .get_or_init(|| {
+            if !cfg!(target_os = "linux") {
+                return Some("perf_event_open exists only on Linux".into());
+            }
+            let dir = scratch_dir("perf-probe");
+            let out = Command::new(lrnprof_rec())
+                .arg("--out")
+                .arg(dir.join("probe.lpt"))
+                .args(["--", "true"])
+                .output()
+                .expect("running lrnprof-rec");
+            let _ = std::fs::remove_dir_all(&dir);
+            if out.status.success() {
+                return None;
+            }
+            let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+            if stderr.contains("not permitted") || stderr.contains("not supported") {
+                Some(stderr.trim().to_string())
+            } else {
+                panic!("lrnprof-rec failed for another reason than permissions: {stderr}")
+            }
+        })
+        .clone()
+}
+
+/// Skip the calling test (return early, saying why) when `perf_event_open`
+/// is not permitted or not available here.
+#[macro_export]
+macro_rules! require_perf {
+    () => {
+        if let Some(why) = $crate::perf_unavailable() {
+            eprintln!("skipping: perf_event_open is not usable here: {why}");
+            return;
+        }
+    };
+}

@@ -20,6 +20,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
 use std::sync::Arc;
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// The longest records wait in memory before being written as a block.
+const MAX_BLOCK_AGE: Duration = Duration::from_secs(1);
 
 /// Turns a backend's raw data into records, on the writer thread.
 pub(crate) trait Convert: Send + 'static {
@@ -277,6 +281,7 @@ fn run<C: Convert>(
     let mut counter = Counter::default();
     let mut records = Vec::new();
     let mut end_time = None;
+    let mut last_flush = Instant::now();
     for msg in rx.iter() {
         match msg {
             Msg::Data(raw) => converter.convert(raw, &mut records)?,
@@ -288,6 +293,12 @@ fn run<C: Convert>(
         for r in records.drain(..) {
             counter.count(&r);
             writer.write(&r)?;
+        }
+        // A recorder killed with SIGKILL keeps what is in whole blocks:
+        // write one at least every second, however few records it holds.
+        if last_flush.elapsed() >= MAX_BLOCK_AGE {
+            writer.flush_block()?;
+            last_flush = Instant::now();
         }
         counter.publish(stats, writer.bytes_written());
     }

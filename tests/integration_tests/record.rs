@@ -1,1 +1,627 @@
-//! End-to-end tests: record.
+//! End-to-end tests of `lrnprof-rec` on Linux: build the C fixtures in
+//! `tests/fixtures/rec_*.c`, record them by launching and by attaching,
+//! and check the traces with `TraceReader`. Tests that need
+//! `perf_event_open` skip with a message when it is not permitted.
+
+use lrnprof_format::{
+    ImageKind, ImageMapRecord, Pid, ProcessEvent, Record, Sample, Summary, Target, ThreadEvent,
+    TraceReader,
+};
+use lrnprof_tests::{build_c, lrnprof_rec, require_perf, scratch_dir};
+use object::{Object, ObjectSegment, ObjectSymbol};
+use std::ffi::OsStr;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+/// Flags that make unwinding depend on DWARF CFI.
+const NO_FP: &[&str] = &["-O2", "-g", "-fomit-frame-pointer", "-pthread"];
+
+fn rec(args: &[&OsStr]) -> Output {
+    Command::new(lrnprof_rec())
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("running lrnprof-rec")
+}
+
+fn os(s: &str) -> &OsStr {
+    OsStr::new(s)
+}
+
+/// Record `program args` by launching it; asserts the recorder ran.
+fn launch(out: &Path, extra: &[&str], program: &Path, args: &[&str]) -> Output {
+    let mut a: Vec<&OsStr> = vec![os("--out"), out.as_os_str()];
+    a.extend(extra.iter().map(|s| os(s)));
+    a.push(os("--"));
+    a.push(program.as_os_str());
+    a.extend(args.iter().map(|s| os(s)));
+    rec(&a)
+}
+
+/// Every record of a trace, which must decode without errors.
+fn load(path: &Path) -> (TraceReader<Vec<u8>>, Vec<Record>) {
+    let reader = TraceReader::open(path).expect("opening the trace");
+    let records = reader
+        .records()
+        .collect::<Result<Vec<_>, _>>()
+        .expect("decoding every block");
+    (reader, records)
+}
+
+fn samples(records: &[Record]) -> Vec<&Sample> {
+    records
+        .iter()
+        .filter_map(|r| match r {
+            Record::Sample(s) => Some(s),
+            _ => None,
+        })
+        .collect()
+}
+
+fn images(records: &[Record]) -> Vec<&ImageMapRecord> {
+    records
+        .iter()
+        .filter_map(|r| match r {
+            Record::ImageMap(m) => Some(m),
+            _ => None,
+        })
+        .collect()
+}
+
+fn summary(records: &[Record]) -> &Summary {
+    records
+        .iter()
+        .find_map(|r| match r {
+            Record::Summary(s) => Some(s),
+            _ => None,
+        })
+        .expect("a Summary record")
+}
+
+/// The trace was finished cleanly, lost nothing, and its summary matches
+/// its records.
+fn assert_complete(reader: &TraceReader<Vec<u8>>, records: &[Record]) {
+    assert!(reader.report().finished, "{:?}", reader.report());
+    let s = summary(records);
+    assert_eq!(s.samples, samples(records).len() as u64);
+    assert_eq!(s.images, images(records).len() as u64);
+    assert_eq!(s.lost, 0, "samples were lost at 1 kHz");
+    assert!(!records.iter().any(|r| matches!(r, Record::Lost(_))));
+}
+
+/// Records are in time order (records without a time excepted).
+fn assert_time_ordered(records: &[Record]) {
+    let times: Vec<u64> = records
+        .iter()
+        .filter_map(|r| r.time())
+        .map(|t| t.0)
+        .collect();
+    assert!(
+        times.windows(2).all(|w| w[0] <= w[1]),
+        "records out of time order"
+    );
+}
+
+/// Every sample's instruction pointer lies in an executable image of its
+/// process mapped no later than the sample, and its stack copy starts at
+/// its stack pointer.
+fn assert_samples_plausible(records: &[Record]) {
+    let maps = images(records);
+    for s in samples(records) {
+        assert!(
+            maps.iter().any(|m| m.pid == s.pid
+                && m.executable
+                && m.time <= s.time
+                && (m.start..m.end).contains(&s.regs.ip())),
+            "sample ip {:#x} of pid {} is in no image",
+            s.regs.ip(),
+            s.pid.0
+        );
+        assert_eq!(s.stack.start, s.regs.sp());
+        assert!(!s.stack.bytes.is_empty(), "empty stack copy");
+        assert!(s.stack.bytes.len() <= 65528);
+        assert!(s.weight > 0);
+    }
+}
+
+/// The GNU build id of an ELF file.
+fn build_id(path: &Path) -> Vec<u8> {
+    let data = std::fs::read(path).unwrap();
+    let file = object::File::parse(&*data).unwrap();
+    file.build_id()
+        .unwrap()
+        .expect("fixture has a build id")
+        .to_vec()
+}
+
+/// AVMA range of `symbol` of `exe` in process `pid`, from the trace's
+/// mapping of `exe` (bias from the segment containing the symbol).
+fn symbol_avma(records: &[Record], pid: Pid, exe: &Path, symbol: &str) -> std::ops::Range<u64> {
+    let data = std::fs::read(exe).unwrap();
+    let file = object::File::parse(&*data).unwrap();
+    let sym = file
+        .symbols()
+        .find(|s| s.name() == Ok(symbol))
+        .unwrap_or_else(|| panic!("{symbol} not in {}", exe.display()));
+    let seg = file
+        .segments()
+        .find(|s| (s.address()..s.address() + s.size()).contains(&sym.address()))
+        .expect("a segment holding the symbol");
+    let (seg_offset, _) = seg.file_range();
+    let map = images(records)
+        .into_iter()
+        .find(|m| {
+            m.pid == pid
+                && Path::new(&m.path) == exe
+                && (m.file_offset..m.file_offset + (m.end - m.start)).contains(&seg_offset)
+        })
+        .expect("the executable's text mapping");
+    let bias = (map.start - map.file_offset).wrapping_sub(seg.address() - seg_offset);
+    let start = sym.address().wrapping_add(bias);
+    start..start + sym.size().max(1)
+}
+
+/// Whether a stack copy holds a word pointing into `range` (e.g. a return
+/// address into main).
+fn stack_holds_address_in(s: &Sample, range: &std::ops::Range<u64>) -> bool {
+    s.stack
+        .bytes
+        .chunks_exact(8)
+        .any(|w| range.contains(&u64::from_le_bytes(w.try_into().unwrap())))
+}
+
+fn root_pid(reader: &TraceReader<Vec<u8>>) -> Pid {
+    match &reader.header().target {
+        Target::Launch { pid, .. } => *pid,
+        Target::Attach { pids } => pids[0],
+    }
+}
+
+fn thread_names(records: &[Record]) -> Vec<String> {
+    records
+        .iter()
+        .filter_map(|r| match r {
+            Record::Thread(t) => t.name.clone(),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn launch_records_named_threads_images_and_samples() {
+    require_perf!();
+    let dir = scratch_dir("rec-launch");
+    let exe = build_c(&["rec_threads.c"], NO_FP, &dir, "rec_threads");
+    let out = dir.join("t.lpt");
+    let result = launch(&out, &[], &exe, &["600"]);
+    let stderr = String::from_utf8_lossy(&result.stderr);
+    assert_eq!(
+        result.status.code(),
+        Some(7),
+        "exit status passed on: {stderr}"
+    );
+    assert!(
+        stderr.contains("samples") && stderr.contains("bytes/sample"),
+        "{stderr}"
+    );
+
+    let (reader, records) = load(&out);
+    assert_complete(&reader, &records);
+    assert_time_ordered(&records);
+    assert_samples_plausible(&records);
+    let pid = root_pid(&reader);
+    let names = thread_names(&records);
+    assert!(names.iter().any(|n| n == "worker-a"), "{names:?}");
+    assert!(names.iter().any(|n| n == "worker-b"), "{names:?}");
+
+    let maps = images(&records);
+    let main_map = maps
+        .iter()
+        .find(|m| Path::new(&m.path) == exe)
+        .expect("the fixture's image");
+    assert_eq!(main_map.build_id.as_ref().unwrap().0, build_id(&exe));
+    assert!(maps
+        .iter()
+        .any(|m| m.kind == ImageKind::Vdso && m.build_id.is_some()));
+    assert!(maps
+        .iter()
+        .any(|m| m.path.contains("libc.so") && m.build_id.is_some()));
+
+    let all = samples(&records);
+    assert!(all.len() >= 50, "only {} samples", all.len());
+    let worker_tids: Vec<u32> = all
+        .iter()
+        .map(|s| s.tid.0)
+        .filter(|&t| t != pid.0)
+        .collect();
+    assert!(
+        !worker_tids.is_empty(),
+        "no samples from the worker threads"
+    );
+    // The leaf runs in the fixture's code, called from parent_one/parent_two.
+    let leaf = symbol_avma(&records, pid, &exe, "leaf_work");
+    assert!(all.iter().filter(|s| leaf.contains(&s.regs.ip())).count() * 2 > all.len());
+    assert!(
+        matches!(&reader.header().target, Target::Launch { command, .. } if command[1] == "600")
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn attach_by_pid_records_existing_threads_and_images() {
+    require_perf!();
+    let dir = scratch_dir("rec-attach");
+    let exe = build_c(&["rec_threads.c"], NO_FP, &dir, "rec_threads");
+    let mut child = Command::new(&exe).arg("20000").spawn().unwrap();
+    let pid = child.id();
+    // Wait until both workers have named themselves.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let names: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/task"))
+            .map(|d| {
+                d.filter_map(|e| std::fs::read_to_string(e.ok()?.path().join("comm")).ok())
+                    .collect()
+            })
+            .unwrap_or_default();
+        if names.iter().filter(|n| n.starts_with("worker-")).count() == 2 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "fixture threads never got named");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = dir.join("t.lpt");
+    let result = rec(&[
+        os("--pid"),
+        os(&pid.to_string()),
+        os("--duration"),
+        os("1"),
+        os("--out"),
+        out.as_os_str(),
+    ]);
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(
+        result.status.success(),
+        "{}",
+        String::from_utf8_lossy(&result.stderr)
+    );
+    let (reader, records) = load(&out);
+    assert_complete(&reader, &records);
+    assert_time_ordered(&records);
+    assert_samples_plausible(&records);
+    assert_eq!(
+        reader.header().target,
+        Target::Attach {
+            pids: vec![Pid(pid)]
+        }
+    );
+    let existing: Vec<String> = records
+        .iter()
+        .filter_map(|r| match r {
+            Record::Thread(t) if t.event == ThreadEvent::Existing => t.name.clone(),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(existing.len(), 3, "{existing:?}");
+    assert!(existing.contains(&"worker-a".to_string()), "{existing:?}");
+    let start = reader.header().start_time;
+    let exe_map = images(&records)
+        .into_iter()
+        .find(|m| Path::new(&m.path) == exe)
+        .expect("the fixture's image from /proc/PID/maps");
+    assert_eq!(exe_map.time, start);
+    assert_eq!(exe_map.build_id.as_ref().unwrap().0, build_id(&exe));
+    let n = samples(&records).len();
+    assert!(n >= 100, "only {n} samples in 1 s of two busy threads");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn dlopened_library_appears_mid_run() {
+    require_perf!();
+    let dir = scratch_dir("rec-dlopen");
+    let plugin = build_c(
+        &["rec_plugin.c"],
+        &["-O2", "-g", "-shared", "-fPIC", "-Wl,--build-id"],
+        &dir,
+        "librec_plugin.so",
+    );
+    let exe = build_c(
+        &["rec_dlopen.c"],
+        &["-O2", "-g", "-ldl"],
+        &dir,
+        "rec_dlopen",
+    );
+    let out = dir.join("t.lpt");
+    let result = launch(&out, &[], &exe, &["600", plugin.to_str().unwrap()]);
+    assert_eq!(
+        result.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&result.stderr)
+    );
+    let (reader, records) = load(&out);
+    assert_complete(&reader, &records);
+    assert_samples_plausible(&records);
+    let plugin_map = images(&records)
+        .into_iter()
+        .find(|m| Path::new(&m.path) == plugin && m.executable)
+        .expect("the dlopened library");
+    assert_eq!(plugin_map.build_id.as_ref().unwrap().0, build_id(&plugin));
+    let first_sample = samples(&records)[0].time;
+    assert!(plugin_map.time > first_sample, "mapped mid-run");
+    let in_plugin = samples(&records)
+        .iter()
+        .filter(|s| (plugin_map.start..plugin_map.end).contains(&s.regs.ip()))
+        .count();
+    assert!(in_plugin > 0, "no sample inside the dlopened library");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The share of samples in `leaf` whose stack copy reaches back to a
+/// return address into `main`.
+fn share_reaching_main(out: &Path, exe: &Path, leaf: &str) -> f64 {
+    let (reader, records) = load(out);
+    assert_complete(&reader, &records);
+    let pid = root_pid(&reader);
+    let leaf = symbol_avma(&records, pid, exe, leaf);
+    let main = symbol_avma(&records, pid, exe, "main");
+    let in_leaf: Vec<&Sample> = samples(&records)
+        .into_iter()
+        .filter(|s| leaf.contains(&s.regs.ip()))
+        .collect();
+    assert!(
+        in_leaf.len() >= 20,
+        "only {} samples in the leaf",
+        in_leaf.len()
+    );
+    let reaching = in_leaf
+        .iter()
+        .filter(|s| stack_holds_address_in(s, &main))
+        .count();
+    reaching as f64 / in_leaf.len() as f64
+}
+
+#[test]
+fn deep_recursion_is_copied_back_to_main() {
+    require_perf!();
+    let dir = scratch_dir("rec-deep");
+    let exe = build_c(&["rec_deep.c"], NO_FP, &dir, "rec_deep");
+    let out = dir.join("default.lpt");
+    assert!(launch(&out, &[], &exe, &["400", "300"]).status.success());
+    let share = share_reaching_main(&out, &exe, "deep_leaf");
+    assert!(share > 0.99, "only {share} of deep samples reach main");
+    // perf's default 8 KiB copy could not.
+    let out8 = dir.join("8k.lpt");
+    assert!(
+        launch(&out8, &["--stack-size", "8192"], &exe, &["300", "300"])
+            .status
+            .success()
+    );
+    assert_eq!(share_reaching_main(&out8, &exe, "deep_leaf"), 0.0);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn large_stack_frame_is_copied_back_to_main() {
+    require_perf!();
+    let dir = scratch_dir("rec-bigframe");
+    let exe = build_c(&["rec_bigframe.c"], NO_FP, &dir, "rec_bigframe");
+    let out = dir.join("t.lpt");
+    assert!(launch(&out, &[], &exe, &["400"]).status.success());
+    let share = share_reaching_main(&out, &exe, "frame_leaf");
+    assert!(share > 0.99, "only {share} of samples reach main");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn thread_churn_fork_and_exec_leave_a_finished_trace() {
+    require_perf!();
+    let dir = scratch_dir("rec-churn");
+    let churn = build_c(&["rec_churn.c"], NO_FP, &dir, "rec_churn");
+    let threads = build_c(&["rec_threads.c"], NO_FP, &dir, "rec_threads");
+    let out = dir.join("t.lpt");
+    let result = launch(
+        &out,
+        &[],
+        &churn,
+        &["1000", "exec", threads.to_str().unwrap(), "300"],
+    );
+    // The exec'd program's exit status is the command's.
+    assert_eq!(
+        result.status.code(),
+        Some(7),
+        "{}",
+        String::from_utf8_lossy(&result.stderr)
+    );
+    let (reader, records) = load(&out);
+    assert_complete(&reader, &records);
+    assert_time_ordered(&records);
+    assert_samples_plausible(&records);
+    let pid = root_pid(&reader);
+
+    let started = records
+        .iter()
+        .filter(|r| matches!(r, Record::Thread(t) if t.event == ThreadEvent::Start && t.pid == pid))
+        .count();
+    assert!(started >= 1000 + 2, "only {started} thread starts");
+    let exited = records
+        .iter()
+        .filter(|r| matches!(r, Record::Thread(t) if t.event == ThreadEvent::Exit))
+        .count();
+    assert!(exited >= 1000, "only {exited} thread exits");
+
+    let child = records
+        .iter()
+        .find_map(|r| match r {
+            Record::Process(p) if p.event == ProcessEvent::Fork => Some(p.clone()),
+            _ => None,
+        })
+        .expect("the forked child");
+    assert_eq!(child.parent, Some(pid));
+    assert!(
+        samples(&records).iter().any(|s| s.pid == child.pid),
+        "no samples from the forked child"
+    );
+
+    let exec_time = records
+        .iter()
+        .find_map(|r| match r {
+            Record::Process(p)
+                if p.event == ProcessEvent::Exec
+                    && p.pid == pid
+                    && p.time > reader.header().start_time
+                    && p.executable.as_deref() == threads.to_str() =>
+            {
+                Some(p.time)
+            }
+            _ => None,
+        })
+        .expect("the exec of rec_threads");
+    assert!(
+        images(&records)
+            .iter()
+            .any(|m| m.pid == pid && Path::new(&m.path) == threads && m.time >= exec_time),
+        "the exec'd program's image"
+    );
+    let exit = records
+        .iter()
+        .find_map(|r| match r {
+            Record::Process(p) if p.pid == pid => match p.event {
+                ProcessEvent::Exit { code } => Some(code),
+                _ => None,
+            },
+            _ => None,
+        })
+        .expect("the command's exit");
+    assert_eq!(exit, Some(7));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Wait until `path` is larger than `len` bytes.
+fn wait_for_size(path: &Path, len: u64, within: Duration) {
+    let deadline = Instant::now() + within;
+    while std::fs::metadata(path).map_or(0, |m| m.len()) <= len {
+        assert!(Instant::now() < deadline, "{} never grew", path.display());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn sigkilled_recorder_leaves_a_readable_unfinished_trace() {
+    require_perf!();
+    let dir = scratch_dir("rec-sigkill");
+    let exe = build_c(&["rec_threads.c"], NO_FP, &dir, "rec_threads");
+    let out = dir.join("t.lpt");
+    let mut recorder = Command::new(lrnprof_rec())
+        .arg("--out")
+        .arg(&out)
+        .arg("--")
+        .arg(&exe)
+        .arg("30000")
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    // The header is written at once; wait for the first whole block too.
+    wait_for_size(&out, 2048, Duration::from_secs(20));
+    std::thread::sleep(Duration::from_millis(1500));
+    recorder.kill().unwrap();
+    recorder.wait().unwrap();
+    let (reader, records) = load(&out);
+    // The fixture survives its recorder; stop it.
+    let Target::Launch { pid, .. } = reader.header().target else {
+        panic!("launched")
+    };
+    let _ = Command::new("kill").arg(pid.0.to_string()).status();
+    assert!(
+        !reader.report().finished,
+        "a killed recorder wrote a footer"
+    );
+    assert!(!records.iter().any(|r| matches!(r, Record::Summary(_))));
+    assert!(!samples(&records).is_empty(), "no whole block was readable");
+    assert_samples_plausible(&records);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn sigterm_reaches_the_launched_command() {
+    require_perf!();
+    let dir = scratch_dir("rec-sigterm");
+    let out = dir.join("t.lpt");
+    let recorder = Command::new(lrnprof_rec())
+        .arg("--out")
+        .arg(&out)
+        .args(["--", "sleep", "30"])
+        .stdin(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_for_size(&out, 0, Duration::from_secs(10));
+    std::thread::sleep(Duration::from_millis(300));
+    let status = Command::new("kill")
+        .args(["-TERM", &recorder.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let result = recorder.wait_with_output().unwrap();
+    // sleep died of SIGTERM: 128 + 15, like a shell reports it.
+    assert_eq!(
+        result.status.code(),
+        Some(143),
+        "{}",
+        String::from_utf8_lossy(&result.stderr)
+    );
+    let (reader, records) = load(&out);
+    assert!(reader.report().finished);
+    assert!(records.iter().any(|r| matches!(r, Record::Process(p)
+        if p.event == (ProcessEvent::Exit { code: Some(143) }))));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Run the recorder expecting failure: a one-line error mentioning
+/// `expect`, a non-zero exit, and no trace file.
+fn assert_fails_cleanly(args: &[&OsStr], out: &Path, expect: &str) {
+    let result = rec(args);
+    let stderr = String::from_utf8_lossy(&result.stderr);
+    assert!(!result.status.success(), "succeeded: {stderr}");
+    assert!(stderr.contains(expect), "expected {expect:?} in {stderr:?}");
+    assert_eq!(stderr.trim().lines().count(), 1, "not one line: {stderr:?}");
+    assert!(!out.exists(), "a trace file was left behind");
+}
+
+#[test]
+fn startup_errors_are_one_line_and_leave_no_file() {
+    if !cfg!(target_os = "linux") {
+        return;
+    }
+    let dir = scratch_dir("rec-errors");
+    let out = dir.join("t.lpt");
+    let o = out.as_os_str();
+    // Pids above pid_max (at most 2^22) never exist.
+    assert_fails_cleanly(
+        &[os("--pid"), os("99999999"), os("--out"), o],
+        &out,
+        "no process with pid 99999999",
+    );
+    assert_fails_cleanly(
+        &[os("--out"), o, os("--"), os("lrnprof-no-such-command")],
+        &out,
+        "command not found: lrnprof-no-such-command",
+    );
+    let not_exec = dir.join("data.txt");
+    std::fs::write(&not_exec, "not a program").unwrap();
+    assert_fails_cleanly(
+        &[os("--out"), o, os("--"), not_exec.as_os_str()],
+        &out,
+        "cannot execute",
+    );
+    let bad_out: PathBuf = dir.join("no-such-dir/t.lpt");
+    assert_fails_cleanly(
+        &[os("--out"), bad_out.as_os_str(), os("--"), os("true")],
+        &bad_out,
+        "cannot write trace file",
+    );
+    assert_fails_cleanly(&[os("--out"), o], &out, "give --pid PID or a command");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -114,6 +114,8 @@ pub(crate) struct Converter {
     names: HashMap<u32, String>,
     launched_root: Option<u32>,
     regions: HashMap<u32, Regions>,
+    /// The images of each process, so a forked child gets its parent's.
+    process_images: HashMap<u32, Vec<ImageMapRecord>>,
     build_ids: HashMap<(u64, u64, i64), Option<BuildId>>,
     /// Images by build id, for embedding.
     pub(crate) images: HashMap<BuildId, SeenImage>,
@@ -138,6 +140,7 @@ impl Converter {
             names: HashMap::new(),
             launched_root: None,
             regions: HashMap::new(),
+            process_images: HashMap::new(),
             build_ids: HashMap::new(),
             images: HashMap::new(),
             vdso: HashMap::new(),
@@ -195,10 +198,20 @@ impl Converter {
                 self.set_regions(pid, &maps);
                 for m in maps.iter().filter(|m| m.exec) {
                     if let Some(r) = self.image_from_maps(t, pid, m) {
-                        self.push(t, r);
+                        self.push_image(r);
                     }
                 }
             }
+        }
+    }
+
+    /// Queue an image record and remember it for the process's children.
+    fn push_image(&mut self, record: Record) {
+        if let Record::ImageMap(m) = &record {
+            let list = self.process_images.entry(m.pid.0).or_default();
+            list.retain(|old| old.end <= m.start || old.start >= m.end);
+            list.push(m.clone());
+            self.push(m.time.0, record);
         }
     }
 
@@ -391,6 +404,7 @@ impl Converter {
                     );
                     // The exec replaced the address space.
                     self.regions.remove(&pid);
+                    self.process_images.remove(&pid);
                 }
                 self.thread(t, pid, tid, ThreadEvent::Rename, Some(name.to_string()));
             }
@@ -414,6 +428,15 @@ impl Converter {
                             executable: None,
                         }),
                     );
+                    // The child starts with a copy of its parent's mappings.
+                    let inherited = self.process_images.get(&ppid).cloned().unwrap_or_default();
+                    for m in inherited {
+                        self.push_image(Record::ImageMap(ImageMapRecord {
+                            time: Timestamp(time),
+                            pid: Pid(pid),
+                            ..m
+                        }));
+                    }
                 }
                 self.thread(time, pid, tid, ThreadEvent::Start, name);
             }
@@ -431,6 +454,7 @@ impl Converter {
                 self.names.remove(&tid);
                 if pid == tid {
                     self.regions.remove(&pid);
+                    self.process_images.remove(&pid);
                     if self.launched_root != Some(pid) {
                         self.push(time, process_exit(time, pid, None));
                     }
@@ -459,7 +483,7 @@ impl Converter {
         let t = m.id.time.unwrap_or(self.last_time);
         let end = m.addr.saturating_add(m.len);
         if let Some(r) = self.image(t, m.pid, m.addr, end, m.pgoff, m.filename, m.build_id) {
-            self.push(t, r);
+            self.push_image(r);
         }
     }
 
