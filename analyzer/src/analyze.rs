@@ -3,6 +3,7 @@
 //! then symbolication of each unique address once.
 
 use crate::error::AnalyzeError;
+use crate::image::ImageData;
 use crate::image::{load_image, short_name, LoadedImage, LocateOptions, Source};
 use crate::options::{AnalyzeOptions, Progress};
 use crate::profile::{
@@ -10,9 +11,11 @@ use crate::profile::{
     Stats, ThreadProfile,
 };
 use crate::symbolicate::{FrameLine, JitMap, Symbolizer};
+use crate::timeline::Mapping;
 use crate::timeline::{scan, ProcessTimeline, Timeline, CHUNK_BLOCKS};
+use crate::unwind::MAX_FRAMES;
 use crate::unwind::{ArchCache, ArchUnwinder, ModuleCache};
-use lrnprof_format::{Endian, Pid, Record, Sample, TraceReader};
+use lrnprof_format::{Endian, Pid, Record, Regs, Sample, TraceReader};
 use rayon::prelude::*;
 use std::collections::HashMap;
 use std::path::Path;
@@ -258,7 +261,16 @@ impl SampleContext<'_> {
                 used_kernel_chain: false,
             }
         } else if let Some((_, unwinder)) = generation {
-            unwinder.unwind(cache, s, self.little_endian)
+            // A trace is untrusted input: should the unwinder panic on it,
+            // keep the instruction pointer and go on.
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                unwinder.unwind(cache, s, self.little_endian)
+            }))
+            .unwrap_or_else(|_| crate::unwind::Unwound {
+                frames: vec![s.regs.ip()],
+                clean: false,
+                used_kernel_chain: false,
+            })
         } else {
             let mut frames = vec![s.regs.ip()];
             let used = crate::unwind::continue_with_callchain(&mut frames, &s.kernel_callchain);
@@ -269,6 +281,10 @@ impl SampleContext<'_> {
             }
         };
         let mappings = generation.map(|(g, _)| &g.mappings[..]).unwrap_or(&[]);
+        let mut u = u;
+        if let (false, Regs::Aarch64(r)) = (presymbolized, &s.regs) {
+            self.add_frameless_caller(mappings, r.lr, &mut u.frames);
+        }
         let frames = u
             .frames
             .iter()
@@ -289,7 +305,57 @@ impl SampleContext<'_> {
         }
     }
 
-    fn frame_key(&self, pid: Pid, mappings: &[crate::timeline::Mapping], avma: u64) -> FrameKey {
+    /// On AArch64 a function without a frame record keeps its return
+    /// address in `lr` only. Where the instruction pointer's image has no
+    /// unwind data, framehop falls back to the frame-pointer chain, which
+    /// skips that caller: put `lr` back when it is a code address in
+    /// another function (by symbols) than the instruction pointer, and not
+    /// already the next frame.
+    fn add_frameless_caller(&self, mappings: &[Mapping], lr: u64, frames: &mut Vec<u64>) {
+        let Some(&pc) = frames.first() else { return };
+        if lr == 0 || frames.get(1) == Some(&lr) {
+            return;
+        }
+        let Some((pc_map, pc_data)) = self.image_data_at(mappings, pc) else {
+            return;
+        };
+        if pc_data.has_unwind_data() || !pc_map.executable {
+            return;
+        }
+        let Some((lr_map, lr_data)) = self.image_data_at(mappings, lr.wrapping_sub(4)) else {
+            return;
+        };
+        let function = |m: &Mapping, d: &ImageData, avma: u64| {
+            let svma = avma.wrapping_sub(d.bias(m));
+            let i = d
+                .symbols
+                .partition_point(|s| s.svma <= svma)
+                .checked_sub(1)?;
+            Some((m.image, d.symbols[i].svma))
+        };
+        let pc_fn = function(pc_map, pc_data, pc);
+        let lr_fn = function(lr_map, lr_data, lr.wrapping_sub(4));
+        if pc_fn.is_some() && lr_fn.is_some() && pc_fn != lr_fn && frames.len() < MAX_FRAMES {
+            frames.insert(1, lr);
+        }
+    }
+
+    fn image_data_at<'m>(
+        &self,
+        mappings: &'m [Mapping],
+        avma: u64,
+    ) -> Option<(&'m Mapping, &ImageData)> {
+        let i = mappings
+            .partition_point(|m| m.start <= avma)
+            .checked_sub(1)?;
+        let m = &mappings[i];
+        if avma >= m.end {
+            return None;
+        }
+        Some((m, self.images[m.image as usize].data.as_ref()?))
+    }
+
+    fn frame_key(&self, pid: Pid, mappings: &[Mapping], avma: u64) -> FrameKey {
         let i = mappings.partition_point(|m| m.start <= avma);
         let m = i
             .checked_sub(1)

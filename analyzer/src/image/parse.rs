@@ -4,6 +4,9 @@ use super::{ImageData, Section, SectionBytes, Segment, Symbol};
 use object::{Object, ObjectSection, ObjectSegment, ObjectSymbol, SymbolKind};
 use std::sync::Arc;
 
+/// Mach-O `filetype` of a dSYM companion file.
+const MH_DSYM: u32 = 0xa;
+
 /// An image file parsed into [`ImageData`], with what identifies it.
 pub(crate) struct ParsedFile {
     pub data: ImageData,
@@ -40,6 +43,17 @@ fn wanted_name(name: &str, macho: bool) -> Option<String> {
 pub(crate) fn parse_file(bytes: Arc<Vec<u8>>) -> Result<ParsedFile, String> {
     let obj = object::File::parse(&bytes[..]).map_err(|e| format!("not a usable image: {e}"))?;
     let macho = matches!(obj.format(), object::BinaryFormat::MachO);
+    // A dSYM companion (Mach-O file type MH_DSYM) keeps the section table of
+    // its binary but none of the code or unwind bytes: use only its DWARF.
+    let dsym = macho && bytes.len() >= 16 && {
+        let ft = [bytes[12], bytes[13], bytes[14], bytes[15]];
+        let ft = if obj.is_little_endian() {
+            u32::from_le_bytes(ft)
+        } else {
+            u32::from_be_bytes(ft)
+        };
+        ft == MH_DSYM
+    };
     let mut data = ImageData {
         is_macho: macho,
         little_endian: obj.is_little_endian(),
@@ -48,7 +62,7 @@ pub(crate) fn parse_file(bytes: Arc<Vec<u8>>) -> Result<ParsedFile, String> {
     for seg in obj.segments() {
         let (file_offset, file_size) = seg.file_range();
         let name = seg.name().ok().flatten().unwrap_or("");
-        if macho && name == "__TEXT" {
+        if macho && name == "__TEXT" && !dsym {
             data.base_svma = seg.address();
             if let Some(b) = SectionBytes::slice(&bytes, file_offset, file_size) {
                 data.sections.insert(
@@ -74,7 +88,7 @@ pub(crate) fn parse_file(bytes: Arc<Vec<u8>>) -> Result<ParsedFile, String> {
         let Some(key) = wanted_name(name, macho) else {
             continue;
         };
-        if data.sections.contains_key(&key) {
+        if data.sections.contains_key(&key) || (dsym && !key.starts_with(".debug_")) {
             continue;
         }
         let plain = sec

@@ -28,7 +28,10 @@ where
 {
     // Return addresses may carry pointer-authentication bits: strip what
     // lies above the highest code address the process has mapped.
-    let mask = PtrAuthMask::from_max_known_address(u.max_known_code_address());
+    let mask = match u.max_known_code_address() {
+        0 => PtrAuthMask::new_no_strip(),
+        max => PtrAuthMask::from_max_known_address(max),
+    };
     let regs = UnwindRegsAarch64::new_with_ptr_auth_mask(mask, r.lr, r.sp, r.fp);
     walk(u, r.pc, regs, cache, read_stack)
 }
