@@ -1,1 +1,595 @@
-//! End-to-end tests: analyze.
+//! End-to-end tests of `lrnprof-analyze`: record the fixture programs
+//! (`tests/fixtures/rec_*.c` from the recorder tests and `an_*.c`) with
+//! `lrnprof-rec`, analyze them, and check the call trees, the share of
+//! samples that unwound to the thread's root, determinism, and that the
+//! outputs open in `go tool pprof` and in speedscope itself.
+//!
+//! "Reached the root" (as `info` counts it): the outermost frame is the
+//! thread's entry (`_start`/`__libc_start_main` for the main thread,
+//! `clone`/`clone3`/`start_thread` for the others), or the unwinder stopped
+//! cleanly at a zero return address / frame pointer.
+
+use lrnprof_format::{TraceReader, TraceWriter, WriterOptions};
+use lrnprof_tests::{build_c, lrnprof_analyze, lrnprof_rec, require_perf, scratch_dir};
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+/// Flags that make unwinding depend on DWARF CFI.
+const NO_FP: &[&str] = &["-O2", "-g", "-fomit-frame-pointer", "-pthread"];
+
+/// Record `program args` into `dir/name.lpt`.
+fn record(dir: &Path, name: &str, extra: &[&str], program: &Path, args: &[&str]) -> PathBuf {
+    let trace = dir.join(format!("{name}.lpt"));
+    let out = Command::new(lrnprof_rec())
+        .arg("--out")
+        .arg(&trace)
+        .args(extra)
+        .arg("--")
+        .arg(program)
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("running lrnprof-rec");
+    assert!(
+        trace.exists(),
+        "lrnprof-rec wrote no trace: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    trace
+}
+
+fn analyze(args: &[&str]) -> Output {
+    Command::new(lrnprof_analyze())
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("running lrnprof-analyze")
+}
+
+fn ok(args: &[&str]) -> Output {
+    let out = analyze(args);
+    assert!(
+        out.status.success(),
+        "lrnprof-analyze {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+/// Folded output of `trace` with `extra` flags: stack (thread first) -> count.
+fn folded(trace: &Path, extra: &[&str]) -> BTreeMap<Vec<String>, u64> {
+    let mut args = vec![trace.to_str().unwrap(), "--format", "folded", "-o", "-"];
+    args.extend(extra);
+    let out = ok(&args);
+    String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let (stack, count) = l.rsplit_once(' ').expect("`stack count` lines");
+            (
+                stack.split(';').map(str::to_string).collect(),
+                count.parse().expect("a count"),
+            )
+        })
+        .collect()
+}
+
+/// `info --json` of `trace`, as text.
+fn info(trace: &Path, extra: &[&str]) -> String {
+    let mut args = vec!["info", trace.to_str().unwrap(), "--json"];
+    args.extend(extra);
+    String::from_utf8(ok(&args).stdout).expect("info prints UTF-8")
+}
+
+/// The number after the first `"key":` in a JSON text (the tests package
+/// has no JSON parser; the keys used here are unique in `info --json`).
+fn json_number(json: &str, key: &str) -> f64 {
+    let pat = format!("\"{key}\":");
+    let at = json
+        .find(&pat)
+        .unwrap_or_else(|| panic!("no {key} in {json}"))
+        + pat.len();
+    let rest = json[at..].trim_start();
+    let end = rest
+        .find(|c: char| !(c.is_ascii_digit() || c == '.' || c == '-' || c == 'e'))
+        .unwrap_or(rest.len());
+    rest[..end]
+        .parse()
+        .unwrap_or_else(|_| panic!("{key} is not a number in {json}"))
+}
+
+/// Samples whose stack contains `a` immediately followed by `b`.
+fn calls(f: &BTreeMap<Vec<String>, u64>, thread_prefix: &str, a: &str, b: &str) -> u64 {
+    f.iter()
+        .filter(|(s, _)| s[0].starts_with(thread_prefix))
+        .filter(|(s, _)| s.windows(2).any(|w| w[0] == a && w[1] == b))
+        .map(|(_, c)| c)
+        .sum()
+}
+
+fn total(f: &BTreeMap<Vec<String>, u64>) -> u64 {
+    f.values().sum()
+}
+
+fn root_pct(info: &str) -> f64 {
+    json_number(info, "unwound_to_root_pct")
+}
+
+#[test]
+fn threads_call_tree_ratio_and_roots() {
+    require_perf!();
+    let dir = scratch_dir("an-threads");
+    let exe = build_c(&["rec_threads.c"], NO_FP, &dir, "rec_threads");
+    let trace = record(&dir, "t", &[], &exe, &["1500"]);
+    let f = folded(&trace, &[]);
+    for worker in ["worker-a-", "worker-b-"] {
+        let one = calls(&f, worker, "parent_one", "leaf_work");
+        let two = calls(&f, worker, "parent_two", "leaf_work");
+        assert!(one >= 20, "{worker}: too few samples in parent_one: {f:?}");
+        // 1:2 work ratio; allow 1.4..3.0 for sampling noise.
+        let ratio = two as f64 / one as f64;
+        assert!(
+            (1.4..=3.0).contains(&ratio),
+            "{worker}: ratio {ratio} ({one}:{two})"
+        );
+        for (stack, _) in f.iter().filter(|(s, _)| s[0].starts_with(worker)) {
+            assert!(
+                ["clone3", "clone", "start_thread"].contains(&stack[1].as_str()),
+                "worker stack does not start at the thread entry: {stack:?}"
+            );
+        }
+    }
+    let i = info(&trace, &[]);
+    assert!(root_pct(&i) >= 99.0, "{i}");
+}
+
+#[test]
+fn deep_recursion_and_big_frame_reach_the_root() {
+    require_perf!();
+    let dir = scratch_dir("an-deep");
+    let deep = build_c(&["rec_deep.c"], NO_FP, &dir, "rec_deep");
+    let big = build_c(&["rec_bigframe.c"], NO_FP, &dir, "rec_bigframe");
+    let deep_trace = record(&dir, "deep", &[], &deep, &["1000", "300"]);
+    let big_trace = record(&dir, "big", &[], &big, &["1000"]);
+
+    let f = folded(&deep_trace, &[]);
+    let full: u64 = f
+        .iter()
+        .filter(|(s, _)| s[1] == "_start" && s.iter().filter(|n| *n == "descend").count() >= 300)
+        .map(|(_, c)| c)
+        .sum();
+    assert!(
+        full as f64 >= 0.99 * total(&f) as f64,
+        "only {full} of {} samples unwound through 300 descend frames to _start",
+        total(&f)
+    );
+    assert!(root_pct(&info(&deep_trace, &[])) >= 99.0);
+
+    let f = folded(&big_trace, &[]);
+    let through = calls(&f, "", "main", "big_frame") + calls(&f, "", "big_frame", "frame_leaf");
+    assert!(calls(&f, "", "big_frame", "frame_leaf") > 0, "{f:?}");
+    assert!(through > 0);
+    let rooted: u64 = f
+        .iter()
+        .filter(|(s, _)| s[1] == "_start")
+        .map(|(_, c)| c)
+        .sum();
+    assert!(rooted as f64 >= 0.99 * total(&f) as f64, "{f:?}");
+}
+
+#[test]
+fn dlopened_library_resolves() {
+    require_perf!();
+    let dir = scratch_dir("an-dlopen");
+    let exe = build_c(
+        &["rec_dlopen.c"],
+        &["-O2", "-g", "-fomit-frame-pointer", "-ldl"],
+        &dir,
+        "rec_dlopen",
+    );
+    let plugin = build_c(
+        &["rec_plugin.c"],
+        &["-O2", "-g", "-fomit-frame-pointer", "-shared", "-fPIC"],
+        &dir,
+        "librec_plugin.so",
+    );
+    let trace = record(&dir, "dl", &[], &exe, &["1000", plugin.to_str().unwrap()]);
+    let f = folded(&trace, &[]);
+    assert!(calls(&f, "", "main", "before_load") > 20, "{f:?}");
+    assert!(calls(&f, "", "main", "plugin_work") > 20, "{f:?}");
+    assert!(calls(&f, "", "plugin_work", "plugin_leaf") > 20, "{f:?}");
+    assert!(root_pct(&info(&trace, &[])) >= 99.0);
+}
+
+/// Build an_inline and its library libanlib.so into `dir`.
+fn build_inline_fixture(dir: &Path, flags: &[&str]) -> PathBuf {
+    let mut lib_flags = flags.to_vec();
+    lib_flags.extend(["-shared", "-fPIC"]);
+    let lib = build_c(&["an_lib.c"], &lib_flags, dir, "libanlib.so");
+    // The library goes after the source (linkers using --as-needed care),
+    // which build_c cannot express: call cc directly.
+    let exe = dir.join("an_inline");
+    let out = Command::new(std::env::var("CC").unwrap_or_else(|_| "cc".into()))
+        .args(flags)
+        .arg("-I")
+        .arg(lrnprof_tests::workspace_root().join("tests/fixtures"))
+        .arg("-o")
+        .arg(&exe)
+        .arg(lrnprof_tests::fixture_source("an_inline.c"))
+        .arg(&lib)
+        .arg("-Wl,-rpath,$ORIGIN")
+        .output()
+        .expect("running cc");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    exe
+}
+
+#[test]
+fn inline_frames_and_shared_library() {
+    require_perf!();
+    let dir = scratch_dir("an-inline");
+    let exe = build_inline_fixture(&dir, NO_FP);
+    let trace = record(&dir, "inl", &[], &exe, &["1000"]);
+    let f = folded(&trace, &[]);
+    assert!(calls(&f, "", "hot_outer", "mix_step") > 20, "{f:?}");
+    assert!(calls(&f, "", "main", "lib_entry") > 20, "{f:?}");
+    assert!(calls(&f, "", "lib_entry", "lib_leaf") > 20, "{f:?}");
+    let no_inline = folded(&trace, &["--no-inline"]);
+    assert_eq!(calls(&no_inline, "", "hot_outer", "mix_step"), 0);
+    assert!(calls(&no_inline, "", "main", "hot_outer") > 20);
+    assert_eq!(total(&f), total(&no_inline));
+    assert!(root_pct(&info(&trace, &[])) >= 99.0);
+}
+
+#[test]
+fn kernel_callchain_continues_a_short_stack_copy() {
+    require_perf!();
+    let dir = scratch_dir("an-callchain");
+    // Frame pointers kept, so the kernel's callchain is whole (the kernel
+    // caps it at perf_event_max_stack, 127 by default: stay below); a 1 KiB
+    // stack copy cannot hold 80 frames of ~128 bytes.
+    let exe = build_c(
+        &["rec_deep.c"],
+        &["-O2", "-g", "-fno-omit-frame-pointer"],
+        &dir,
+        "rec_deep_fp",
+    );
+    let trace = record(&dir, "cc", &["--stack-size", "1024"], &exe, &["800", "80"]);
+    let i = info(&trace, &[]);
+    assert!(
+        json_number(&i, "kernel_callchain_samples") > 0.0,
+        "no sample used the kernel callchain: {i}"
+    );
+    assert!(root_pct(&i) >= 99.0, "{i}");
+    let f = folded(&trace, &[]);
+    // glibc has no frame pointers: the kernel's walk ends in
+    // __libc_start_call_main, which counts as the main thread's root.
+    let roots = ["_start", "__libc_start_main", "__libc_start_call_main"];
+    let whole: u64 = f
+        .iter()
+        .filter(|(s, _)| roots.contains(&s[1].as_str()) && s.contains(&"main".to_string()))
+        .filter(|(s, _)| s.iter().filter(|n| *n == "descend").count() >= 80)
+        .map(|(_, c)| c)
+        .sum();
+    assert!(whole as f64 >= 0.99 * total(&f) as f64, "{f:?}");
+}
+
+#[test]
+fn output_is_identical_at_any_job_count() {
+    require_perf!();
+    let dir = scratch_dir("an-determinism");
+    let exe = build_c(&["rec_threads.c"], NO_FP, &dir, "rec_threads");
+    let trace = record(&dir, "d", &[], &exe, &["600"]);
+    let t = trace.to_str().unwrap();
+    for format in ["pprof", "folded", "speedscope"] {
+        let a = dir.join(format!("a.{format}"));
+        let b = dir.join(format!("b.{format}"));
+        ok(&[
+            t,
+            "--format",
+            format,
+            "--jobs",
+            "1",
+            "-o",
+            a.to_str().unwrap(),
+        ]);
+        ok(&[
+            t,
+            "--format",
+            format,
+            "--jobs",
+            "2",
+            "-o",
+            b.to_str().unwrap(),
+        ]);
+        let (a, b) = (std::fs::read(a).unwrap(), std::fs::read(b).unwrap());
+        assert!(!a.is_empty());
+        assert!(
+            a == b,
+            "{format} output differs between --jobs 1 and --jobs 2"
+        );
+    }
+}
+
+#[test]
+fn default_output_path_and_filters() {
+    require_perf!();
+    let dir = scratch_dir("an-filters");
+    let exe = build_c(&["rec_threads.c"], NO_FP, &dir, "rec_threads");
+    let trace = record(&dir, "f", &[], &exe, &["500"]);
+    let t = trace.to_str().unwrap();
+    ok(&[t, "--format", "folded"]);
+    assert!(dir.join("f.lpt.folded").exists());
+    let only_a = folded(&trace, &["--thread-name", "worker-a"]);
+    assert!(!only_a.is_empty());
+    assert!(only_a.keys().all(|s| s[0].starts_with("worker-a-")));
+    let early = folded(&trace, &["--to", "0.2"]);
+    let all = folded(&trace, &[]);
+    assert!(total(&early) < total(&all));
+    let none = analyze(&[
+        t,
+        "--format",
+        "folded",
+        "--thread-name",
+        "no-such-thread",
+        "-o",
+        "-",
+    ]);
+    assert!(!none.status.success());
+    let msg = String::from_utf8_lossy(&none.stderr);
+    assert!(msg.contains("no samples left after filtering"), "{msg}");
+    assert_eq!(msg.trim().lines().count(), 1, "{msg}");
+}
+
+#[test]
+fn bad_and_truncated_traces() {
+    require_perf!();
+    let dir = scratch_dir("an-corrupt");
+    let exe = build_c(&["rec_threads.c"], NO_FP, &dir, "rec_threads");
+    let trace = record(&dir, "c", &[], &exe, &["600"]);
+
+    // Not a trace at all: one clear line, no output file.
+    let junk = dir.join("junk.lpt");
+    std::fs::write(&junk, b"this is not a trace").unwrap();
+    let out = analyze(&[junk.to_str().unwrap(), "--format", "folded"]);
+    assert!(!out.status.success());
+    let msg = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        msg.contains("cannot read trace") && msg.trim().lines().count() == 1,
+        "{msg}"
+    );
+    assert!(!dir.join("junk.lpt.folded").exists());
+
+    let missing = analyze(&[dir.join("nope.lpt").to_str().unwrap()]);
+    assert!(!missing.status.success());
+
+    // Cut in the middle: the readable part is analyzed, with a warning.
+    // Rewrite the trace with small blocks first, so that a cut leaves
+    // whole blocks behind.
+    let reader = TraceReader::open(&trace).unwrap();
+    let mut small = Vec::new();
+    let options = WriterOptions {
+        block_size: 4096,
+        ..Default::default()
+    };
+    let mut w = TraceWriter::new(&mut small, reader.header(), options).unwrap();
+    for r in reader.records() {
+        w.write(&r.unwrap()).unwrap();
+    }
+    w.finish().unwrap();
+    let small_trace = dir.join("small.lpt");
+    std::fs::write(&small_trace, &small).unwrap();
+    let whole = total(&folded(&small_trace, &[]));
+    assert_eq!(whole, total(&folded(&trace, &[])));
+    let cut = dir.join("cut.lpt");
+    std::fs::write(&cut, &small[..small.len() * 2 / 3]).unwrap();
+    let out = ok(&[cut.to_str().unwrap(), "--format", "folded", "-o", "-"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("not finished cleanly"), "{stderr}");
+    let cut_total: u64 = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| l.rsplit_once(' ').unwrap().1.parse::<u64>().unwrap())
+        .sum();
+    assert!(cut_total > 0 && cut_total < whole, "{cut_total} of {whole}");
+}
+
+#[test]
+fn pprof_opens_in_go_tool_pprof() {
+    require_perf!();
+    if Command::new("go").arg("version").output().is_err() {
+        eprintln!("skipping: `go` is not installed (Debian: golang-go)");
+        return;
+    }
+    let dir = scratch_dir("an-pprof");
+    let exe = build_inline_fixture(&dir, NO_FP);
+    let trace = record(&dir, "p", &[], &exe, &["600"]);
+    ok(&[trace.to_str().unwrap(), "--format", "pprof"]);
+    let pb = dir.join("p.lpt.pb.gz");
+    let out = Command::new("go")
+        .args(["tool", "pprof", "-top", "-symbolize=none"])
+        .arg(&pb)
+        .env("HOME", &dir)
+        .env("PPROF_TMPDIR", &dir)
+        .output()
+        .expect("running go tool pprof");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.contains("lib_leaf") && text.contains("mix_step (inline)"),
+        "{text}"
+    );
+    let traces = Command::new("go")
+        .args(["tool", "pprof", "-traces", "-symbolize=none"])
+        .arg(&pb)
+        .env("HOME", &dir)
+        .output()
+        .unwrap();
+    let traces = String::from_utf8_lossy(&traces.stdout);
+    assert!(
+        traces.contains("thread:") && traces.contains("tid:"),
+        "{traces}"
+    );
+}
+
+/// Serve `root` on 127.0.0.1 from a background thread; returns the port.
+fn serve(root: PathBuf) -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("binding 127.0.0.1");
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { continue };
+            let mut line = String::new();
+            if BufReader::new(&stream).read_line(&mut line).is_err() {
+                continue;
+            }
+            let path = line.split_whitespace().nth(1).unwrap_or("/");
+            let path = path
+                .split(['?', '#'])
+                .next()
+                .unwrap_or("/")
+                .trim_start_matches('/');
+            let file = root.join(if path.is_empty() { "index.html" } else { path });
+            let ty = match file.extension().and_then(|e| e.to_str()) {
+                Some("html") => "text/html",
+                Some("js") => "application/javascript",
+                Some("css") => "text/css",
+                Some("json") => "application/json",
+                Some("wasm") => "application/wasm",
+                _ => "application/octet-stream",
+            };
+            let response = match std::fs::read(&file) {
+                Ok(body) if !path.contains("..") => {
+                    let mut r = format!("HTTP/1.1 200 OK\r\nContent-Type: {ty}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n", body.len()).into_bytes();
+                    r.extend(body);
+                    r
+                }
+                _ => b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+                    .to_vec(),
+            };
+            let _ = stream.write_all(&response);
+        }
+    });
+    port
+}
+
+/// The speedscope app from npm, installed once into a cache directory.
+fn speedscope_app() -> Result<PathBuf, String> {
+    let cache = std::env::temp_dir().join("lrnprof-speedscope-npm");
+    let release = cache.join("node_modules/speedscope/dist/release");
+    if release.join("index.html").exists() {
+        return Ok(release);
+    }
+    std::fs::create_dir_all(&cache).map_err(|e| e.to_string())?;
+    let out = Command::new("npm")
+        .args(["install", "--silent", "--no-audit", "--no-fund", "--prefix"])
+        .arg(&cache)
+        .arg("speedscope")
+        .output()
+        .map_err(|e| format!("npm not runnable ({e}); Debian: npm"))?;
+    if !release.join("index.html").exists() {
+        return Err(format!(
+            "npm install speedscope failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    Ok(release)
+}
+
+/// Load `profile` in speedscope in headless Chromium; returns the DOM.
+fn speedscope_dom(app: &Path, profile: &Path, dir: &Path) -> String {
+    let www = dir.join("www");
+    std::fs::create_dir_all(&www).unwrap();
+    for entry in std::fs::read_dir(app).unwrap() {
+        let entry = entry.unwrap();
+        std::fs::copy(entry.path(), www.join(entry.file_name())).unwrap();
+    }
+    std::fs::copy(profile, www.join("profile.json")).unwrap();
+    let port = serve(www);
+    let url = format!(
+        "http://127.0.0.1:{port}/index.html#profileURL=http%3A%2F%2F127.0.0.1%3A{port}%2Fprofile.json"
+    );
+    let mut child = Command::new("chromium")
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--no-first-run",
+            "--virtual-time-budget=20000",
+            "--dump-dom",
+        ])
+        .arg(format!(
+            "--user-data-dir={}",
+            dir.join("chromium").display()
+        ))
+        .arg(&url)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("running chromium");
+    let mut dom = String::new();
+    child
+        .stdout
+        .take()
+        .unwrap()
+        .read_to_string(&mut dom)
+        .unwrap();
+    let _ = child.wait();
+    dom
+}
+
+#[test]
+fn speedscope_output_loads_in_speedscope() {
+    require_perf!();
+    if Command::new("chromium").arg("--version").output().is_err() {
+        eprintln!("skipping: chromium is not installed (Debian: chromium)");
+        return;
+    }
+    let app = match speedscope_app() {
+        Ok(app) => app,
+        Err(why) => {
+            eprintln!("skipping: the speedscope app is not available: {why}");
+            return;
+        }
+    };
+    let dir = scratch_dir("an-speedscope");
+    let exe = build_c(&["rec_threads.c"], NO_FP, &dir, "rec_threads");
+    let trace = record(&dir, "s", &[], &exe, &["500"]);
+    ok(&[trace.to_str().unwrap(), "--format", "speedscope"]);
+    let json = dir.join("s.lpt.speedscope.json");
+    let text = std::fs::read_to_string(&json).unwrap();
+    assert!(text.starts_with(r#"{"$schema":"https://www.speedscope.app/file-format-schema.json""#));
+
+    let dom = speedscope_dom(&app, &json, &dir);
+    assert!(
+        !dom.contains("Something went wrong"),
+        "speedscope failed to import:\n{dom}"
+    );
+    assert!(
+        dom.contains("s.lpt - speedscope"),
+        "profile not loaded:\n{dom}"
+    );
+    assert!(
+        dom.contains("Time Order") && dom.contains("worker-a-"),
+        "no flame graph view:\n{dom}"
+    );
+
+    // The check can fail: a profile with a dangling frame index is refused.
+    let bad = dir.join("bad.json");
+    std::fs::write(&bad, br#"{"$schema":"https://www.speedscope.app/file-format-schema.json","shared":{"frames":[]},"profiles":[{"type":"sampled","name":"x","unit":"nanoseconds","startValue":0,"endValue":1,"samples":[[5]],"weights":[1]}]}"#).unwrap();
+    let bad_dir = dir.join("bad");
+    std::fs::create_dir_all(&bad_dir).unwrap();
+    assert!(speedscope_dom(&app, &bad, &bad_dir).contains("Something went wrong"));
+}
