@@ -21,6 +21,14 @@ pub(crate) fn bincode_header_options() -> impl Options + Copy {
     bincode_options().with_limit(crate::raw::MAX_HEADER_LEN.into())
 }
 
+/// Upper bound on the bytes a block's records occupy once decoded (stack
+/// snapshots expanded). `Same` segments make a small block decode to much
+/// more memory; writers cut blocks at a quarter of this, readers refuse more.
+pub const MAX_BLOCK_DECODED_LEN: u64 = 256 << 20;
+
+/// Writers start a new block once the decoded size reaches this.
+pub(crate) const BLOCK_DECODED_TARGET: u64 = MAX_BLOCK_DECODED_LEN / 4;
+
 /// Keep at most this many threads' previous snapshots per block, so a
 /// recording of thousands of threads stays bounded in memory.
 const MAX_TRACKED_STACKS: usize = 4096;
@@ -69,6 +77,7 @@ pub struct EncodedBlock {
 #[derive(Debug)]
 pub struct BlockBuilder {
     raw: Vec<u8>,
+    decoded_len: u64,
     count: u32,
     first_time: Option<u64>,
     last_time: u64,
@@ -86,6 +95,7 @@ impl BlockBuilder {
     pub fn new() -> BlockBuilder {
         BlockBuilder {
             raw: Vec::new(),
+            decoded_len: 0,
             count: 0,
             first_time: None,
             last_time: 0,
@@ -96,6 +106,12 @@ impl BlockBuilder {
     /// Bytes of serialized records so far (before compression).
     pub fn raw_len(&self) -> usize {
         self.raw.len()
+    }
+
+    /// Bytes the records will occupy once decoded, stacks expanded: a
+    /// block should be finished before this reaches a few tens of MiB.
+    pub fn decoded_len(&self) -> u64 {
+        self.decoded_len
     }
 
     /// Records so far.
@@ -131,6 +147,10 @@ impl BlockBuilder {
             });
         }
         self.count += 1;
+        self.decoded_len += (self.raw.len() - before) as u64;
+        if let Record::Sample(s) = record {
+            self.decoded_len += s.stack.bytes.len() as u64;
+        }
         if let Some(Timestamp(t)) = record.time() {
             self.first_time = Some(self.first_time.map_or(t, |f| f.min(t)));
             self.last_time = self.last_time.max(t);
@@ -139,6 +159,12 @@ impl BlockBuilder {
     }
 
     fn push_sample(&mut self, s: &Sample) -> Result<(), FormatError> {
+        if s.stack.bytes.len() > stack::MAX_STACK_LEN as usize {
+            return Err(FormatError::RecordTooLarge {
+                len: s.stack.bytes.len() as u64,
+                max: stack::MAX_STACK_LEN.into(),
+            });
+        }
         let key = (s.pid, s.tid);
         let wire_stack = stack::encode(&s.stack, self.prev_stacks.get(&key));
         let wire = WireSample {
@@ -178,6 +204,7 @@ impl BlockBuilder {
             level,
         )?;
         self.raw.clear();
+        self.decoded_len = 0;
         self.count = 0;
         self.first_time = None;
         self.last_time = 0;
@@ -246,6 +273,7 @@ pub(crate) fn decode_records(
     let mut prev_stacks: HashMap<(Pid, Tid), StackSnapshot> = HashMap::new();
     let mut rest = raw;
     let options = bincode_options().with_limit(raw.len() as u64);
+    let mut decoded_len = raw.len() as u64;
     for index in 0..count {
         let bad = |message: String| FormatError::BadRecord {
             offset,
@@ -261,6 +289,12 @@ pub(crate) fn decode_records(
                 let key = (w.pid, w.tid);
                 let stack = stack::decode(w.stack, prev_stacks.get(&key))
                     .map_err(|e| bad(e.to_string()))?;
+                decoded_len += stack.bytes.len() as u64;
+                if decoded_len > MAX_BLOCK_DECODED_LEN {
+                    return Err(bad(format!(
+                        "block decodes to more than {MAX_BLOCK_DECODED_LEN} bytes"
+                    )));
+                }
                 prev_stacks.insert(key, stack.clone());
                 Record::Sample(Sample {
                     time: w.time,
@@ -297,7 +331,10 @@ pub(crate) struct IndexEntry {
     pub last_time: u64,
 }
 
-pub(crate) fn encode_index(entries: &[IndexEntry], level: i32) -> Result<EncodedBlock, FormatError> {
+pub(crate) fn encode_index(
+    entries: &[IndexEntry],
+    level: i32,
+) -> Result<EncodedBlock, FormatError> {
     let raw = bincode_options()
         .serialize(entries)
         .map_err(|e| FormatError::Encode(e.to_string()))?;

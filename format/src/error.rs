@@ -24,7 +24,9 @@ pub enum FormatError {
         needed: u64,
     },
     /// Written by an older format this reader no longer reads.
-    #[error("trace format version {found} is too old: this lrnprof reads versions {oldest} to {newest}")]
+    #[error(
+        "trace format version {found} is too old: this lrnprof reads versions {oldest} to {newest}"
+    )]
     VersionTooOld {
         /// Version in the file.
         found: u16,
@@ -54,7 +56,9 @@ pub enum FormatError {
         max: u64,
     },
     /// Stored and computed checksums differ.
-    #[error("{what} at offset {offset} is corrupt: checksum {found:#010x}, expected {expected:#010x}")]
+    #[error(
+        "{what} at offset {offset} is corrupt: checksum {found:#010x}, expected {expected:#010x}"
+    )]
     BadChecksum {
         /// Which structure.
         what: &'static str,

@@ -50,7 +50,7 @@ mod stack;
 mod types;
 mod write;
 
-pub use block::{BlockBuilder, EncodedBlock};
+pub use block::{BlockBuilder, EncodedBlock, MAX_BLOCK_DECODED_LEN};
 pub use error::FormatError;
 pub use raw::{BlockHeader, BlockKind, Codec, MAGIC, OLDEST_READABLE_VERSION, VERSION};
 pub use read::{BlockInfo, ReadReport, SkippedRange, TraceReader};
@@ -59,9 +59,10 @@ pub use records::{
     ProcessRecord, Record, Regs, RegsAarch64, RegsX86_64, Sample, SampleKind, StackSnapshot,
     Summary, ThreadEvent, ThreadRecord,
 };
+pub use stack::MAX_STACK_LEN;
 pub use types::{
-    Arch, BlockOffset, BuildId, Clock, Endian, Os, Pid, SampleEvent, SamplingSettings, Target,
-    Tid, Timestamp, TraceHeader,
+    Arch, BlockOffset, BuildId, Clock, Endian, Os, Pid, SampleEvent, SamplingSettings, Target, Tid,
+    Timestamp, TraceHeader,
 };
 pub use write::{TraceWriter, WriterOptions};
 

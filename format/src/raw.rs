@@ -349,7 +349,10 @@ mod tests {
         .to_bytes();
         assert!(matches!(
             FileHeader::parse(&b),
-            Err(FormatError::LengthOutOfBounds { len: 0xFFFF_FFFF, .. })
+            Err(FormatError::LengthOutOfBounds {
+                len: 0xFFFF_FFFF,
+                ..
+            })
         ));
     }
 
@@ -401,7 +404,11 @@ mod tests {
         let file = h.to_bytes(&[0; 100]).to_vec();
         assert!(matches!(
             BlockHeader::parse(&file, 0),
-            Err(FormatError::LengthOutOfBounds { len: 100, max: 0, .. })
+            Err(FormatError::LengthOutOfBounds {
+                len: 100,
+                max: 0,
+                ..
+            })
         ));
     }
 

@@ -184,7 +184,8 @@ fn read_index(bytes: &[u8], body_start: u64) -> Option<(Vec<BlockInfo>, ReadRepo
     {
         return None;
     }
-    let payload = &bytes[index_offset as usize + BLOCK_HEADER_LEN..][..header.compressed_len as usize];
+    let payload =
+        &bytes[index_offset as usize + BLOCK_HEADER_LEN..][..header.compressed_len as usize];
     let raw = decompress(BlockOffset(index_offset), &header, payload).ok()?;
     let entries: Vec<IndexEntry> = decode_index(&raw).ok()?;
     let mut blocks = Vec::with_capacity(entries.len());

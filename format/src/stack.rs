@@ -14,6 +14,10 @@ use serde::{Deserialize, Serialize};
 /// to describe than to repeat.
 const MIN_SAME_RUN: usize = 16;
 
+/// Upper bound on one stack snapshot, in bytes. Recorders copy far less
+/// (Linux caps a copy just under 64 KiB); readers refuse larger claims.
+pub const MAX_STACK_LEN: u32 = 8 << 20;
+
 /// One piece of an encoded snapshot.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) enum Segment {
@@ -43,6 +47,8 @@ pub(crate) enum StackDecodeError {
     SameOutOfRange { addr: u64, len: u32 },
     /// The segments do not add up to `len`.
     LengthMismatch { expected: u32, found: u64 },
+    /// `len` is over [`MAX_STACK_LEN`].
+    TooLong { len: u32 },
 }
 
 impl std::fmt::Display for StackDecodeError {
@@ -57,6 +63,12 @@ impl std::fmt::Display for StackDecodeError {
             ),
             StackDecodeError::LengthMismatch { expected, found } => {
                 write!(f, "stack segments hold {found} bytes, expected {expected}")
+            }
+            StackDecodeError::TooLong { len } => {
+                write!(
+                    f,
+                    "stack of {len} bytes exceeds the limit of {MAX_STACK_LEN}"
+                )
             }
         }
     }
@@ -107,6 +119,9 @@ pub(crate) fn decode(
     wire: WireStack,
     prev: Option<&StackSnapshot>,
 ) -> Result<StackSnapshot, StackDecodeError> {
+    if wire.len > MAX_STACK_LEN {
+        return Err(StackDecodeError::TooLong { len: wire.len });
+    }
     let mut bytes: Vec<u8> = Vec::with_capacity(wire.len as usize);
     for segment in wire.segments {
         match segment {
@@ -124,6 +139,7 @@ pub(crate) fn decode(
             }
         }
         if bytes.len() > wire.len as usize {
+            // Stop before `Same` runs can grow the copy past the claim.
             break;
         }
     }
@@ -164,7 +180,9 @@ mod tests {
     }
 
     fn pattern(len: usize, seed: u8) -> Vec<u8> {
-        (0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect()
+        (0..len)
+            .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+            .collect()
     }
 
     #[test]

@@ -90,7 +90,9 @@ impl<W: Write> TraceWriter<W> {
             }
             other => other?,
         }
-        if self.builder.raw_len() >= self.options.block_size {
+        if self.builder.raw_len() >= self.options.block_size
+            || self.builder.decoded_len() >= crate::block::BLOCK_DECODED_TARGET
+        {
             self.flush_block()?;
         }
         Ok(())

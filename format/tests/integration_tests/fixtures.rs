@@ -213,7 +213,13 @@ pub fn write_trace(records: &[Record], block_size: usize) -> Vec<u8> {
 /// Many samples of a few threads, so the trace has many blocks.
 pub fn many_samples(n: u64) -> Vec<Record> {
     (0..n)
-        .map(|i| Record::Sample(sample(1000 + i, 200 + (i % 3) as u32, 512 + (i as usize * 37) % 8000)))
+        .map(|i| {
+            Record::Sample(sample(
+                1000 + i,
+                200 + (i % 3) as u32,
+                512 + (i as usize * 37) % 8000,
+            ))
+        })
         .collect()
 }
 

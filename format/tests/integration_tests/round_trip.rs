@@ -31,7 +31,11 @@ fn samples_across_many_blocks_round_trip_in_order() {
     let records = many_samples(3000);
     let data = write_trace(&records, 64 * 1024);
     let reader = TraceReader::new(&data[..]).unwrap();
-    assert!(reader.blocks().len() > 10, "{} blocks", reader.blocks().len());
+    assert!(
+        reader.blocks().len() > 10,
+        "{} blocks",
+        reader.blocks().len()
+    );
     assert_eq!(read_all(&data), records);
 
     // The parallel decoder gives the same records in the same order.
@@ -50,7 +54,11 @@ fn samples_across_many_blocks_round_trip_in_order() {
         let decoded = reader.decode_block(block).unwrap();
         total += decoded.len();
         assert_eq!(decoded.len() as u32, block.header.record_count);
-        let times: Vec<u64> = decoded.iter().filter_map(|r| r.time()).map(|t| t.0).collect();
+        let times: Vec<u64> = decoded
+            .iter()
+            .filter_map(|r| r.time())
+            .map(|t| t.0)
+            .collect();
         assert_eq!(block.header.first_time, *times.iter().min().unwrap());
         assert_eq!(block.header.last_time, *times.iter().max().unwrap());
     }
@@ -118,7 +126,8 @@ fn blocks_built_elsewhere_can_be_written() {
         .join()
         .expect("compression thread");
     let mut out = Vec::new();
-    let mut w = TraceWriter::new(&mut out, &TraceHeader::example(), WriterOptions::default()).unwrap();
+    let mut w =
+        TraceWriter::new(&mut out, &TraceHeader::example(), WriterOptions::default()).unwrap();
     w.write_block(&block).unwrap();
     w.finish().unwrap();
     assert_eq!(read_all(&out), records);
@@ -136,9 +145,13 @@ fn a_record_larger_than_a_block_is_refused() {
         data: vec![0; 65 << 20],
     });
     let mut out = Vec::new();
-    let mut w = TraceWriter::new(&mut out, &TraceHeader::example(), WriterOptions::default()).unwrap();
+    let mut w =
+        TraceWriter::new(&mut out, &TraceHeader::example(), WriterOptions::default()).unwrap();
     w.write(&every_kind()[0]).unwrap();
-    assert!(matches!(w.write(&huge), Err(FormatError::RecordTooLarge { .. })));
+    assert!(matches!(
+        w.write(&huge),
+        Err(FormatError::RecordTooLarge { .. })
+    ));
     // The writer is still usable and the earlier record survives.
     w.finish().unwrap();
     assert_eq!(read_all(&out), vec![every_kind()[0].clone()]);
@@ -150,12 +163,16 @@ fn writing_to_a_full_disk_is_an_error() {
     struct Full;
     impl std::io::Write for Full {
         fn write(&mut self, _: &[u8]) -> std::io::Result<usize> {
-            Err(std::io::Error::new(std::io::ErrorKind::StorageFull, "disk full"))
+            Err(std::io::Error::new(
+                std::io::ErrorKind::StorageFull,
+                "disk full",
+            ))
         }
         fn flush(&mut self) -> std::io::Result<()> {
             Ok(())
         }
     }
-    let err = TraceWriter::new(Full, &TraceHeader::example(), WriterOptions::default()).unwrap_err();
+    let err =
+        TraceWriter::new(Full, &TraceHeader::example(), WriterOptions::default()).unwrap_err();
     assert!(matches!(err, FormatError::Io(_)), "{err}");
 }
