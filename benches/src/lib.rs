@@ -17,15 +17,24 @@
 
 #![deny(missing_docs)]
 
+mod compare;
 mod error;
 mod measure;
 mod perf_text;
+mod report;
 mod stats;
 pub mod synthetic;
+mod workloads;
 
+pub use compare::{
+    run, Analysis, CompareOptions, Comparison, Profiler, RunFacts, Setup, TraceFacts,
+    WorkloadResult,
+};
 pub use error::BenchError;
 pub use measure::{command_line, measure, parse_vmhwm_kib, Measured};
 pub use perf_text::{
     parse_perf_script, parse_perf_stats, PerfStats, StackCompleteness, ROOT_FUNCTIONS,
 };
+pub use report::{machine_description, markdown};
 pub use stats::{median, paired_overheads, percent};
+pub use workloads::{prepare as prepare_workloads, pseudo_text, Workload};

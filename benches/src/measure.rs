@@ -42,12 +42,14 @@ const POLL: Duration = Duration::from_millis(5);
 /// Run `cmd` to completion with its standard error going to `stderr_path`
 /// (read back for the error message if it fails) and measure it.
 ///
-/// The caller sets standard input and output. A command still running after
-/// `timeout` is killed and reported as failed.
+/// The caller sets standard input and output. The run fails if the command
+/// exits with a code not in `ok_codes`, dies of a signal, or is still running
+/// after `timeout` (it is then killed).
 pub fn measure(
     cmd: &mut Command,
     stderr_path: &Path,
     timeout: Duration,
+    ok_codes: &[i32],
 ) -> Result<Measured, BenchError> {
     let line = command_line(cmd);
     let stderr = File::create(stderr_path)
@@ -78,7 +80,7 @@ pub fn measure(
     };
     let wall_s = start.elapsed().as_secs_f64();
     let status = ExitStatus::from_raw(status);
-    if killed || !status.success() {
+    if killed || !status.code().is_some_and(|c| ok_codes.contains(&c)) {
         let stderr = std::fs::read_to_string(stderr_path).unwrap_or_default();
         return Err(BenchError::CommandFailed {
             command: line,
@@ -168,11 +170,25 @@ mod tests {
             ]),
             &err,
             Duration::from_secs(60),
+            &[0],
         )
         .unwrap();
         let _ = std::fs::remove_file(&err);
         assert!(m.cpu_s() > 0.01, "{m:?}");
         assert!(m.wall_s > 0.0 && m.tree_max_rss_kib > 0, "{m:?}");
+    }
+
+    #[test]
+    fn expected_nonzero_exit_is_success() {
+        let err = std::env::temp_dir().join(format!("lrnprof-bench-ok7-{}", std::process::id()));
+        let r = measure(
+            Command::new("sh").args(["-c", "exit 7"]),
+            &err,
+            Duration::from_secs(60),
+            &[0, 7],
+        );
+        let _ = std::fs::remove_file(&err);
+        assert!(r.is_ok(), "{r:?}");
     }
 
     #[test]
@@ -182,6 +198,7 @@ mod tests {
             Command::new("sh").args(["-c", "echo boom >&2; exit 3"]),
             &err,
             Duration::from_secs(60),
+            &[0],
         )
         .unwrap_err();
         let _ = std::fs::remove_file(&err);

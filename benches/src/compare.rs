@@ -1,0 +1,580 @@
+//! The side-by-side run: every workload without a profiler, under
+//! `perf record` and under `lrnprof-rec`, then analysis of the traces.
+
+use crate::error::BenchError;
+use crate::measure::{command_line, measure, Measured};
+use crate::perf_text::{parse_perf_script, parse_perf_stats, StackCompleteness};
+use crate::workloads::{self, Workload};
+use lrnprof_format::{Record, TraceReader};
+use std::collections::BTreeMap;
+use std::fmt;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+/// What the comparison runs and where.
+#[derive(Debug, Clone)]
+pub struct CompareOptions {
+    /// The repository root (for `tests/fixtures/` and `benches/workloads/`).
+    pub repo: PathBuf,
+    /// Scratch directory for built workloads, traces and logs.
+    pub work_dir: PathBuf,
+    /// Rounds of every measurement; figures are medians over them.
+    pub runs: usize,
+    /// Multiplies every workload's amount of work (1.0: about 1.5 s each).
+    pub scale: f64,
+    /// The `perf` binary.
+    pub perf: PathBuf,
+    /// The `lrnprof-rec` binary.
+    pub rec: PathBuf,
+    /// The `lrnprof-analyze` binary.
+    pub analyze: PathBuf,
+    /// The usual sampling rate, in Hz.
+    pub freq: u32,
+    /// The high sampling rate, for lost samples, in Hz.
+    pub high_freq: u32,
+    /// Only workloads with these names (all when empty).
+    pub only: Vec<String>,
+    /// Longest a single command may run.
+    pub timeout: Duration,
+}
+
+/// Who samples the workload.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Profiler {
+    /// Nobody: the baseline.
+    None,
+    /// `perf record -g`: kernel frame-pointer callchains, no stack copies.
+    PerfFp,
+    /// `perf record --call-graph dwarf`: 8 KiB stack copies.
+    PerfDwarf,
+    /// `lrnprof-rec` with its defaults.
+    Lrnprof,
+}
+
+/// A profiler at a sampling rate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Setup {
+    /// Who samples.
+    pub profiler: Profiler,
+    /// Samples per second (0 for [`Profiler::None`]).
+    pub freq: u32,
+}
+
+impl fmt::Display for Setup {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let name = match self.profiler {
+            Profiler::None => return f.write_str("no profiler"),
+            Profiler::PerfFp => "perf -g",
+            Profiler::PerfDwarf => "perf dwarf",
+            Profiler::Lrnprof => "lrnprof",
+        };
+        write!(f, "{name} @ {} Hz", self.freq)
+    }
+}
+
+/// What a trace holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TraceFacts {
+    /// File size, in bytes.
+    pub bytes: u64,
+    /// Samples in the file.
+    pub samples: u64,
+    /// Samples dropped by the kernel or the recorder.
+    pub lost: u64,
+}
+
+impl TraceFacts {
+    /// Trace bytes per sample.
+    pub fn bytes_per_sample(&self) -> Option<f64> {
+        (self.samples > 0).then(|| self.bytes as f64 / self.samples as f64)
+    }
+
+    /// Lost samples as a percentage of all samples taken.
+    pub fn lost_pct(&self) -> Option<f64> {
+        crate::stats::percent(self.lost as f64, (self.samples + self.lost) as f64)
+    }
+}
+
+/// One measured run of a workload under a setup.
+#[derive(Debug, Clone, Copy)]
+pub struct RunFacts {
+    /// Its cost.
+    pub measured: Measured,
+    /// Its trace, for profiled runs.
+    pub trace: Option<TraceFacts>,
+}
+
+/// Who analyzes a trace, and how.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Analysis {
+    /// `perf report --stdio` of the DWARF trace.
+    PerfReport,
+    /// `lrnprof-analyze --format pprof --jobs 1`.
+    LrnprofOneJob,
+    /// `lrnprof-analyze --format pprof` on every core.
+    LrnprofAllJobs,
+}
+
+impl fmt::Display for Analysis {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Analysis::PerfReport => "perf report --stdio",
+            Analysis::LrnprofOneJob => "lrnprof-analyze --jobs 1",
+            Analysis::LrnprofAllJobs => "lrnprof-analyze (all cores)",
+        })
+    }
+}
+
+/// Everything measured on one workload.
+#[derive(Debug, Clone)]
+pub struct WorkloadResult {
+    /// The workload.
+    pub workload: Workload,
+    /// Per setup, per round: the run, or `None` if it failed.
+    pub runs: BTreeMap<Setup, Vec<Option<RunFacts>>>,
+    /// Per setup at the usual rate: how many stacks reached the thread root,
+    /// in percent, from the last round's trace.
+    pub root_pct: BTreeMap<Setup, f64>,
+    /// Per analysis: the samples analyzed and one measurement per round.
+    pub analysis: BTreeMap<Analysis, (u64, Vec<Measured>)>,
+    /// What went wrong, one line each.
+    pub errors: Vec<String>,
+}
+
+/// The whole comparison.
+#[derive(Debug, Clone)]
+pub struct Comparison {
+    /// The options it ran with.
+    pub options: CompareOptions,
+    /// One result per workload.
+    pub workloads: Vec<WorkloadResult>,
+    /// Tools or workloads that were missing, one line each.
+    pub notes: Vec<String>,
+    /// Whether `perf` could be used.
+    pub have_perf: bool,
+    /// Whether `lrnprof-rec` and `lrnprof-analyze` could be used.
+    pub have_lrnprof: bool,
+}
+
+/// Run the comparison, printing progress to `progress`.
+pub fn run(options: &CompareOptions, progress: &mut dyn Write) -> Result<Comparison, BenchError> {
+    std::fs::create_dir_all(&options.work_dir)
+        .map_err(|e| BenchError::io(format!("create {}", options.work_dir.display()), e))?;
+    let mut notes = Vec::new();
+    let have_perf = check_perf(options, &mut notes);
+    let have_lrnprof = check_file(
+        &options.rec,
+        "lrnprof-rec",
+        "build it with `cargo build --release -p lrnprof-recorder`",
+        &mut notes,
+    ) & check_file(
+        &options.analyze,
+        "lrnprof-analyze",
+        "build it with `cargo build --release -p lrnprof-analyzer`",
+        &mut notes,
+    );
+    let (mut list, workload_notes) =
+        workloads::prepare(&options.repo, &options.work_dir, options.scale)?;
+    notes.extend(workload_notes);
+    if !options.only.is_empty() {
+        list.retain(|w| options.only.contains(&w.name));
+    }
+    let mut results = Vec::new();
+    for w in list {
+        let setups = setups(&w, options, have_perf, have_lrnprof);
+        results.push(run_workload(options, w, &setups, progress));
+    }
+    Ok(Comparison {
+        options: options.clone(),
+        workloads: results,
+        notes,
+        have_perf,
+        have_lrnprof,
+    })
+}
+
+fn check_file(path: &Path, tool: &str, hint: &str, notes: &mut Vec<String>) -> bool {
+    let ok = path.is_file();
+    if !ok {
+        notes.push(format!(
+            "{tool} not found at {}: {hint}; its rows are left out",
+            path.display()
+        ));
+    }
+    ok
+}
+
+/// Whether `perf record` works here; says why not in `notes`.
+fn check_perf(options: &CompareOptions, notes: &mut Vec<String>) -> bool {
+    if !check_file(
+        &options.perf,
+        "perf",
+        "install it (Debian: apt-get install linux-perf)",
+        notes,
+    ) {
+        return false;
+    }
+    let data = options.work_dir.join("perf-check.data");
+    let out = Command::new(&options.perf)
+        .args(["record", "-q", "-e", "cpu-clock", "-o"])
+        .arg(&data)
+        .args(["--", "true"])
+        .stdout(Stdio::null())
+        .output();
+    let _ = std::fs::remove_file(&data);
+    match out {
+        Ok(o) if o.status.success() => true,
+        Ok(o) => {
+            notes.push(format!(
+                "perf record does not work here ({}): {}; perf rows are left out (run as root or lower /proc/sys/kernel/perf_event_paranoid)",
+                o.status,
+                String::from_utf8_lossy(&o.stderr).lines().next().unwrap_or("")
+            ));
+            false
+        }
+        Err(e) => {
+            notes.push(format!(
+                "cannot run {}: {e}; perf rows are left out",
+                options.perf.display()
+            ));
+            false
+        }
+    }
+}
+
+fn setups(w: &Workload, o: &CompareOptions, perf: bool, lrnprof: bool) -> Vec<Setup> {
+    let mut s = Vec::new();
+    if w.fixed_work {
+        s.push(Setup {
+            profiler: Profiler::None,
+            freq: 0,
+        });
+    }
+    for (freq, profilers) in [
+        (
+            o.freq,
+            &[Profiler::PerfFp, Profiler::PerfDwarf, Profiler::Lrnprof][..],
+        ),
+        (o.high_freq, &[Profiler::PerfDwarf, Profiler::Lrnprof][..]),
+    ] {
+        for &profiler in profilers {
+            let usable = match profiler {
+                Profiler::None => true,
+                Profiler::PerfFp | Profiler::PerfDwarf => perf,
+                Profiler::Lrnprof => lrnprof,
+            };
+            if usable {
+                s.push(Setup { profiler, freq });
+            }
+        }
+    }
+    s
+}
+
+fn trace_path(o: &CompareOptions, w: &Workload, setup: Setup) -> PathBuf {
+    let kind = match setup.profiler {
+        Profiler::None => "none.data",
+        Profiler::PerfFp => "perf-fp.data",
+        Profiler::PerfDwarf => "perf-dwarf.data",
+        Profiler::Lrnprof => "lrnprof.lpt",
+    };
+    o.work_dir.join(format!("{}-{}-{kind}", w.name, setup.freq))
+}
+
+fn run_workload(
+    o: &CompareOptions,
+    w: Workload,
+    setups: &[Setup],
+    progress: &mut dyn Write,
+) -> WorkloadResult {
+    let mut result = WorkloadResult {
+        workload: w,
+        runs: setups.iter().map(|s| (*s, Vec::new())).collect(),
+        root_pct: BTreeMap::new(),
+        analysis: BTreeMap::new(),
+        errors: Vec::new(),
+    };
+    let w = result.workload.clone();
+    let log = o.work_dir.join(format!("{}.stderr", w.name));
+    for round in 0..o.runs {
+        // Rotate the order each round so no setup always runs first, right
+        // after the build or after the noisiest neighbour.
+        let mut order = setups.to_vec();
+        order.rotate_left(round % setups.len().max(1));
+        for setup in order {
+            let outcome = run_one(o, &w, setup, &log);
+            let line = match &outcome {
+                Ok(r) => format!(
+                    "{:.2} s CPU, {:.2} s wall",
+                    r.measured.cpu_s(),
+                    r.measured.wall_s
+                ),
+                Err(e) => format!("failed: {e}"),
+            };
+            let _ = writeln!(
+                progress,
+                "[{}] round {}/{} {setup}: {line}",
+                w.name,
+                round + 1,
+                o.runs
+            );
+            if let Err(e) = &outcome {
+                result.errors.push(format!("{setup}: {e}"));
+            }
+            result.runs.entry(setup).or_default().push(outcome.ok());
+        }
+    }
+    // Stack completeness and analysis cost, on the last round's traces at the
+    // usual rate.
+    for profiler in [Profiler::PerfFp, Profiler::PerfDwarf, Profiler::Lrnprof] {
+        let setup = Setup {
+            profiler,
+            freq: o.freq,
+        };
+        if !setups.contains(&setup) {
+            continue;
+        }
+        let trace = trace_path(o, &w, setup);
+        let pct = match profiler {
+            Profiler::Lrnprof => lrnprof_root_pct(o, &trace),
+            _ => perf_completeness(o, &trace).and_then(|c| {
+                c.root_pct().ok_or_else(|| BenchError::BadOutput {
+                    tool: "perf script",
+                    message: format!("no samples listed for {}", trace.display()),
+                })
+            }),
+        };
+        match pct {
+            Ok(p) => {
+                result.root_pct.insert(setup, p);
+            }
+            Err(e) => result.errors.push(format!("completeness of {setup}: {e}")),
+        }
+    }
+    for analysis in [
+        Analysis::PerfReport,
+        Analysis::LrnprofOneJob,
+        Analysis::LrnprofAllJobs,
+    ] {
+        let profiler = match analysis {
+            Analysis::PerfReport => Profiler::PerfDwarf,
+            Analysis::LrnprofOneJob | Analysis::LrnprofAllJobs => Profiler::Lrnprof,
+        };
+        let setup = Setup {
+            profiler,
+            freq: o.freq,
+        };
+        let Some(samples) = last_samples(&result, setup) else {
+            continue;
+        };
+        let trace = trace_path(o, &w, setup);
+        let mut measured = Vec::new();
+        for round in 0..o.runs {
+            match analyze_once(o, analysis, &trace, &log) {
+                Ok(m) => {
+                    let _ = writeln!(
+                        progress,
+                        "[{}] round {}/{} {analysis} of {samples} samples: {:.2} s CPU, {:.2} s wall",
+                        w.name,
+                        round + 1,
+                        o.runs,
+                        m.cpu_s(),
+                        m.wall_s
+                    );
+                    measured.push(m);
+                }
+                Err(e) => {
+                    result.errors.push(format!("{analysis}: {e}"));
+                    break;
+                }
+            }
+        }
+        result.analysis.insert(analysis, (samples, measured));
+    }
+    result
+}
+
+/// Samples in the last round's trace of `setup`, if that run worked.
+fn last_samples(r: &WorkloadResult, setup: Setup) -> Option<u64> {
+    let last = r.runs.get(&setup)?.last()?.as_ref()?;
+    last.trace.map(|t| t.samples)
+}
+
+fn run_one(
+    o: &CompareOptions,
+    w: &Workload,
+    setup: Setup,
+    log: &Path,
+) -> Result<RunFacts, BenchError> {
+    let trace = trace_path(o, w, setup);
+    let _ = std::fs::remove_file(&trace);
+    let freq = setup.freq.to_string();
+    let mut cmd = match setup.profiler {
+        Profiler::None => w.command(),
+        Profiler::PerfFp | Profiler::PerfDwarf => {
+            let mut c = Command::new(&o.perf);
+            c.args(["record", "-q", "-e", "cpu-clock:u", "-F", &freq]);
+            c.args(if setup.profiler == Profiler::PerfFp {
+                &["-g"][..]
+            } else {
+                &["--call-graph", "dwarf"][..]
+            });
+            c.arg("-o").arg(&trace).arg("--").args(&w.argv);
+            c
+        }
+        Profiler::Lrnprof => {
+            let mut c = Command::new(&o.rec);
+            c.args(["--freq", &freq, "--out"])
+                .arg(&trace)
+                .arg("--")
+                .args(&w.argv);
+            c
+        }
+    };
+    cmd.stdin(Stdio::null()).stdout(Stdio::null());
+    let measured = measure(&mut cmd, log, o.timeout, &w.ok_exit_codes)?;
+    let trace = match setup.profiler {
+        Profiler::None => None,
+        Profiler::PerfFp | Profiler::PerfDwarf => Some(perf_facts(o, &trace)?),
+        Profiler::Lrnprof => Some(lrnprof_facts(&trace)?),
+    };
+    Ok(RunFacts { measured, trace })
+}
+
+/// Run a command that must succeed and return its standard output.
+fn output_of(cmd: &mut Command, tool: &'static str) -> Result<String, BenchError> {
+    let line = command_line(cmd);
+    let out = cmd
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| BenchError::io(format!("run `{line}`"), e))?;
+    if !out.status.success() {
+        return Err(BenchError::CommandFailed {
+            command: line,
+            status: out.status.to_string(),
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        });
+    }
+    String::from_utf8(out.stdout).map_err(|_| BenchError::BadOutput {
+        tool,
+        message: "not UTF-8".into(),
+    })
+}
+
+/// Size, samples and lost samples of a perf.data file. The kernel counts a
+/// dropped sample both in `LOST_SAMPLES` and in a `PERF_RECORD_LOST` record,
+/// so the larger of the two totals is taken, not their sum.
+fn perf_facts(o: &CompareOptions, data: &Path) -> Result<TraceFacts, BenchError> {
+    let bytes = file_len(data)?;
+    let stats_text = output_of(
+        Command::new(&o.perf)
+            .args(["report", "--stats", "-i"])
+            .arg(data),
+        "perf report --stats",
+    )?;
+    let stats = parse_perf_stats(&stats_text).ok_or_else(|| BenchError::BadOutput {
+        tool: "perf report --stats",
+        message: format!("no SAMPLE count for {}", data.display()),
+    })?;
+    let script = output_of(
+        Command::new(&o.perf)
+            .args(["script", "-F", "tid", "--show-lost-events", "-i"])
+            .arg(data),
+        "perf script",
+    )?;
+    let lost_records = parse_perf_script(&script).lost_events;
+    Ok(TraceFacts {
+        bytes,
+        samples: stats.samples,
+        lost: stats.lost_samples.max(lost_records),
+    })
+}
+
+/// Size, samples and lost samples of an .lpt trace, read with the format
+/// crate (independent of the analyzer).
+fn lrnprof_facts(trace: &Path) -> Result<TraceFacts, BenchError> {
+    let bad = |source| BenchError::Trace {
+        path: trace.to_owned(),
+        source,
+    };
+    let reader = TraceReader::open(trace).map_err(bad)?;
+    let mut facts = TraceFacts {
+        bytes: reader.len(),
+        samples: 0,
+        lost: 0,
+    };
+    for record in reader.records() {
+        match record.map_err(bad)? {
+            Record::Sample(_) => facts.samples += 1,
+            Record::Lost(l) => facts.lost += l.count,
+            _ => {}
+        }
+    }
+    Ok(facts)
+}
+
+fn file_len(path: &Path) -> Result<u64, BenchError> {
+    std::fs::metadata(path)
+        .map(|m| m.len())
+        .map_err(|e| BenchError::io(format!("stat {}", path.display()), e))
+}
+
+fn perf_completeness(o: &CompareOptions, data: &Path) -> Result<StackCompleteness, BenchError> {
+    let text = output_of(
+        Command::new(&o.perf)
+            .args(["script", "--no-inline", "-i"])
+            .arg(data),
+        "perf script",
+    )?;
+    Ok(parse_perf_script(&text))
+}
+
+/// `unwound_to_root_pct` of `lrnprof-analyze info --json`.
+fn lrnprof_root_pct(o: &CompareOptions, trace: &Path) -> Result<f64, BenchError> {
+    let text = output_of(
+        Command::new(&o.analyze).args(["info", "--json"]).arg(trace),
+        "lrnprof-analyze info",
+    )?;
+    let json: serde_json::Value =
+        serde_json::from_str(&text).map_err(|e| BenchError::BadOutput {
+            tool: "lrnprof-analyze info",
+            message: e.to_string(),
+        })?;
+    json.get("unwound_to_root_pct")
+        .and_then(|v| v.as_f64())
+        .ok_or_else(|| BenchError::BadOutput {
+            tool: "lrnprof-analyze info",
+            message: "no numeric `unwound_to_root_pct` field".into(),
+        })
+}
+
+fn analyze_once(
+    o: &CompareOptions,
+    analysis: Analysis,
+    trace: &Path,
+    log: &Path,
+) -> Result<Measured, BenchError> {
+    let mut cmd = match analysis {
+        Analysis::PerfReport => {
+            let mut c = Command::new(&o.perf);
+            c.args(["report", "--stdio", "-i"]).arg(trace);
+            c
+        }
+        Analysis::LrnprofOneJob | Analysis::LrnprofAllJobs => {
+            let jobs = if analysis == Analysis::LrnprofOneJob {
+                "1"
+            } else {
+                "0"
+            };
+            let mut c = Command::new(&o.analyze);
+            c.arg(trace)
+                .args(["--format", "pprof", "--jobs", jobs, "-o"])
+                .arg(trace.with_extension("pb.gz"));
+            c
+        }
+    };
+    cmd.stdin(Stdio::null()).stdout(Stdio::null());
+    measure(&mut cmd, log, o.timeout, &[0])
+}

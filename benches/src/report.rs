@@ -1,0 +1,462 @@
+//! The comparison as markdown tables.
+
+use crate::compare::{Analysis, Comparison, Profiler, RunFacts, Setup, TraceFacts, WorkloadResult};
+use crate::measure::Measured;
+use crate::stats::{median, paired_overheads};
+use std::fmt::Write as _;
+use std::path::Path;
+
+/// What the numbers were measured on: CPU, cores, memory, kernel, perf.
+pub fn machine_description(perf: &Path) -> String {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|t| {
+            t.lines().find_map(|l| {
+                l.strip_prefix("model name")
+                    .map(|r| r.trim_start_matches([' ', '\t', ':']).to_string())
+            })
+        })
+        .unwrap_or_else(|| "unknown CPU".into());
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let mem_gib = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .find_map(|l| l.strip_prefix("MemTotal:"))
+                .and_then(|r| r.split_whitespace().next()?.parse::<u64>().ok())
+        })
+        .map_or(0.0, |kib| kib as f64 / 1024.0 / 1024.0);
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let perf_version = std::process::Command::new(perf)
+        .arg("--version")
+        .output()
+        .ok()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .filter(|v| !v.is_empty())
+        .unwrap_or_else(|| "perf not available".into());
+    format!(
+        "{cpu}, {cores} cores, {mem_gib:.0} GiB, Linux {}, {perf_version}",
+        kernel.trim()
+    )
+}
+
+fn runs(r: &WorkloadResult, setup: Setup) -> Vec<Option<RunFacts>> {
+    r.runs.get(&setup).cloned().unwrap_or_default()
+}
+
+/// CPU seconds per round, `NaN` for failed rounds (so rounds stay paired).
+fn cpu_per_round(r: &WorkloadResult, setup: Setup) -> Vec<f64> {
+    runs(r, setup)
+        .iter()
+        .map(|x| x.map_or(f64::NAN, |f| f.measured.cpu_s()))
+        .collect()
+}
+
+/// Median overhead of `setup` over the no-profiler baseline, in percent.
+fn overhead(r: &WorkloadResult, setup: Setup) -> Option<f64> {
+    let base = cpu_per_round(
+        r,
+        Setup {
+            profiler: Profiler::None,
+            freq: 0,
+        },
+    );
+    let prof = cpu_per_round(r, setup);
+    if base.is_empty() || prof.is_empty() {
+        return None;
+    }
+    median(&paired_overheads(&base, &prof))
+}
+
+fn trace_median(
+    r: &WorkloadResult,
+    setup: Setup,
+    f: impl Fn(&TraceFacts) -> Option<f64>,
+) -> Option<f64> {
+    let v: Vec<f64> = runs(r, setup)
+        .iter()
+        .filter_map(|x| x.as_ref()?.trace.as_ref().and_then(&f))
+        .collect();
+    median(&v)
+}
+
+fn measured_median(r: &WorkloadResult, setup: Setup, f: impl Fn(&Measured) -> f64) -> Option<f64> {
+    let v: Vec<f64> = runs(r, setup)
+        .iter()
+        .filter_map(|x| x.map(|x| f(&x.measured)))
+        .collect();
+    median(&v)
+}
+
+fn analysis_median(r: &WorkloadResult, a: Analysis, f: impl Fn(&Measured) -> f64) -> Option<f64> {
+    let (_, m) = r.analysis.get(&a)?;
+    median(&m.iter().map(f).collect::<Vec<_>>())
+}
+
+/// Samples analyzed per CPU-second.
+fn analysis_rate(r: &WorkloadResult, a: Analysis) -> Option<f64> {
+    let samples = r.analysis.get(&a)?.0 as f64;
+    let cpu = analysis_median(r, a, Measured::cpu_s)?;
+    (cpu > 0.0).then(|| samples / cpu)
+}
+
+fn cell(v: Option<f64>, f: impl Fn(f64) -> String) -> String {
+    v.map_or_else(|| "—".to_string(), f)
+}
+
+fn pct_signed(v: f64) -> String {
+    format!("{v:+.1} %")
+}
+
+fn row(out: &mut String, cells: &[String]) {
+    let _ = writeln!(out, "| {} |", cells.join(" | "));
+}
+
+fn header(out: &mut String, cells: &[&str]) {
+    row(
+        out,
+        &cells.iter().map(|c| c.to_string()).collect::<Vec<_>>(),
+    );
+    row(
+        out,
+        &cells.iter().map(|_| "---".to_string()).collect::<Vec<_>>(),
+    );
+}
+
+/// Render the comparison as markdown: one table per question, then how the
+/// results stand against the targets, then what went wrong.
+pub fn markdown(c: &Comparison) -> String {
+    let o = &c.options;
+    let (lo, hi) = (o.freq, o.high_freq);
+    let s = |profiler, freq| Setup { profiler, freq };
+    let mut out = String::new();
+    let _ = writeln!(out, "Machine: {}.", machine_description(&o.perf));
+    let _ = writeln!(
+        out,
+        "Every figure is the median of {} rounds; overheads pair each profiled run with the baseline run of the same round.\n",
+        o.runs
+    );
+
+    let _ = writeln!(out, "Workloads:\n");
+    for r in &c.workloads {
+        let _ = writeln!(out, "- `{}`: {}", r.workload.name, r.workload.what);
+    }
+
+    let _ = writeln!(
+        out,
+        "\n### CPU overhead (target + profiler CPU time over the target alone)\n"
+    );
+    header(
+        &mut out,
+        &[
+            "workload",
+            "no profiler",
+            &format!("perf -g @ {lo}"),
+            &format!("perf dwarf @ {lo}"),
+            &format!("lrnprof @ {lo}"),
+            "lrnprof − perf -g",
+            &format!("perf dwarf @ {hi}"),
+            &format!("lrnprof @ {hi}"),
+        ],
+    );
+    for r in c.workloads.iter().filter(|r| r.workload.fixed_work) {
+        let fp = overhead(r, s(Profiler::PerfFp, lo));
+        let lr = overhead(r, s(Profiler::Lrnprof, lo));
+        row(
+            &mut out,
+            &[
+                format!("`{}`", r.workload.name),
+                cell(
+                    measured_median(r, s(Profiler::None, 0), Measured::cpu_s),
+                    |v| format!("{v:.2} s"),
+                ),
+                cell(fp, pct_signed),
+                cell(overhead(r, s(Profiler::PerfDwarf, lo)), pct_signed),
+                cell(lr, pct_signed),
+                cell(lr.zip(fp).map(|(a, b)| a - b), |v| format!("{v:+.1} pp")),
+                cell(overhead(r, s(Profiler::PerfDwarf, hi)), pct_signed),
+                cell(overhead(r, s(Profiler::Lrnprof, hi)), pct_signed),
+            ],
+        );
+    }
+
+    let _ = writeln!(out, "\n### Trace size (bytes per sample, at {lo} Hz)\n");
+    header(
+        &mut out,
+        &[
+            "workload",
+            "samples (lrnprof)",
+            "perf -g",
+            "perf dwarf",
+            "lrnprof",
+            "lrnprof / perf dwarf",
+        ],
+    );
+    for r in &c.workloads {
+        let bps = |p| trace_median(r, s(p, lo), TraceFacts::bytes_per_sample);
+        let (dw, lr) = (bps(Profiler::PerfDwarf), bps(Profiler::Lrnprof));
+        row(
+            &mut out,
+            &[
+                format!("`{}`", r.workload.name),
+                cell(
+                    trace_median(r, s(Profiler::Lrnprof, lo), |t| Some(t.samples as f64)),
+                    |v| format!("{v:.0}"),
+                ),
+                cell(bps(Profiler::PerfFp), |v| format!("{v:.0}")),
+                cell(dw, |v| format!("{v:.0}")),
+                cell(lr, |v| format!("{v:.0}")),
+                cell(lr.zip(dw).map(|(a, b)| a / b), |v| {
+                    format!("1/{:.1}", 1.0 / v)
+                }),
+            ],
+        );
+    }
+
+    let _ = writeln!(out, "\n### Lost samples (% of samples taken)\n");
+    header(
+        &mut out,
+        &[
+            "workload",
+            &format!("perf dwarf @ {lo}"),
+            &format!("lrnprof @ {lo}"),
+            &format!("perf dwarf @ {hi}"),
+            &format!("lrnprof @ {hi}"),
+        ],
+    );
+    for r in &c.workloads {
+        let lost = |p, f| {
+            cell(trace_median(r, s(p, f), TraceFacts::lost_pct), |v| {
+                format!("{v:.2} %")
+            })
+        };
+        row(
+            &mut out,
+            &[
+                format!("`{}`", r.workload.name),
+                lost(Profiler::PerfDwarf, lo),
+                lost(Profiler::Lrnprof, lo),
+                lost(Profiler::PerfDwarf, hi),
+                lost(Profiler::Lrnprof, hi),
+            ],
+        );
+    }
+
+    let _ = writeln!(out, "\n### Unwind completeness (% of samples whose stack reaches the thread's root, at {lo} Hz)\n");
+    header(&mut out, &["workload", "perf -g", "perf dwarf", "lrnprof"]);
+    for r in &c.workloads {
+        let pct = |p| cell(r.root_pct.get(&s(p, lo)).copied(), |v| format!("{v:.1} %"));
+        row(
+            &mut out,
+            &[
+                format!("`{}`", r.workload.name),
+                pct(Profiler::PerfFp),
+                pct(Profiler::PerfDwarf),
+                pct(Profiler::Lrnprof),
+            ],
+        );
+    }
+
+    let _ = writeln!(
+        out,
+        "\n### Analysis cost (CPU s / wall s; samples per CPU-second)\n"
+    );
+    header(
+        &mut out,
+        &[
+            "workload",
+            "samples perf / lrnprof",
+            "perf report --stdio",
+            "lrnprof-analyze --jobs 1",
+            "lrnprof-analyze all cores",
+            "samples/CPU-s perf",
+            "samples/CPU-s lrnprof",
+            "lrnprof speedup per CPU-s",
+            "wall speedup (all cores)",
+        ],
+    );
+    for r in &c.workloads {
+        let cost = |a| match (
+            analysis_median(r, a, Measured::cpu_s),
+            analysis_median(r, a, |m| m.wall_s),
+        ) {
+            (Some(cpu), Some(wall)) => format!("{cpu:.2} / {wall:.2}"),
+            _ => "—".to_string(),
+        };
+        let samples = |a| {
+            r.analysis
+                .get(&a)
+                .map(|x| x.0.to_string())
+                .unwrap_or_else(|| "—".into())
+        };
+        let perf_rate = analysis_rate(r, Analysis::PerfReport);
+        let lr_rate = analysis_rate(r, Analysis::LrnprofOneJob);
+        let perf_wall = analysis_median(r, Analysis::PerfReport, |m| m.wall_s);
+        let lr_wall = analysis_median(r, Analysis::LrnprofAllJobs, |m| m.wall_s);
+        row(
+            &mut out,
+            &[
+                format!("`{}`", r.workload.name),
+                format!(
+                    "{} / {}",
+                    samples(Analysis::PerfReport),
+                    samples(Analysis::LrnprofOneJob)
+                ),
+                cost(Analysis::PerfReport),
+                cost(Analysis::LrnprofOneJob),
+                cost(Analysis::LrnprofAllJobs),
+                cell(perf_rate, |v| format!("{v:.0}")),
+                cell(lr_rate, |v| format!("{v:.0}")),
+                cell(lr_rate.zip(perf_rate).map(|(a, b)| a / b), |v| {
+                    format!("{v:.1}×")
+                }),
+                cell(perf_wall.zip(lr_wall).map(|(p, l)| p / l), |v| {
+                    format!("{v:.1}×")
+                }),
+            ],
+        );
+    }
+
+    let _ = writeln!(out, "\n### Peak memory (max RSS, MiB)\n");
+    header(
+        &mut out,
+        &[
+            "workload",
+            &format!("perf record dwarf @ {lo}"),
+            &format!("lrnprof-rec @ {lo}"),
+            &format!("lrnprof-rec @ {hi}"),
+            "perf report",
+            "lrnprof-analyze --jobs 1",
+            "lrnprof-analyze all cores",
+        ],
+    );
+    for r in &c.workloads {
+        let mib = |v: Option<f64>| cell(v, |k| format!("{:.1}", k / 1024.0));
+        let rec = |p, f| mib(measured_median(r, s(p, f), |m| m.peak_rss_kib as f64));
+        let ana = |a| mib(analysis_median(r, a, |m| m.tree_max_rss_kib as f64));
+        row(
+            &mut out,
+            &[
+                format!("`{}`", r.workload.name),
+                rec(Profiler::PerfDwarf, lo),
+                rec(Profiler::Lrnprof, lo),
+                rec(Profiler::Lrnprof, hi),
+                ana(Analysis::PerfReport),
+                ana(Analysis::LrnprofOneJob),
+                ana(Analysis::LrnprofAllJobs),
+            ],
+        );
+    }
+
+    let _ = writeln!(out, "\n### Against the targets\n");
+    for line in targets(c) {
+        let _ = writeln!(out, "- {line}");
+    }
+
+    let problems: Vec<String> = c
+        .notes
+        .iter()
+        .cloned()
+        .chain(c.workloads.iter().flat_map(|r| {
+            r.errors
+                .iter()
+                .map(move |e| format!("`{}`: {e}", r.workload.name))
+        }))
+        .collect();
+    if !problems.is_empty() {
+        let _ = writeln!(out, "\n### Left out or failed\n");
+        for p in problems {
+            let _ = writeln!(out, "- {p}");
+        }
+    }
+    out
+}
+
+fn worst(
+    values: impl Iterator<Item = (String, f64)>,
+    higher_is_worse: bool,
+) -> Option<(String, f64)> {
+    values.fold(None, |acc: Option<(String, f64)>, (n, v)| match acc {
+        Some((_, a)) if (higher_is_worse && a >= v) || (!higher_is_worse && a <= v) => acc,
+        _ => Some((n, v)),
+    })
+}
+
+fn verdict(ok: bool) -> &'static str {
+    if ok {
+        "met"
+    } else {
+        "NOT met"
+    }
+}
+
+/// One line per target: the worst workload's figure and whether it is met.
+fn targets(c: &Comparison) -> Vec<String> {
+    let lo = c.options.freq;
+    let s = |profiler| Setup { profiler, freq: lo };
+    let mut lines = Vec::new();
+    let over = worst(
+        c.workloads.iter().filter_map(|r| {
+            let d = overhead(r, s(Profiler::Lrnprof))? - overhead(r, s(Profiler::PerfFp))?;
+            Some((r.workload.name.clone(), d))
+        }),
+        true,
+    );
+    lines.push(match over {
+        Some((n, d)) => format!(
+            "Overhead within 1 percentage point of the `perf -g` floor: {} (worst: `{n}`, {d:+.1} pp)",
+            verdict(d <= 1.0)
+        ),
+        None => "Overhead within 1 percentage point of the `perf -g` floor: not measured".into(),
+    });
+    let size = worst(
+        c.workloads.iter().filter_map(|r| {
+            let b = |p| trace_median(r, s(p), TraceFacts::bytes_per_sample);
+            Some((
+                r.workload.name.clone(),
+                b(Profiler::Lrnprof)? / b(Profiler::PerfDwarf)?,
+            ))
+        }),
+        true,
+    );
+    lines.push(match size {
+        Some((n, v)) => format!(
+            "At most 1/20 of perf dwarf's bytes per sample: {} (worst: `{n}`, 1/{:.1})",
+            verdict(v <= 0.05),
+            1.0 / v
+        ),
+        None => "At most 1/20 of perf dwarf's bytes per sample: not measured".into(),
+    });
+    let root = worst(
+        c.workloads.iter().filter_map(|r| {
+            Some((
+                r.workload.name.clone(),
+                *r.root_pct.get(&s(Profiler::Lrnprof))?,
+            ))
+        }),
+        false,
+    );
+    lines.push(match root {
+        Some((n, v)) => format!(
+            "≥ 99 % of samples unwound to the root: {} (worst: `{n}`, {v:.1} %)",
+            verdict(v >= 99.0)
+        ),
+        None => "≥ 99 % of samples unwound to the root: not measured".into(),
+    });
+    let speed = worst(
+        c.workloads.iter().filter_map(|r| {
+            let v = analysis_rate(r, Analysis::LrnprofOneJob)?
+                / analysis_rate(r, Analysis::PerfReport)?;
+            Some((r.workload.name.clone(), v))
+        }),
+        false,
+    );
+    lines.push(match speed {
+        Some((n, v)) => format!(
+            "Analysis ≥ 20× faster than `perf report` per CPU-second (one job): {} (worst: `{n}`, {v:.1}×)",
+            verdict(v >= 20.0)
+        ),
+        None => "Analysis ≥ 20× faster than `perf report` per CPU-second: not measured".into(),
+    });
+    lines
+}
