@@ -3,19 +3,17 @@
 //! then symbolication of each unique address once.
 
 use crate::error::AnalyzeError;
-use crate::image::ImageData;
-use crate::image::{load_image, short_name, LoadedImage, LocateOptions, Source};
+use crate::image::{LoadedImage, Source};
 use crate::options::{AnalyzeOptions, Progress};
+use crate::pipeline::{open, pool, prepare, FrameKey, Prepared, NO_IMAGE};
 use crate::profile::{
     hex, Function, ImageInfo, Location, LocationLine, ProcessInfo, Profile, SequenceEntry, Stack,
     Stats, ThreadProfile,
 };
 use crate::symbolicate::{FrameLine, JitMap, Symbolizer};
-use crate::timeline::Mapping;
-use crate::timeline::{scan, ProcessTimeline, Timeline, CHUNK_BLOCKS};
-use crate::unwind::MAX_FRAMES;
-use crate::unwind::{ArchCache, ArchUnwinder, ModuleCache};
-use lrnprof_format::{Endian, Pid, Record, Regs, Sample, TraceReader};
+use crate::timeline::CHUNK_BLOCKS;
+use crate::unwind::ArchCache;
+use lrnprof_format::{Record, Sample, TraceReader};
 use rayon::prelude::*;
 use std::collections::HashMap;
 use std::path::Path;
@@ -39,20 +37,6 @@ const ROOT_FUNCTIONS: &[&str] = &[
     "start",
 ];
 
-/// No image (the frame is outside every mapping).
-const NO_IMAGE: u32 = u32::MAX;
-
-/// A frame before symbolication.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-struct FrameKey {
-    image: u32,
-    /// The process, for frames outside images (JIT maps are per process).
-    pid: u32,
-    /// SVMA lookup address in `image`, file offset when the image has no
-    /// data, or AVMA when outside images.
-    addr: u64,
-}
-
 /// One sample after unwinding.
 struct UnwoundSample {
     thread: u32,
@@ -64,34 +48,14 @@ struct UnwoundSample {
     presymbolized: bool,
 }
 
-/// Per process: the unwinder of each generation.
-struct ProcessUnwind<'a> {
-    timeline: &'a ProcessTimeline,
-    unwinders: Vec<ArchUnwinder>,
-}
-
 /// Analyze the trace at `path`.
 pub fn analyze(
     path: &Path,
     options: &AnalyzeOptions,
     progress: &dyn Progress,
 ) -> Result<Profile, AnalyzeError> {
-    for dir in &options.symbols_dirs {
-        if !dir.is_dir() {
-            return Err(AnalyzeError::SymbolsDir(dir.clone()));
-        }
-    }
-    let reader = TraceReader::open(path).map_err(|source| AnalyzeError::Trace {
-        path: path.to_path_buf(),
-        source,
-    })?;
-    let pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(options.jobs)
-        .build()
-        .map_err(|e| AnalyzeError::ThreadPool {
-            jobs: options.jobs,
-            message: e.to_string(),
-        })?;
+    let reader = open(path, options)?;
+    let pool = pool(options.jobs)?;
     let name = path
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
@@ -108,77 +72,14 @@ pub fn analyze(
     Ok(profile)
 }
 
-fn report_warnings<D: AsRef<[u8]>>(reader: &TraceReader<D>) -> Vec<String> {
-    let mut w = Vec::new();
-    let report = reader.report();
-    if !report.finished {
-        w.push(
-            "trace was not finished cleanly (recorder killed or disk full): analyzing its readable part"
-                .to_string(),
-        );
-    }
-    for s in &report.skipped {
-        w.push(format!(
-            "{} bytes at offset {} skipped: {}",
-            s.len, s.offset, s.reason
-        ));
-    }
-    w
-}
-
 fn run<D: AsRef<[u8]> + Sync>(
     reader: &TraceReader<D>,
     trace_name: &str,
     options: &AnalyzeOptions,
     progress: &dyn Progress,
 ) -> Result<Profile, AnalyzeError> {
-    let mut warnings = report_warnings(reader);
-    let mut timeline = scan(reader, progress);
-    timeline.blobs.finish();
-    warnings.append(&mut timeline.warnings);
-    warnings.extend(timeline.blobs.problems.iter().cloned());
-
-    let locate = LocateOptions {
-        symbols_dirs: options.symbols_dirs.clone(),
-        offline: options.offline,
-        debug_roots: Vec::new(),
-    };
-    let images: Vec<LoadedImage> = timeline
-        .images
-        .par_iter()
-        .map(|key| load_image(key, &timeline.blobs, &locate))
-        .collect();
-
-    let arch = timeline.header.arch;
-    let module_cache = ModuleCache::default();
-    let unwinders: HashMap<Pid, ProcessUnwind> = timeline
-        .processes
-        .iter()
-        .map(|(pid, p)| {
-            let unwinders = p
-                .generations
-                .par_iter()
-                .map(|g| ArchUnwinder::build(arch, &g.mappings, &images, &module_cache))
-                .collect();
-            (
-                *pid,
-                ProcessUnwind {
-                    timeline: p,
-                    unwinders,
-                },
-            )
-        })
-        .collect();
-    let jit_maps = load_jit_maps(&timeline, options.offline);
-
-    let mut agg = Aggregator::new(timeline.threads.len(), options.keep_sequences);
-    let ctx = SampleContext {
-        timeline: &timeline,
-        images: &images,
-        unwinders: &unwinders,
-        options,
-        little_endian: timeline.header.endian == Endian::Little,
-    };
+    let prepared = prepare(reader, options, progress);
+    let mut agg = Aggregator::new(prepared.timeline.threads.len(), options.keep_sequences);
     let blocks = reader.blocks();
     let total = blocks.len() as u64;
     let mut done = 0;
@@ -191,14 +92,28 @@ fn run<D: AsRef<[u8]> + Sync>(
                     .unwrap_or_default()
                     .into_iter()
                     .filter_map(|r| match r {
-                        Record::Sample(s) if ctx.selected(&s) => Some(s),
+                        Record::Sample(s) if prepared.selected(&options.filter, &s) => Some(s),
                         _ => None,
                     })
             })
             .collect();
         let unwound: Vec<UnwoundSample> = samples
             .par_iter()
-            .map_init(|| ArchCache::new(arch), |cache, s| ctx.unwind(cache, s))
+            .map_init(
+                || ArchCache::new(prepared.arch),
+                |cache, s| {
+                    let u = prepared.unwind(cache, s);
+                    UnwoundSample {
+                        thread: prepared.timeline.thread_index[&(s.pid, s.tid)],
+                        time: s.time,
+                        weight: s.weight,
+                        frames: prepared.frame_keys(s, &u.frames),
+                        clean: u.clean,
+                        used_kernel_chain: u.used_kernel_chain,
+                        presymbolized: !s.frames.is_empty(),
+                    }
+                },
+            )
             .collect();
         for u in unwound {
             agg.add(u);
@@ -209,198 +124,12 @@ fn run<D: AsRef<[u8]> + Sync>(
 
     let lines = symbolicate(
         &agg.frames,
-        &images,
-        &jit_maps,
+        &prepared.images,
+        &prepared.jit_maps,
         !options.no_inline,
         progress,
     );
-    Ok(build_profile(
-        reader, trace_name, timeline, images, agg, lines, warnings,
-    ))
-}
-
-struct SampleContext<'a> {
-    timeline: &'a Timeline,
-    images: &'a [LoadedImage],
-    unwinders: &'a HashMap<Pid, ProcessUnwind<'a>>,
-    options: &'a AnalyzeOptions,
-    little_endian: bool,
-}
-
-impl SampleContext<'_> {
-    fn selected(&self, s: &Sample) -> bool {
-        let f = &self.options.filter;
-        if f.pid.is_some_and(|p| p != s.pid) || f.tid.is_some_and(|t| t != s.tid) {
-            return false;
-        }
-        if let Some(name) = &f.thread_name {
-            let thread = self.timeline.threads.get(&(s.pid, s.tid));
-            if thread.and_then(|t| t.name.as_ref()) != Some(name) {
-                return false;
-            }
-        }
-        let start = self.timeline.header.start_time.0;
-        let secs = s.time.0.saturating_sub(start) as f64 / 1e9;
-        if f.from_secs.is_some_and(|from| secs < from) || f.to_secs.is_some_and(|to| secs >= to) {
-            return false;
-        }
-        true
-    }
-
-    fn unwind(&self, cache: &mut ArchCache, s: &Sample) -> UnwoundSample {
-        let process = self.unwinders.get(&s.pid);
-        let generation = process.and_then(|p| {
-            let (i, g) = p.timeline.generation_at(s.time)?;
-            Some((g, p.unwinders.get(i)?))
-        });
-        let presymbolized = !s.frames.is_empty();
-        let u = if presymbolized {
-            crate::unwind::Unwound {
-                frames: s.frames.clone(),
-                clean: false,
-                used_kernel_chain: false,
-            }
-        } else if let Some((_, unwinder)) = generation {
-            // A trace is untrusted input: should the unwinder panic on it,
-            // keep the instruction pointer and go on.
-            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                unwinder.unwind(cache, s, self.little_endian)
-            }))
-            .unwrap_or_else(|_| crate::unwind::Unwound {
-                frames: vec![s.regs.ip()],
-                clean: false,
-                used_kernel_chain: false,
-            })
-        } else {
-            let mut frames = vec![s.regs.ip()];
-            let used = crate::unwind::continue_with_callchain(&mut frames, &s.kernel_callchain);
-            crate::unwind::Unwound {
-                frames,
-                clean: false,
-                used_kernel_chain: used,
-            }
-        };
-        let mappings = generation.map(|(g, _)| &g.mappings[..]).unwrap_or(&[]);
-        let mut u = u;
-        if let (false, Regs::Aarch64(r)) = (presymbolized, &s.regs) {
-            self.add_frameless_caller(mappings, r.lr, &mut u.frames);
-        }
-        let frames = u
-            .frames
-            .iter()
-            .enumerate()
-            .map(|(i, &avma)| {
-                let lookup = if i == 0 { avma } else { avma.wrapping_sub(1) };
-                self.frame_key(s.pid, mappings, lookup)
-            })
-            .collect();
-        UnwoundSample {
-            thread: self.timeline.thread_index[&(s.pid, s.tid)],
-            time: s.time,
-            weight: s.weight,
-            frames,
-            clean: u.clean,
-            used_kernel_chain: u.used_kernel_chain,
-            presymbolized,
-        }
-    }
-
-    /// On AArch64 a function without a frame record keeps its return
-    /// address in `lr` only. Where the instruction pointer's image has no
-    /// unwind data, framehop falls back to the frame-pointer chain, which
-    /// skips that caller: put `lr` back when it is a code address in
-    /// another function (by symbols) than the instruction pointer, and not
-    /// already the next frame.
-    fn add_frameless_caller(&self, mappings: &[Mapping], lr: u64, frames: &mut Vec<u64>) {
-        let Some(&pc) = frames.first() else { return };
-        if lr == 0 || frames.get(1) == Some(&lr) {
-            return;
-        }
-        let Some((pc_map, pc_data)) = self.image_data_at(mappings, pc) else {
-            return;
-        };
-        if pc_data.has_unwind_data() || !pc_map.executable {
-            return;
-        }
-        let Some((lr_map, lr_data)) = self.image_data_at(mappings, lr.wrapping_sub(4)) else {
-            return;
-        };
-        let function = |m: &Mapping, d: &ImageData, avma: u64| {
-            let svma = avma.wrapping_sub(d.bias(m));
-            let i = d
-                .symbols
-                .partition_point(|s| s.svma <= svma)
-                .checked_sub(1)?;
-            Some((m.image, d.symbols[i].svma))
-        };
-        let pc_fn = function(pc_map, pc_data, pc);
-        let lr_fn = function(lr_map, lr_data, lr.wrapping_sub(4));
-        if pc_fn.is_some() && lr_fn.is_some() && pc_fn != lr_fn && frames.len() < MAX_FRAMES {
-            frames.insert(1, lr);
-        }
-    }
-
-    fn image_data_at<'m>(
-        &self,
-        mappings: &'m [Mapping],
-        avma: u64,
-    ) -> Option<(&'m Mapping, &ImageData)> {
-        let i = mappings
-            .partition_point(|m| m.start <= avma)
-            .checked_sub(1)?;
-        let m = &mappings[i];
-        if avma >= m.end {
-            return None;
-        }
-        Some((m, self.images[m.image as usize].data.as_ref()?))
-    }
-
-    fn frame_key(&self, pid: Pid, mappings: &[Mapping], avma: u64) -> FrameKey {
-        let i = mappings.partition_point(|m| m.start <= avma);
-        let m = i
-            .checked_sub(1)
-            .map(|i| &mappings[i])
-            .filter(|m| avma < m.end);
-        match m {
-            Some(m)
-                if self.images[m.image as usize].key.kind
-                    != lrnprof_format::ImageKind::Anonymous =>
-            {
-                let addr = match &self.images[m.image as usize].data {
-                    Some(d) => avma.wrapping_sub(d.bias(m)),
-                    None => avma - m.start + m.file_offset,
-                };
-                FrameKey {
-                    image: m.image,
-                    pid: 0,
-                    addr,
-                }
-            }
-            _ => FrameKey {
-                image: NO_IMAGE,
-                pid: pid.0,
-                addr: avma,
-            },
-        }
-    }
-}
-
-fn load_jit_maps(timeline: &Timeline, offline: bool) -> HashMap<u32, JitMap> {
-    let local_host = std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|s| s.trim().to_string())
-        .unwrap_or_default();
-    let same_machine = !offline && !local_host.is_empty() && local_host == timeline.header.hostname;
-    let mut maps = HashMap::new();
-    for pid in timeline.processes.keys() {
-        if let Some(data) = timeline.blobs.jit_map(*pid) {
-            maps.insert(pid.0, JitMap::parse(&String::from_utf8_lossy(&data)));
-        } else if same_machine {
-            if let Ok(text) = std::fs::read_to_string(format!("/tmp/perf-{}.map", pid.0)) {
-                maps.insert(pid.0, JitMap::parse(&text));
-            }
-        }
-    }
-    maps
+    Ok(build_profile(reader, trace_name, prepared, agg, lines))
 }
 
 /// Streaming aggregation in sample order: ids are first-seen order, so the
@@ -588,12 +317,16 @@ fn source_text(s: &Source) -> String {
 fn build_profile<D: AsRef<[u8]>>(
     reader: &TraceReader<D>,
     trace_name: &str,
-    timeline: Timeline,
-    images: Vec<LoadedImage>,
+    prepared: Prepared,
     agg: Aggregator,
     lines: Vec<Resolved>,
-    mut warnings: Vec<String>,
 ) -> Profile {
+    let Prepared {
+        timeline,
+        images,
+        mut warnings,
+        ..
+    } = prepared;
     // Functions and locations in first-seen frame order.
     let mut functions: Vec<Function> = Vec::new();
     let mut function_ids: HashMap<(String, Option<String>), u32> = HashMap::new();
@@ -730,7 +463,6 @@ fn build_profile<D: AsRef<[u8]>>(
             executable: p.executable.clone(),
         })
         .collect();
-    let _ = short_name;
     Profile {
         header: timeline.header,
         trace_name: trace_name.to_string(),

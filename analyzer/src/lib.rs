@@ -30,7 +30,10 @@ mod image;
 mod info;
 mod options;
 mod output;
+mod pack;
+mod pipeline;
 mod profile;
+mod strip;
 mod symbolicate;
 mod timeline;
 mod unwind;
@@ -41,9 +44,11 @@ pub use error::AnalyzeError;
 pub use info::{ThreadInfo, TraceInfo};
 pub use options::{AnalyzeOptions, NoProgress, Progress, SampleFilter};
 pub use output::{FoldedWriter, OutputFormat, PprofWriter, ProfileWriter, SpeedscopeWriter};
+pub use pack::{pack, PackOptions, PackReport};
 pub use profile::{
     Function, ImageInfo, Location, LocationLine, ProcessInfo, Profile, SequenceEntry, Stack, Stats,
     ThreadProfile,
 };
+pub use strip::{strip, StripReport};
 pub use symbolicate::FrameLine;
 pub use write_file::{default_output_path, write_atomically};

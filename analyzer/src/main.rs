@@ -3,8 +3,8 @@
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use lrnprof_analyzer::{
-    analyze, default_output_path, write_atomically, AnalyzeOptions, OutputFormat, Progress,
-    SampleFilter, TraceInfo,
+    analyze, default_output_path, pack, strip, write_atomically, AnalyzeOptions, OutputFormat,
+    PackOptions, Progress, SampleFilter, TraceInfo,
 };
 use lrnprof_format::{Pid, Tid};
 use std::io::IsTerminal;
@@ -39,6 +39,32 @@ enum Command {
         json: bool,
         #[command(flatten)]
         common: CommonArgs,
+    },
+    /// Write a copy of a trace whose samples keep their unwound frames but no
+    /// stack bytes (no raw process memory; smaller; analyzed like any trace).
+    Strip {
+        /// The trace.
+        trace: PathBuf,
+        /// The stripped trace to write.
+        #[arg(long, short = 'o', value_name = "OUT")]
+        output: PathBuf,
+        #[command(flatten)]
+        common: CommonArgs,
+    },
+    /// Embed the recorded images' unwind sections and symbols in a trace, so it
+    /// can be analyzed where the binaries do not exist. Run on the recording machine.
+    Pack {
+        /// The trace.
+        trace: PathBuf,
+        /// Where to write the packed trace (default: replace TRACE).
+        #[arg(long, short = 'o', value_name = "OUT")]
+        output: Option<PathBuf>,
+        /// Also embed DWARF debug info (source lines and inline frames).
+        #[arg(long)]
+        debug: bool,
+        /// Pack even if this machine's host name differs from the recording's.
+        #[arg(long)]
+        any_host: bool,
     },
 }
 
@@ -160,6 +186,49 @@ fn run(cli: Cli) -> Result<()> {
             } else {
                 print!("{}", info.to_text());
             }
+            Ok(())
+        }
+        Some(Command::Strip {
+            trace,
+            output,
+            common,
+        }) => {
+            let r = strip(&trace, &output, &options(&common), &progress)?;
+            for w in &r.warnings {
+                eprintln!("warning: {w}");
+            }
+            eprintln!(
+                "{} samples stripped of {} stack bytes: {} -> {} bytes, {:.2} s -> {}",
+                r.samples,
+                r.stack_bytes,
+                r.input_bytes,
+                r.output_bytes,
+                started.elapsed().as_secs_f64(),
+                output.display()
+            );
+            Ok(())
+        }
+        Some(Command::Pack {
+            trace,
+            output,
+            debug,
+            any_host,
+        }) => {
+            let out = output.unwrap_or_else(|| trace.clone());
+            let r = pack(&trace, &out, &PackOptions { debug, any_host })?;
+            for e in &r.embedded {
+                eprintln!("embedded {e}");
+            }
+            for s in &r.skipped {
+                eprintln!("warning: not embedded: {s}");
+            }
+            eprintln!(
+                "{} images and maps embedded, {} bytes added, {:.2} s -> {}",
+                r.embedded.len(),
+                r.bytes,
+                started.elapsed().as_secs_f64(),
+                out.display()
+            );
             Ok(())
         }
         None => {

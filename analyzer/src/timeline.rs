@@ -96,17 +96,19 @@ impl ProcessTimeline {
             self.dirty = false;
         }
     }
+}
 
-    /// The generation in effect at `time`.
-    pub fn generation_at(&self, time: Timestamp) -> Option<(usize, &Generation)> {
-        let i = self.generations.partition_point(|g| g.time <= time);
-        let i = i.checked_sub(1).or(if self.generations.is_empty() {
-            None
-        } else {
-            Some(0)
-        })?;
-        Some((i, &self.generations[i]))
+/// Index of the generation in effect at `time` (the first one for samples
+/// before any change).
+pub(crate) fn generation_index(generations: &[Generation], time: Timestamp) -> Option<usize> {
+    if generations.is_empty() {
+        return None;
     }
+    Some(
+        generations
+            .partition_point(|g| g.time <= time)
+            .saturating_sub(1),
+    )
 }
 
 /// What the first pass learnt about a thread.
@@ -356,9 +358,11 @@ mod tests {
         p.map(m(0x4000, 0x5000, 0, 2));
         p.snapshot(Timestamp(20));
         assert_eq!(p.generations.len(), 2);
-        assert_eq!(p.generation_at(Timestamp(15)).unwrap().0, 0);
-        assert_eq!(p.generation_at(Timestamp(20)).unwrap().0, 1);
-        assert_eq!(p.generation_at(Timestamp(5)).unwrap().0, 0);
-        assert_eq!(p.generation_at(Timestamp(99)).unwrap().1.mappings.len(), 2);
+        let at = |t| generation_index(&p.generations, Timestamp(t)).unwrap();
+        assert_eq!(at(15), 0);
+        assert_eq!(at(20), 1);
+        assert_eq!(at(5), 0);
+        assert_eq!(p.generations[at(99)].mappings.len(), 2);
+        assert_eq!(generation_index(&[], Timestamp(1)), None);
     }
 }

@@ -2,7 +2,7 @@
 //! the usual debug-file places and data embedded in the trace. A local file
 //! is used only if its build id matches the one recorded.
 
-use super::elfsym::parse_elf64_symbols;
+use super::elfsym::{elf_load_segments, parse_elf64_symbols, EMBEDDED_ELF_HEADERS};
 use super::parse::{parse_file, ParsedFile};
 use super::{short_name, ImageData, LoadedImage, Section, SectionBytes, Source};
 use crate::blobs::BlobStore;
@@ -218,7 +218,7 @@ pub(crate) fn load_image(key: &ImageKey, blobs: &BlobStore, opts: &LocateOptions
 }
 
 /// The bytes of this process's vDSO, read through `/proc/self/mem`.
-fn own_vdso() -> Option<Vec<u8>> {
+pub(crate) fn own_vdso() -> Option<Vec<u8>> {
     use std::io::{Read, Seek, SeekFrom};
     let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
     let line = maps.lines().find(|l| l.ends_with("[vdso]"))?;
@@ -234,14 +234,21 @@ fn own_vdso() -> Option<Vec<u8>> {
     Some(buf)
 }
 
-fn look_for_debug_file(key: &ImageKey, found: &mut Found, opts: &LocateOptions) {
-    let mut roots = vec![PathBuf::from("/")];
-    roots.extend(opts.debug_roots.iter().cloned());
+/// Where a separate debug file for the image at `path` may be: the
+/// build-id tree and the `.gnu_debuglink` places, under `/` and `roots`.
+pub(crate) fn debug_file_candidates(
+    path: &str,
+    build_id: Option<&BuildId>,
+    debuglink: Option<&str>,
+    roots: &[PathBuf],
+) -> Vec<PathBuf> {
+    let mut all_roots = vec![PathBuf::from("/")];
+    all_roots.extend(roots.iter().cloned());
     let mut candidates = Vec::new();
-    if let Some(id) = &key.build_id {
+    if let Some(id) = build_id {
         let hex = id.to_hex();
         if hex.len() > 2 {
-            for root in &roots {
+            for root in &all_roots {
                 candidates.push(
                     root.join("usr/lib/debug/.build-id")
                         .join(&hex[..2])
@@ -250,16 +257,26 @@ fn look_for_debug_file(key: &ImageKey, found: &mut Found, opts: &LocateOptions) 
             }
         }
     }
-    let link = found.main.as_ref().and_then(|(_, f)| f.debuglink.clone());
-    let dir = Path::new(&key.path).parent().map(Path::to_path_buf);
-    if let (Some(link), Some(dir)) = (link, dir) {
-        candidates.push(dir.join(&link));
-        candidates.push(dir.join(".debug").join(&link));
+    let dir = Path::new(path).parent().map(Path::to_path_buf);
+    if let (Some(link), Some(dir)) = (debuglink, dir) {
+        candidates.push(dir.join(link));
+        candidates.push(dir.join(".debug").join(link));
         let rel = dir.strip_prefix("/").unwrap_or(&dir);
-        for root in &roots {
-            candidates.push(root.join("usr/lib/debug").join(rel).join(&link));
+        for root in &all_roots {
+            candidates.push(root.join("usr/lib/debug").join(rel).join(link));
         }
     }
+    candidates
+}
+
+fn look_for_debug_file(key: &ImageKey, found: &mut Found, opts: &LocateOptions) {
+    let link = found.main.as_ref().and_then(|(_, f)| f.debuglink.clone());
+    let candidates = debug_file_candidates(
+        &key.path,
+        key.build_id.as_ref(),
+        link.as_deref(),
+        &opts.debug_roots,
+    );
     for c in candidates {
         if found.debug.is_some() {
             break;
@@ -329,6 +346,12 @@ fn merge_embedded(into: &mut ImageData, id: &BuildId, blobs: &BlobStore) -> (boo
                 bytes: SectionBytes::whole(bytes),
             },
         );
+    }
+    if into.segments.is_empty() {
+        if let Some((_, headers)) = blobs.section(id, EMBEDDED_ELF_HEADERS) {
+            into.segments = elf_load_segments(&headers);
+            into.little_endian = headers.get(5) != Some(&2);
+        }
     }
     if into.symbols.is_empty() {
         let mut syms = Vec::new();

@@ -1,0 +1,323 @@
+//! What every command shares: opening a trace, the first pass, loading
+//! images, building one unwinder per process generation, and unwinding one
+//! sample into frames.
+
+use crate::error::AnalyzeError;
+use crate::image::{load_image, ImageData, LoadedImage, LocateOptions};
+use crate::options::{AnalyzeOptions, Progress, SampleFilter};
+use crate::symbolicate::JitMap;
+use crate::timeline::{generation_index, scan, Generation, Mapping, Timeline};
+use crate::unwind::{
+    continue_with_callchain, ArchCache, ArchUnwinder, ModuleCache, Unwound, MAX_FRAMES,
+};
+use lrnprof_format::{Arch, Endian, ImageKind, Pid, Regs, Sample, TraceReader};
+use rayon::prelude::*;
+use std::collections::HashMap;
+use std::path::Path;
+
+/// No image (the frame is outside every mapping).
+pub(crate) const NO_IMAGE: u32 = u32::MAX;
+
+/// A frame before symbolication.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) struct FrameKey {
+    pub image: u32,
+    /// The process, for frames outside images (JIT maps are per process).
+    pub pid: u32,
+    /// SVMA lookup address in `image`, file offset when the image has no
+    /// data, or AVMA when outside images.
+    pub addr: u64,
+}
+
+/// Per process: each generation of its image map and its unwinder.
+struct ProcessUnwind {
+    generations: Vec<Generation>,
+    unwinders: Vec<ArchUnwinder>,
+}
+
+/// Open `path`, checking the `--symbols` directories first.
+pub(crate) fn open(
+    path: &Path,
+    options: &AnalyzeOptions,
+) -> Result<TraceReader<Vec<u8>>, AnalyzeError> {
+    for dir in &options.symbols_dirs {
+        if !dir.is_dir() {
+            return Err(AnalyzeError::SymbolsDir(dir.clone()));
+        }
+    }
+    TraceReader::open(path).map_err(|source| AnalyzeError::Trace {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+/// A worker pool of `jobs` threads (0: one per CPU).
+pub(crate) fn pool(jobs: usize) -> Result<rayon::ThreadPool, AnalyzeError> {
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(jobs)
+        .build()
+        .map_err(|e| AnalyzeError::ThreadPool {
+            jobs,
+            message: e.to_string(),
+        })
+}
+
+/// Everything known before the samples are unwound.
+pub(crate) struct Prepared {
+    pub timeline: Timeline,
+    pub images: Vec<LoadedImage>,
+    pub jit_maps: HashMap<u32, JitMap>,
+    pub warnings: Vec<String>,
+    unwinders: HashMap<Pid, ProcessUnwind>,
+    pub arch: Arch,
+    little_endian: bool,
+}
+
+/// First pass, image loading and unwinders. Call inside the worker pool.
+pub(crate) fn prepare<D: AsRef<[u8]> + Sync>(
+    reader: &TraceReader<D>,
+    options: &AnalyzeOptions,
+    progress: &dyn Progress,
+) -> Prepared {
+    let mut warnings = report_warnings(reader);
+    let mut timeline = scan(reader, progress);
+    timeline.blobs.finish();
+    warnings.append(&mut timeline.warnings);
+    warnings.extend(timeline.blobs.problems.iter().cloned());
+
+    let locate = LocateOptions {
+        symbols_dirs: options.symbols_dirs.clone(),
+        offline: options.offline,
+        debug_roots: Vec::new(),
+    };
+    let images: Vec<LoadedImage> = timeline
+        .images
+        .par_iter()
+        .map(|key| load_image(key, &timeline.blobs, &locate))
+        .collect();
+
+    let arch = timeline.header.arch;
+    let module_cache = ModuleCache::default();
+    let unwinders = timeline
+        .processes
+        .iter()
+        .map(|(pid, p)| {
+            let unwinders = p
+                .generations
+                .par_iter()
+                .map(|g| ArchUnwinder::build(arch, &g.mappings, &images, &module_cache))
+                .collect();
+            (
+                *pid,
+                ProcessUnwind {
+                    generations: p.generations.clone(),
+                    unwinders,
+                },
+            )
+        })
+        .collect();
+    let jit_maps = load_jit_maps(&timeline, options.offline);
+    let little_endian = timeline.header.endian == Endian::Little;
+    Prepared {
+        timeline,
+        images,
+        jit_maps,
+        warnings,
+        unwinders,
+        arch,
+        little_endian,
+    }
+}
+
+pub(crate) fn report_warnings<D: AsRef<[u8]>>(reader: &TraceReader<D>) -> Vec<String> {
+    let mut w = Vec::new();
+    let report = reader.report();
+    if !report.finished {
+        w.push(
+            "trace was not finished cleanly (recorder killed or disk full): analyzing its readable part"
+                .to_string(),
+        );
+    }
+    for s in &report.skipped {
+        w.push(format!(
+            "{} bytes at offset {} skipped: {}",
+            s.len, s.offset, s.reason
+        ));
+    }
+    w
+}
+
+impl Prepared {
+    /// Whether `s` passes `f`.
+    pub fn selected(&self, f: &SampleFilter, s: &Sample) -> bool {
+        if f.pid.is_some_and(|p| p != s.pid) || f.tid.is_some_and(|t| t != s.tid) {
+            return false;
+        }
+        if let Some(name) = &f.thread_name {
+            let thread = self.timeline.threads.get(&(s.pid, s.tid));
+            if thread.and_then(|t| t.name.as_ref()) != Some(name) {
+                return false;
+            }
+        }
+        let start = self.timeline.header.start_time.0;
+        let secs = s.time.0.saturating_sub(start) as f64 / 1e9;
+        if f.from_secs.is_some_and(|from| secs < from) || f.to_secs.is_some_and(|to| secs >= to) {
+            return false;
+        }
+        true
+    }
+
+    fn generation(&self, s: &Sample) -> Option<(&Generation, &ArchUnwinder)> {
+        let p = self.unwinders.get(&s.pid)?;
+        let i = generation_index(&p.generations, s.time)?;
+        Some((p.generations.get(i)?, p.unwinders.get(i)?))
+    }
+
+    /// The frames of `s` as AVMAs (instruction pointer, then return
+    /// addresses): taken from the sample if it was stripped, else unwound.
+    pub fn unwind(&self, cache: &mut ArchCache, s: &Sample) -> Unwound {
+        if !s.frames.is_empty() {
+            return Unwound {
+                frames: s.frames.clone(),
+                clean: false,
+                used_kernel_chain: false,
+            };
+        }
+        let generation = self.generation(s);
+        let mut u = if let Some((_, unwinder)) = generation {
+            // A trace is untrusted input: should the unwinder panic on it,
+            // keep the instruction pointer and go on.
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                unwinder.unwind(cache, s, self.little_endian)
+            }))
+            .unwrap_or_else(|_| Unwound {
+                frames: vec![s.regs.ip()],
+                clean: false,
+                used_kernel_chain: false,
+            })
+        } else {
+            let mut frames = vec![s.regs.ip()];
+            let used = continue_with_callchain(&mut frames, &s.kernel_callchain);
+            Unwound {
+                frames,
+                clean: false,
+                used_kernel_chain: used,
+            }
+        };
+        if let (Some((g, _)), Regs::Aarch64(r)) = (generation, &s.regs) {
+            self.add_frameless_caller(&g.mappings, r.lr, &mut u.frames);
+        }
+        u
+    }
+
+    /// Frames of `s` (from [`unwind`](Self::unwind)) as symbolication
+    /// keys: return addresses moved back into their call instruction.
+    pub fn frame_keys(&self, s: &Sample, frames: &[u64]) -> Vec<FrameKey> {
+        let mappings = self
+            .generation(s)
+            .map(|(g, _)| &g.mappings[..])
+            .unwrap_or(&[]);
+        frames
+            .iter()
+            .enumerate()
+            .map(|(i, &avma)| {
+                let lookup = if i == 0 { avma } else { avma.wrapping_sub(1) };
+                self.frame_key(s.pid, mappings, lookup)
+            })
+            .collect()
+    }
+
+    /// On AArch64 a function without a frame record keeps its return
+    /// address in `lr` only. Where the instruction pointer's image has no
+    /// unwind data, framehop falls back to the frame-pointer chain, which
+    /// skips that caller: put `lr` back when it is a code address in
+    /// another function (by symbols) than the instruction pointer, and not
+    /// already the next frame.
+    fn add_frameless_caller(&self, mappings: &[Mapping], lr: u64, frames: &mut Vec<u64>) {
+        let Some(&pc) = frames.first() else { return };
+        if lr == 0 || frames.get(1) == Some(&lr) {
+            return;
+        }
+        let Some((pc_map, pc_data)) = self.image_data_at(mappings, pc) else {
+            return;
+        };
+        if pc_data.has_unwind_data() || !pc_map.executable {
+            return;
+        }
+        let Some((lr_map, lr_data)) = self.image_data_at(mappings, lr.wrapping_sub(4)) else {
+            return;
+        };
+        let function = |m: &Mapping, d: &ImageData, avma: u64| {
+            let svma = avma.wrapping_sub(d.bias(m));
+            let i = d
+                .symbols
+                .partition_point(|s| s.svma <= svma)
+                .checked_sub(1)?;
+            Some((m.image, d.symbols[i].svma))
+        };
+        let pc_fn = function(pc_map, pc_data, pc);
+        let lr_fn = function(lr_map, lr_data, lr.wrapping_sub(4));
+        if pc_fn.is_some() && lr_fn.is_some() && pc_fn != lr_fn && frames.len() < MAX_FRAMES {
+            frames.insert(1, lr);
+        }
+    }
+
+    fn image_data_at<'m>(
+        &self,
+        mappings: &'m [Mapping],
+        avma: u64,
+    ) -> Option<(&'m Mapping, &ImageData)> {
+        let i = mappings
+            .partition_point(|m| m.start <= avma)
+            .checked_sub(1)?;
+        let m = &mappings[i];
+        if avma >= m.end {
+            return None;
+        }
+        Some((m, self.images[m.image as usize].data.as_ref()?))
+    }
+
+    fn frame_key(&self, pid: Pid, mappings: &[Mapping], avma: u64) -> FrameKey {
+        let i = mappings.partition_point(|m| m.start <= avma);
+        let m = i
+            .checked_sub(1)
+            .map(|i| &mappings[i])
+            .filter(|m| avma < m.end);
+        match m {
+            Some(m) if self.images[m.image as usize].key.kind != ImageKind::Anonymous => {
+                let addr = match &self.images[m.image as usize].data {
+                    Some(d) => avma.wrapping_sub(d.bias(m)),
+                    None => avma - m.start + m.file_offset,
+                };
+                FrameKey {
+                    image: m.image,
+                    pid: 0,
+                    addr,
+                }
+            }
+            _ => FrameKey {
+                image: NO_IMAGE,
+                pid: pid.0,
+                addr: avma,
+            },
+        }
+    }
+}
+
+fn load_jit_maps(timeline: &Timeline, offline: bool) -> HashMap<u32, JitMap> {
+    let local_host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default();
+    let same_machine = !offline && !local_host.is_empty() && local_host == timeline.header.hostname;
+    let mut maps = HashMap::new();
+    for pid in timeline.processes.keys() {
+        if let Some(data) = timeline.blobs.jit_map(*pid) {
+            maps.insert(pid.0, JitMap::parse(&String::from_utf8_lossy(&data)));
+        } else if same_machine {
+            if let Ok(text) = std::fs::read_to_string(format!("/tmp/perf-{}.map", pid.0)) {
+                maps.insert(pid.0, JitMap::parse(&text));
+            }
+        }
+    }
+    maps
+}
