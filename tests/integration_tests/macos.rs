@@ -14,9 +14,9 @@
 
 use lrnprof_format::{
     Arch, Blob, BlobKind, BuildId, Clock, ImageKind, ImageMapRecord, Os, Pid, ProcessEvent,
-    ProcessRecord, Record, Regs, RegsAarch64, Sample, SampleEvent, SampleKind, StackSnapshot,
-    Summary, Target, ThreadEvent, ThreadRecord, Tid, Timestamp, TraceHeader, TraceWriter,
-    WriterOptions,
+    ProcessRecord, Record, Regs, RegsAarch64, RegsX86_64, Sample, SampleEvent, SampleKind,
+    StackSnapshot, Summary, Target, ThreadEvent, ThreadRecord, Tid, Timestamp, TraceHeader,
+    TraceWriter, WriterOptions,
 };
 use object::{Object, ObjectSection, ObjectSegment, ObjectSymbol};
 use std::collections::HashMap;
@@ -35,10 +35,14 @@ const SAMPLES: u64 = 3;
 const PID: Pid = Pid(4242);
 const TID: Tid = Tid(0x1_2345);
 
+/// clang targets of the fixtures.
+const ARM64: &str = "arm64-apple-macos11";
+const X86_64: &str = "x86_64-apple-macos11";
+
 /// The expected stack, root first.
 const EXPECTED: [&str; 4] = ["start", "outer", "middle", "leaf"];
 
-/// A scratch directory for one test.
+/// A scratch directory for one test, removed when the test passes.
 fn scratch(test: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("lrnprof-macos-{}-{test}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
@@ -74,10 +78,11 @@ fn find_tool(name: &str) -> Option<String> {
     None
 }
 
-/// Compile the fixture with `cflags` and link it into `dir/out_name`;
+/// Compile the fixture for `target` (`ARM64` or `X86_64`) with `cflags` and
+/// link it into `dir/out_name`;
 /// `None` (after printing why) when the toolchain is missing. A toolchain
 /// that is present but fails is a test failure.
-fn build_fixture(dir: &Path, out_name: &str, cflags: &[&str]) -> Option<PathBuf> {
+fn build_fixture(dir: &Path, target: &str, out_name: &str, cflags: &[&str]) -> Option<PathBuf> {
     if !runs("clang", "--version") {
         eprintln!("SKIP: clang is not installed (Debian: apt-get install clang lld)");
         return None;
@@ -98,12 +103,8 @@ fn build_fixture(dir: &Path, out_name: &str, cflags: &[&str]) -> Option<PathBuf>
     };
     run(
         Command::new("clang")
-            .args([
-                "--target=arm64-apple-macos11",
-                "-O1",
-                "-fno-omit-frame-pointer",
-                "-c",
-            ])
+            .arg(format!("--target={target}"))
+            .args(["-O1", "-fno-omit-frame-pointer", "-c"])
             .args(cflags)
             .arg("-o")
             .arg(&object)
@@ -114,7 +115,8 @@ fn build_fixture(dir: &Path, out_name: &str, cflags: &[&str]) -> Option<PathBuf>
     // the entry point.
     run(
         Command::new("clang")
-            .args(["--target=arm64-apple-macos11", "-nostdlib", "-fuse-ld=lld"])
+            .arg(format!("--target={target}"))
+            .args(["-nostdlib", "-fuse-ld=lld"])
             .arg(format!("--ld-path={linker}"))
             .args([
                 "-Wl,-e,_start",
@@ -131,6 +133,7 @@ fn build_fixture(dir: &Path, out_name: &str, cflags: &[&str]) -> Option<PathBuf>
 /// What the test needs to know about a built fixture.
 struct Fixture {
     path: PathBuf,
+    arch: Arch,
     bytes: Vec<u8>,
     uuid: [u8; 16],
     /// `__TEXT` vmaddr and vmsize (SVMA).
@@ -157,7 +160,11 @@ impl Fixture {
     fn load(path: &Path) -> Fixture {
         let bytes = std::fs::read(path).unwrap();
         let file = object::File::parse(&bytes[..]).unwrap();
-        assert_eq!(file.architecture(), object::Architecture::Aarch64);
+        let arch = match file.architecture() {
+            object::Architecture::Aarch64 => Arch::Aarch64,
+            object::Architecture::X86_64 => Arch::X86_64,
+            other => panic!("unexpected fixture architecture {other:?}"),
+        };
         let uuid = file.mach_uuid().unwrap().expect("ld64.lld writes LC_UUID");
         let text = file
             .segments()
@@ -173,6 +180,7 @@ impl Fixture {
         let unwind_info = section("__unwind_info");
         Fixture {
             path: path.to_owned(),
+            arch,
             uuid,
             text,
             functions,
@@ -205,22 +213,41 @@ impl Fixture {
     fn return_address(&self, caller: &str, callee: &str) -> u64 {
         let (base, code) = &self.code;
         let start = self.function(caller);
+        let end = self
+            .functions
+            .values()
+            .filter(|&&a| a > start)
+            .min()
+            .copied()
+            .unwrap_or(base + code.len() as u64);
         let target = self.function(callee);
-        for (i, insn) in code.chunks_exact(4).enumerate() {
-            let at = base + 4 * i as u64;
-            if at < start {
-                continue;
+        let body = &code[(start - base) as usize..(end - base) as usize];
+        match self.arch {
+            Arch::Aarch64 => {
+                for (i, insn) in body.chunks_exact(4).enumerate() {
+                    let at = start + 4 * i as u64;
+                    let insn = u32::from_le_bytes(insn.try_into().unwrap());
+                    // BL: 0b100101 then a signed 26-bit word offset.
+                    if insn >> 26 == 0b100101 {
+                        let offset = (((insn & 0x03ff_ffff) << 6) as i32 >> 6) as i64 * 4;
+                        if at.wrapping_add(offset as u64) == target {
+                            return at + 4;
+                        }
+                    }
+                }
             }
-            let insn = u32::from_le_bytes(insn.try_into().unwrap());
-            // BL: 0b100101 then a signed 26-bit word offset.
-            if insn >> 26 == 0b100101 {
-                let offset = (((insn & 0x03ff_ffff) << 6) as i32 >> 6) as i64 * 4;
-                if at.wrapping_add(offset as u64) == target {
-                    return at + 4;
+            Arch::X86_64 => {
+                // CALL rel32: e8 then a signed offset from the next instruction.
+                for (i, w) in body.windows(5).enumerate() {
+                    let next = start + i as u64 + 5;
+                    let offset = i32::from_le_bytes(w[1..5].try_into().unwrap()) as i64;
+                    if w[0] == 0xe8 && next.wrapping_add(offset as u64) == target {
+                        return next;
+                    }
                 }
             }
         }
-        panic!("no `bl {callee}` in {caller}");
+        panic!("no call to {callee} in {caller}");
     }
 
     /// Header plus load commands: what the recorder embeds as `__TEXT` for a
@@ -233,36 +260,75 @@ impl Fixture {
 
 /// Registers and stack of a thread stopped inside `leaf`, called from
 /// `middle`, from `outer`, from `start`, with the image slid by [`SLIDE`].
-///
-/// arm64 frame records: each function that calls pushes (caller's fp,
-/// return address) and points fp at that pair; `leaf` pushes nothing and
-/// returns through lr.
-fn sample_in_leaf(fx: &Fixture) -> (RegsAarch64, StackSnapshot) {
+fn sample_in_leaf(fx: &Fixture) -> (Regs, StackSnapshot) {
     let ret_into_middle = fx.return_address("middle", "leaf") + SLIDE;
     let ret_into_outer = fx.return_address("outer", "middle") + SLIDE;
     let ret_into_start = fx.return_address("start", "outer") + SLIDE;
-    // Stack, from sp upwards:
-    //   sp+0  middle's frame record: outer's fp, return into outer
-    //   sp+16 outer's frame record:  start's fp, return into start
-    //   sp+32 start's locals (16 bytes)
-    //   sp+48 start's frame record:  0, 0 (the end of the chain)
-    let sp = STACK_TOP - 64;
-    let words: [u64; 8] = [
-        sp + 16,
-        ret_into_outer,
-        sp + 48,
-        ret_into_start,
-        0,
-        0x0000_0001_0000_0000, // start's `volatile int x = 1` and padding
-        0,
-        0,
-    ];
-    let regs = RegsAarch64 {
-        // Inside leaf's loop, three instructions in.
-        pc: fx.function("leaf") + 12 + SLIDE,
-        sp,
-        fp: sp,
-        lr: ret_into_middle,
+    let (regs, sp, words) = match fx.arch {
+        Arch::Aarch64 => {
+            // Frame records: each function that calls pushes (caller's fp,
+            // return address) and points fp at the pair; `leaf` pushes
+            // nothing and returns through lr. From sp upwards:
+            //   sp+0  middle's record: outer's fp, return into outer
+            //   sp+16 outer's record:  start's fp, return into start
+            //   sp+32 start's locals (16 bytes)
+            //   sp+48 start's record:  0, 0 (the end of the chain)
+            let sp = STACK_TOP - 64;
+            let words = vec![
+                sp + 16,
+                ret_into_outer,
+                sp + 48,
+                ret_into_start,
+                0,
+                0x0000_0001_0000_0000, // start's `volatile int x = 1`, padding
+                0,
+                0,
+            ];
+            let regs = Regs::Aarch64(RegsAarch64 {
+                // Inside leaf's loop, three instructions in.
+                pc: fx.function("leaf") + 12 + SLIDE,
+                sp,
+                fp: sp,
+                lr: ret_into_middle,
+            });
+            (regs, sp, words)
+        }
+        Arch::X86_64 => {
+            // Each function pushes rbp and points rbp at it; each call
+            // pushed the return address just above. From rsp upwards:
+            //   rsp+0  leaf's saved rbp (middle's), return into middle
+            //   rsp+16 middle's saved rbp (outer's), return into outer
+            //   rsp+32 outer's saved rbp (start's), return into start
+            //   rsp+48 start's saved rax and rbx
+            //   rsp+64 start's saved rbp: 0 (the end of the chain), no return
+            let sp = STACK_TOP - 80;
+            let words = vec![
+                sp + 16,
+                ret_into_middle,
+                sp + 32,
+                ret_into_outer,
+                sp + 64,
+                ret_into_start,
+                0,
+                0,
+                0,
+                0,
+            ];
+            let leaf = fx.function("leaf");
+            let prologue = &fx.code.1[(leaf - fx.code.0) as usize..][..4];
+            assert_eq!(
+                prologue,
+                [0x55, 0x48, 0x89, 0xe5],
+                "push %rbp; mov %rsp,%rbp"
+            );
+            let regs = Regs::X86_64(RegsX86_64 {
+                // Right after leaf's prologue: its frame is set up.
+                ip: leaf + 4 + SLIDE,
+                sp,
+                bp: sp,
+            });
+            (regs, sp, words)
+        }
     };
     let stack = StackSnapshot {
         start: sp,
@@ -275,7 +341,7 @@ fn sample_in_leaf(fx: &Fixture) -> (RegsAarch64, StackSnapshot) {
 /// fixture mapped as `kind` under `recorded_path`, plus `blobs`.
 fn write_trace(fx: &Fixture, out: &Path, kind: ImageKind, recorded_path: &str, blobs: Vec<Blob>) {
     let header = TraceHeader {
-        arch: Arch::Aarch64,
+        arch: fx.arch,
         os: Os::MacOs,
         page_size: 16384,
         clock: Clock::MachAbsolute,
@@ -326,7 +392,7 @@ fn write_trace(fx: &Fixture, out: &Path, kind: ImageKind, recorded_path: &str, b
             cpu: None,
             kind: SampleKind::CpuTime,
             weight: 1_000_000,
-            regs: Regs::Aarch64(regs),
+            regs,
             stack: stack.clone(),
             kernel_callchain: Vec::new(),
             frames: Vec::new(),
@@ -422,6 +488,7 @@ fn frame_pointer_chain_is_unwound_and_symbolicated_at_a_slid_address() {
     // frame-pointer chain can link the frames.
     let Some(bin) = build_fixture(
         &dir,
+        ARM64,
         "callchain_fp",
         &["-fno-unwind-tables", "-fno-asynchronous-unwind-tables"],
     ) else {
@@ -441,12 +508,13 @@ fn frame_pointer_chain_is_unwound_and_symbolicated_at_a_slid_address() {
         Vec::new(),
     );
     assert_single_stack(&analyze_folded(&trace, &[]), &EXPECTED);
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
 fn compact_unwind_image_is_unwound_and_symbolicated() {
     let dir = scratch("compact");
-    let Some(bin) = build_fixture(&dir, "callchain_cu", &[]) else {
+    let Some(bin) = build_fixture(&dir, ARM64, "callchain_cu", &[]) else {
         return;
     };
     let fx = Fixture::load(&bin);
@@ -463,6 +531,7 @@ fn compact_unwind_image_is_unwound_and_symbolicated() {
         Vec::new(),
     );
     assert_single_stack(&analyze_folded(&trace, &[]), &EXPECTED);
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// A blob record holding all of `data` (what the recorder writes for a
@@ -484,7 +553,7 @@ fn section_blob(fx: &Fixture, name: &str, svma: u64, data: Vec<u8>) -> Blob {
 #[test]
 fn shared_cache_image_unwinds_from_embedded_sections() {
     let dir = scratch("cache");
-    let Some(bin) = build_fixture(&dir, "callchain_cache", &[]) else {
+    let Some(bin) = build_fixture(&dir, ARM64, "callchain_cache", &[]) else {
         return;
     };
     let fx = Fixture::load(&bin);
@@ -522,6 +591,7 @@ fn shared_cache_image_unwinds_from_embedded_sections() {
         })
         .collect();
     assert_eq!(functions, EXPECTED, "frames {frames:?}");
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
@@ -531,7 +601,7 @@ fn dsym_given_with_symbols_names_a_stripped_binary() {
         eprintln!("SKIP: dsymutil or llvm-strip is not installed (Debian: apt-get install llvm)");
         return;
     };
-    let Some(bin) = build_fixture(&dir, "callchain", &["-g"]) else {
+    let Some(bin) = build_fixture(&dir, ARM64, "callchain", &["-g"]) else {
         return;
     };
     // The dSYM goes to its own folder; the binary keeps its unwind info but
@@ -580,4 +650,29 @@ fn dsym_given_with_symbols_names_a_stripped_binary() {
     let symbols_arg = symbols.to_string_lossy().into_owned();
     let named = analyze_folded(&trace, &["--symbols", &symbols_arg]);
     assert_single_stack(&named, &EXPECTED);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn x86_64_frame_chain_with_compact_unwind_is_unwound_and_symbolicated() {
+    let dir = scratch("x86_64");
+    let Some(bin) = build_fixture(&dir, X86_64, "callchain_x86_64", &[]) else {
+        return;
+    };
+    let fx = Fixture::load(&bin);
+    assert_eq!(fx.arch, Arch::X86_64);
+    assert!(
+        fx.unwind_info.is_some(),
+        "ld64.lld should have written __unwind_info"
+    );
+    let trace = dir.join("x86_64.lpt");
+    write_trace(
+        &fx,
+        &trace,
+        ImageKind::File,
+        &fx.path.to_string_lossy(),
+        Vec::new(),
+    );
+    assert_single_stack(&analyze_folded(&trace, &[]), &EXPECTED);
+    let _ = std::fs::remove_dir_all(&dir);
 }
