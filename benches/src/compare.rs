@@ -137,7 +137,8 @@ pub struct WorkloadResult {
     /// Per setup at the usual rate: how many stacks reached the thread root,
     /// in percent, from the last round's trace.
     pub root_pct: BTreeMap<Setup, f64>,
-    /// Per analysis: the samples analyzed and one measurement per round.
+    /// Per analysis of the last round's trace at the high rate: the samples
+    /// analyzed and one measurement per round.
     pub analysis: BTreeMap<Analysis, (u64, Vec<Measured>)>,
     /// What went wrong, one line each.
     pub errors: Vec<String>,
@@ -150,6 +151,9 @@ pub struct Comparison {
     pub options: CompareOptions,
     /// One result per workload.
     pub workloads: Vec<WorkloadResult>,
+    /// Each profiler's fixed cost: `true` (an empty program) run under it at
+    /// the usual rate, one measurement per round.
+    pub fixed_cost: BTreeMap<Setup, Vec<Measured>>,
     /// Tools or workloads that were missing, one line each.
     pub notes: Vec<String>,
     /// Whether `perf` could be used.
@@ -181,6 +185,29 @@ pub fn run(options: &CompareOptions, progress: &mut dyn Write) -> Result<Compari
     if !options.only.is_empty() {
         list.retain(|w| options.only.contains(&w.name));
     }
+    let empty = Workload {
+        name: "empty".into(),
+        what: "`true`: nothing to sample, only the profiler's start-up and shut-down".into(),
+        argv: vec!["true".into()],
+        fixed_work: true,
+        ok_exit_codes: vec![0],
+    };
+    let mut fixed_cost: BTreeMap<Setup, Vec<Measured>> = BTreeMap::new();
+    let log = options.work_dir.join("empty.stderr");
+    for setup in setups(&empty, options, have_perf, have_lrnprof)
+        .into_iter()
+        .filter(|s| s.freq == options.freq || s.profiler == Profiler::None)
+    {
+        for _ in 0..options.runs {
+            match run_one(options, &empty, setup, &log) {
+                Ok(r) => fixed_cost.entry(setup).or_default().push(r.measured),
+                Err(e) => notes.push(format!("fixed cost of {setup}: {e}")),
+            }
+        }
+        if let Some(m) = fixed_cost.get(&setup).and_then(|v| v.last()) {
+            let _ = writeln!(progress, "[empty] {setup}: {:.3} s CPU", m.cpu_s());
+        }
+    }
     let mut results = Vec::new();
     for w in list {
         let setups = setups(&w, options, have_perf, have_lrnprof);
@@ -189,6 +216,7 @@ pub fn run(options: &CompareOptions, progress: &mut dyn Write) -> Result<Compari
     Ok(Comparison {
         options: options.clone(),
         workloads: results,
+        fixed_cost,
         notes,
         have_perf,
         have_lrnprof,
@@ -362,9 +390,11 @@ fn run_workload(
             Analysis::PerfReport => Profiler::PerfDwarf,
             Analysis::LrnprofOneJob | Analysis::LrnprofAllJobs => Profiler::Lrnprof,
         };
+        // The high-rate traces: ten times the samples, so per-sample work
+        // outweighs each tool's fixed start-up cost (reading debug info).
         let setup = Setup {
             profiler,
-            freq: o.freq,
+            freq: o.high_freq,
         };
         let Some(samples) = last_samples(&result, setup) else {
             continue;

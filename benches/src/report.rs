@@ -180,6 +180,37 @@ pub fn markdown(c: &Comparison) -> String {
         );
     }
 
+    let _ = writeln!(
+        out,
+        "\nFixed cost of each profiler (CPU s to run `true`, an empty program, under it; included in the overheads above):\n"
+    );
+    header(
+        &mut out,
+        &[
+            "no profiler",
+            &format!("perf -g @ {lo}"),
+            &format!("perf dwarf @ {lo}"),
+            &format!("lrnprof @ {lo}"),
+        ],
+    );
+    let fixed = |setup| {
+        let v: Vec<f64> = c
+            .fixed_cost
+            .get(&setup)
+            .map(|m| m.iter().map(Measured::cpu_s).collect())
+            .unwrap_or_default();
+        cell(median(&v), |x| format!("{x:.3} s"))
+    };
+    row(
+        &mut out,
+        &[
+            fixed(s(Profiler::None, 0)),
+            fixed(s(Profiler::PerfFp, lo)),
+            fixed(s(Profiler::PerfDwarf, lo)),
+            fixed(s(Profiler::Lrnprof, lo)),
+        ],
+    );
+
     let _ = writeln!(out, "\n### Trace size (bytes per sample, at {lo} Hz)\n");
     header(
         &mut out,
@@ -259,7 +290,7 @@ pub fn markdown(c: &Comparison) -> String {
 
     let _ = writeln!(
         out,
-        "\n### Analysis cost (CPU s / wall s; samples per CPU-second)\n"
+        "\n### Analysis cost of the {hi} Hz traces (CPU s / wall s; samples per CPU-second)\n"
     );
     header(
         &mut out,
@@ -333,7 +364,7 @@ pub fn markdown(c: &Comparison) -> String {
     for r in &c.workloads {
         let mib = |v: Option<f64>| cell(v, |k| format!("{:.1}", k / 1024.0));
         let rec = |p, f| mib(measured_median(r, s(p, f), |m| m.peak_rss_kib as f64));
-        let ana = |a| mib(analysis_median(r, a, |m| m.tree_max_rss_kib as f64));
+        let ana = |a| mib(analysis_median(r, a, |m| m.peak_rss_kib as f64));
         row(
             &mut out,
             &[
