@@ -18,6 +18,7 @@ use lrnprof_format::{
     StackSnapshot, Summary, Target, ThreadEvent, ThreadRecord, Tid, Timestamp, TraceHeader,
     TraceWriter, WriterOptions,
 };
+use lrnprof_tests::{fixture_source, lrnprof_analyze, scratch_dir};
 use object::{Object, ObjectSection, ObjectSegment, ObjectSymbol};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -42,25 +43,11 @@ const X86_64: &str = "x86_64-apple-macos11";
 /// The expected stack, root first.
 const EXPECTED: [&str; 4] = ["start", "outer", "middle", "leaf"];
 
-/// A scratch directory for one test, removed when the test passes.
-fn scratch(test: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("lrnprof-macos-{}-{test}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
-
 fn runs(program: &str, arg: &str) -> bool {
     Command::new(program)
         .arg(arg)
         .output()
         .is_ok_and(|o| o.status.success())
-}
-
-fn fixture_source(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("fixtures")
-        .join(name)
 }
 
 /// A tool from the LLVM toolchain, unversioned or with Debian's suffix.
@@ -414,40 +401,11 @@ fn write_trace(fx: &Fixture, out: &Path, kind: ImageKind, recorded_path: &str, b
     writer.finish().unwrap();
 }
 
-/// The built `lrnprof-analyze`, next to this test binary's `deps/` folder,
-/// built on demand when `cargo test` was asked only for this package.
-fn analyzer_binary() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let profile_dir = exe.parent().and_then(Path::parent).unwrap().to_path_buf();
-    let bin = profile_dir.join(format!("lrnprof-analyze{}", std::env::consts::EXE_SUFFIX));
-    if !bin.exists() {
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let status = Command::new(cargo)
-            .args([
-                "build",
-                "-p",
-                "lrnprof-analyzer",
-                "--bin",
-                "lrnprof-analyze",
-            ])
-            .current_dir(env!("CARGO_MANIFEST_DIR"))
-            .status()
-            .expect("running cargo build for lrnprof-analyze");
-        assert!(status.success(), "building lrnprof-analyze failed");
-    }
-    assert!(
-        bin.exists(),
-        "lrnprof-analyze not found at {}",
-        bin.display()
-    );
-    bin
-}
-
 /// Run `lrnprof-analyze --format folded` on `trace`; return the stacks
 /// (frames root first, after the thread label) with their counts.
 fn analyze_folded(trace: &Path, extra: &[&str]) -> Vec<(Vec<String>, u64)> {
     let out = trace.with_extension("folded");
-    let output = Command::new(analyzer_binary())
+    let output = Command::new(lrnprof_analyze())
         .arg(trace)
         .args(["--format", "folded", "-o"])
         .arg(&out)
@@ -483,7 +441,7 @@ fn assert_single_stack(stacks: &[(Vec<String>, u64)], expected: &[&str]) {
 
 #[test]
 fn frame_pointer_chain_is_unwound_and_symbolicated_at_a_slid_address() {
-    let dir = scratch("fp");
+    let dir = scratch_dir("macos-fp");
     // No unwind tables: the linker writes no __unwind_info, so only the
     // frame-pointer chain can link the frames.
     let Some(bin) = build_fixture(
@@ -513,7 +471,7 @@ fn frame_pointer_chain_is_unwound_and_symbolicated_at_a_slid_address() {
 
 #[test]
 fn compact_unwind_image_is_unwound_and_symbolicated() {
-    let dir = scratch("compact");
+    let dir = scratch_dir("macos-compact");
     let Some(bin) = build_fixture(&dir, ARM64, "callchain_cu", &[]) else {
         return;
     };
@@ -552,7 +510,7 @@ fn section_blob(fx: &Fixture, name: &str, svma: u64, data: Vec<u8>) -> Blob {
 
 #[test]
 fn shared_cache_image_unwinds_from_embedded_sections() {
-    let dir = scratch("cache");
+    let dir = scratch_dir("macos-cache");
     let Some(bin) = build_fixture(&dir, ARM64, "callchain_cache", &[]) else {
         return;
     };
@@ -596,7 +554,7 @@ fn shared_cache_image_unwinds_from_embedded_sections() {
 
 #[test]
 fn dsym_given_with_symbols_names_a_stripped_binary() {
-    let dir = scratch("dsym");
+    let dir = scratch_dir("macos-dsym");
     let (Some(dsymutil), Some(strip)) = (find_tool("dsymutil"), find_tool("llvm-strip")) else {
         eprintln!("SKIP: dsymutil or llvm-strip is not installed (Debian: apt-get install llvm)");
         return;
@@ -655,7 +613,7 @@ fn dsym_given_with_symbols_names_a_stripped_binary() {
 
 #[test]
 fn x86_64_frame_chain_with_compact_unwind_is_unwound_and_symbolicated() {
-    let dir = scratch("x86_64");
+    let dir = scratch_dir("macos-x86_64");
     let Some(bin) = build_fixture(&dir, X86_64, "callchain_x86_64", &[]) else {
         return;
     };
