@@ -121,7 +121,13 @@ fn elf_headers(bytes: &[u8]) -> Option<Vec<u8>> {
 }
 
 /// Blobs for the image file at `path` with build id `id`.
-fn image_blobs(path: &Path, id: &BuildId, debug: bool) -> Result<(Vec<Blob>, String), String> {
+/// Sections in `have` (already embedded) are left out.
+fn image_blobs(
+    path: &Path,
+    id: &BuildId,
+    debug: bool,
+    have: &BTreeSet<(BuildId, String)>,
+) -> Result<(Vec<Blob>, String), String> {
     let bytes = std::fs::read(path).map_err(|e| format!("cannot read it: {e}"))?;
     let parsed = parse_file(Arc::new(bytes.clone())).map_err(|e| e.to_string())?;
     match &parsed.build_id {
@@ -172,6 +178,10 @@ fn image_blobs(path: &Path, id: &BuildId, debug: bool) -> Result<(Vec<Blob>, Str
     if let Some(h) = elf_headers(&bytes) {
         sections.push((EMBEDDED_ELF_HEADERS.to_string(), 0, h));
     }
+    sections.retain(|s| !have.contains(&(id.clone(), s.0.clone())));
+    if sections.is_empty() {
+        return Ok((Vec::new(), String::new()));
+    }
     let mut names: Vec<&str> = sections.iter().map(|s| s.0.as_str()).collect();
     names.sort_unstable();
     what.insert(0, names.join(" "));
@@ -212,7 +222,8 @@ pub fn pack(
     // Which images and processes the trace has, and what it embeds already.
     let mut images: BTreeMap<(String, BuildId), ImageKind> = BTreeMap::new();
     let mut pids = BTreeSet::new();
-    let mut have: BTreeSet<(BuildId, bool)> = BTreeSet::new();
+    // Sections (and whole images) already embedded, per build id.
+    let mut have: BTreeSet<(BuildId, String)> = BTreeSet::new();
     for r in reader.records().flatten() {
         match r {
             Record::ImageMap(m) if m.executable => {
@@ -221,10 +232,15 @@ pub fn pack(
                 }
                 pids.insert(m.pid);
             }
-            Record::Blob(b) => {
-                let jit = matches!(b.kind, BlobKind::JitMap { .. });
-                have.insert((b.build_id, jit));
-            }
+            Record::Blob(b) => match b.kind {
+                BlobKind::Section { name, .. } => {
+                    have.insert((b.build_id, name));
+                }
+                BlobKind::Image => {
+                    have.insert((b.build_id, String::new()));
+                }
+                _ => {}
+            },
             Record::Process(p) => {
                 pids.insert(p.pid);
             }
@@ -235,11 +251,12 @@ pub fn pack(
     let mut new_blobs = Vec::new();
     let mut done_ids = BTreeSet::new();
     for ((path, id), kind) in &images {
-        if have.contains(&(id.clone(), false)) || !done_ids.insert(id.clone()) {
+        if have.contains(&(id.clone(), String::new())) || !done_ids.insert(id.clone()) {
             continue;
         }
         match kind {
-            ImageKind::File => match image_blobs(Path::new(path), id, options.debug) {
+            ImageKind::File => match image_blobs(Path::new(path), id, options.debug, &have) {
+                Ok((b, _)) if b.is_empty() => {}
                 Ok((b, what)) => {
                     report.embedded.push(format!("{path} ({id}): {what}"));
                     new_blobs.extend(b);

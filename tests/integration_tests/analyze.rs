@@ -20,6 +20,21 @@ use std::process::{Command, Output, Stdio};
 /// Flags that make unwinding depend on DWARF CFI.
 const NO_FP: &[&str] = &["-O2", "-g", "-fomit-frame-pointer", "-pthread"];
 
+/// `--embed none` if this lrnprof-rec embeds image data by default.
+fn embed_none() -> &'static [&'static str] {
+    if recorder_embeds() {
+        &["--embed", "none"]
+    } else {
+        &[]
+    }
+}
+
+/// Whether lrnprof-rec has the `--embed` option.
+fn recorder_embeds() -> bool {
+    let help = Command::new(lrnprof_rec()).arg("--help").output().unwrap();
+    String::from_utf8_lossy(&help.stdout).contains("--embed")
+}
+
 /// Record `program args` into `dir/name.lpt`.
 fn record(dir: &Path, name: &str, extra: &[&str], program: &Path, args: &[&str]) -> PathBuf {
     let trace = dir.join(format!("{name}.lpt"));
@@ -381,7 +396,12 @@ fn bad_and_truncated_traces() {
     };
     let mut w = TraceWriter::new(&mut small, reader.header(), options).unwrap();
     for r in reader.records() {
-        w.write(&r.unwrap()).unwrap();
+        // Without embedded blobs (which come last), so that the cut
+        // falls among samples.
+        match r.unwrap() {
+            lrnprof_format::Record::Blob(_) => {}
+            r => w.write(&r).unwrap(),
+        }
     }
     w.finish().unwrap();
     let small_trace = dir.join("small.lpt");
@@ -592,4 +612,164 @@ fn speedscope_output_loads_in_speedscope() {
     let bad_dir = dir.join("bad");
     std::fs::create_dir_all(&bad_dir).unwrap();
     assert!(speedscope_dom(&app, &bad, &bad_dir).contains("Something went wrong"));
+}
+
+/// Folded output as text (`--format folded -o -`).
+fn folded_text(trace: &Path, extra: &[&str]) -> String {
+    let mut args = vec![trace.to_str().unwrap(), "--format", "folded", "-o", "-"];
+    args.extend(extra);
+    String::from_utf8(ok(&args).stdout).unwrap()
+}
+
+/// Record an_inline living with its library in `dir/app`, analyze it, pack
+/// it (with and without DWARF) and delete `dir/app`. Returns (trace,
+/// packed, packed with debug info, folded before, folded --no-inline
+/// before).
+fn packed_post_mortem(dir: &Path) -> (PathBuf, PathBuf, PathBuf, String, String) {
+    let app = dir.join("app");
+    std::fs::create_dir_all(&app).unwrap();
+    let exe = build_inline_fixture(&app, NO_FP);
+    let trace = record(dir, "pm", embed_none(), &exe, &["800"]);
+    let before = folded_text(&trace, &[]);
+    let before_no_inline = folded_text(&trace, &["--no-inline"]);
+    assert!(before.contains("hot_outer;mix_step") && before.contains("lib_entry;lib_leaf"));
+    let packed = dir.join("packed.lpt");
+    let packed_debug = dir.join("packed-debug.lpt");
+    let t = trace.to_str().unwrap();
+    ok(&["pack", t, "-o", packed.to_str().unwrap()]);
+    ok(&["pack", t, "--debug", "-o", packed_debug.to_str().unwrap()]);
+    std::fs::remove_dir_all(&app).unwrap();
+    (trace, packed, packed_debug, before, before_no_inline)
+}
+
+#[test]
+fn packed_trace_analyzes_after_the_binaries_are_gone() {
+    require_perf!();
+    let dir = scratch_dir("an-postmortem");
+    let (trace, packed, packed_debug, before, before_no_inline) = packed_post_mortem(&dir);
+
+    // Unpacked, the executable and its library are now unknown.
+    let lost = folded_text(&trace, &["--no-inline"]);
+    assert_ne!(lost, before_no_inline);
+    assert!(
+        lost.contains("an_inline+0x") || lost.contains("libanlib.so+0x"),
+        "{lost}"
+    );
+
+    // Symbol tables and unwind sections: the same stacks (without inline
+    // frames, which need DWARF).
+    assert_eq!(folded_text(&packed, &["--no-inline"]), before_no_inline);
+    // With DWARF embedded: inline frames too, and file:line in speedscope.
+    assert_eq!(folded_text(&packed_debug, &[]), before);
+    let p = packed_debug.to_str().unwrap();
+    let json = String::from_utf8(ok(&[p, "--format", "speedscope", "-o", "-"]).stdout).unwrap();
+    assert!(
+        json.contains(r#""name":"mix_step","file":""#) && json.contains("an_inline.c"),
+        "{json}"
+    );
+    let i = info(&packed_debug, &[]);
+    assert!(i.contains("embedded in trace"), "{i}");
+}
+
+#[test]
+fn recorder_embedded_debug_data_suffices() {
+    require_perf!();
+    if !recorder_embeds() {
+        eprintln!("skipping: this lrnprof-rec has no --embed option");
+        return;
+    }
+    let dir = scratch_dir("an-embed-debug");
+    let app = dir.join("app");
+    std::fs::create_dir_all(&app).unwrap();
+    let exe = build_inline_fixture(&app, NO_FP);
+    let trace = record(&dir, "ed", &["--embed", "debug"], &exe, &["800"]);
+    let before = folded_text(&trace, &[]);
+    assert!(before.contains("hot_outer;mix_step"), "{before}");
+    std::fs::remove_dir_all(&app).unwrap();
+    assert_eq!(folded_text(&trace, &[]), before);
+    let p = trace.to_str().unwrap();
+    let json = String::from_utf8(ok(&[p, "--format", "speedscope", "-o", "-"]).stdout).unwrap();
+    assert!(json.contains("an_inline.c"), "no file names: {json}");
+}
+
+#[test]
+fn offline_uses_only_embedded_data() {
+    require_perf!();
+    let dir = scratch_dir("an-offline");
+    let (_, packed, packed_debug, before, _) = packed_post_mortem(&dir);
+    // libc, ld.so and the vDSO are still here, but --offline must not read
+    // them: everything comes from the trace, with the same result.
+    assert_eq!(folded_text(&packed_debug, &["--offline"]), before);
+    let i = info(&packed_debug, &["--offline"]);
+    assert!(
+        !i.contains("\"unwind_data\": \"/"),
+        "a local file was used: {i}"
+    );
+    // Without DWARF in the trace, offline libc names come from its symbol
+    // tables: still every frame known.
+    let out = ok(&[
+        packed.to_str().unwrap(),
+        "--offline",
+        "--format",
+        "folded",
+        "-o",
+        "-",
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("0.0% unknown frames"), "{stderr}");
+}
+
+#[test]
+fn local_file_with_another_build_id_is_not_used() {
+    require_perf!();
+    let dir = scratch_dir("an-mismatch");
+    let (_, _, packed_debug, before, _) = packed_post_mortem(&dir);
+    // Same path, different program: another build id.
+    let app = dir.join("app");
+    std::fs::create_dir_all(&app).unwrap();
+    build_inline_fixture(&app, &["-O1", "-g"]);
+    let out = ok(&[
+        packed_debug.to_str().unwrap(),
+        "--format",
+        "folded",
+        "-o",
+        "-",
+    ]);
+    assert_eq!(String::from_utf8(out.stdout).unwrap(), before);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("not using") && stderr.contains("differs from the recorded"),
+        "{stderr}"
+    );
+    let i = info(&packed_debug, &[]);
+    assert!(i.contains("differs from the recorded"), "{i}");
+}
+
+#[test]
+fn stripped_trace_has_no_stack_bytes_and_the_same_stacks() {
+    require_perf!();
+    let dir = scratch_dir("an-strip");
+    let (_, _, packed_debug, before, _) = packed_post_mortem(&dir);
+    let stripped = dir.join("stripped.lpt");
+    ok(&[
+        "strip",
+        packed_debug.to_str().unwrap(),
+        "-o",
+        stripped.to_str().unwrap(),
+    ]);
+    let reader = TraceReader::open(&stripped).unwrap();
+    let mut samples = 0;
+    for r in reader.records() {
+        if let lrnprof_format::Record::Sample(s) = r.unwrap() {
+            samples += 1;
+            assert!(
+                s.stack.bytes.is_empty(),
+                "stack bytes left in a stripped sample"
+            );
+            assert!(s.kernel_callchain.is_empty());
+            assert!(!s.frames.is_empty());
+        }
+    }
+    assert!(samples > 0);
+    assert_eq!(folded_text(&stripped, &["--offline"]), before);
 }
