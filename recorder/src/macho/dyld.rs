@@ -287,6 +287,31 @@ mod tests {
     }
 
     #[test]
+    fn every_prefix_and_byte_flip_is_an_error_or_ok_never_a_panic() {
+        let infos = all_image_infos();
+        for len in 0..infos.len() {
+            if let Ok(parsed) = parse_all_image_infos(&infos[..len]) {
+                // Only a complete version 17 structure parses.
+                assert!(
+                    len >= DYLD_ALL_IMAGE_INFOS_LEN,
+                    "parsed {len} bytes: {parsed:?}"
+                );
+            }
+        }
+        for i in 0..infos.len() {
+            let mut b = infos.clone();
+            b[i] ^= 0xff;
+            if let Ok(parsed) = parse_all_image_infos(&b) {
+                let _ = parsed.info_array_len();
+            }
+        }
+        let array = image_array();
+        for len in 0..array.len() {
+            assert!(parse_image_info_array(&array[..len], 3).is_err());
+        }
+    }
+
+    #[test]
     fn c_strings() {
         assert_eq!(
             parse_c_string(b"/usr/lib/libSystem.B.dylib\0garbage").unwrap(),
