@@ -1,0 +1,110 @@
+//! `lrnprof-demo`: builds the bundled demo program (`tests/demo/demo.c`),
+//! records it with the recorder library, analyzes the trace into pprof,
+//! folded and speedscope files, and says where they are and how to open them.
+//!
+//! Run it with `cargo run --release -p lrnprof-tests --bin lrnprof-demo`
+//! [-- SECONDS]. Everything goes to `target/lrnprof-demo/`.
+
+use anyhow::{bail, Context, Result};
+use lrnprof_analyzer::{analyze, write_atomically, AnalyzeOptions, NoProgress, OutputFormat};
+use lrnprof_recorder::{record, RecordOptions, TargetSpec};
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode};
+
+fn main() -> ExitCode {
+    match run() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("lrnprof-demo: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run() -> Result<()> {
+    let seconds: f64 = match std::env::args().nth(1) {
+        Some(s) => s
+            .parse()
+            .with_context(|| format!("{s:?} is not a number of seconds"))?,
+        None => 3.0,
+    };
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .context("tests/ has no parent directory")?
+        .to_path_buf();
+    let out_dir = root.join("target/lrnprof-demo");
+    std::fs::create_dir_all(&out_dir)
+        .with_context(|| format!("cannot create {}", out_dir.display()))?;
+
+    // 1. Build the demo program, optimized and without frame pointers, so
+    //    unwinding needs the DWARF CFI that only offline analysis can afford.
+    let exe = out_dir.join("demo");
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".to_string());
+    let status = Command::new(&cc)
+        .args(["-O2", "-g", "-fomit-frame-pointer", "-pthread", "-o"])
+        .arg(&exe)
+        .arg(root.join("tests/demo/demo.c"))
+        .status()
+        .with_context(|| format!("cannot run the C compiler {cc:?}: install gcc or set CC"))?;
+    if !status.success() {
+        bail!("{cc} failed to build tests/demo/demo.c");
+    }
+
+    // 2. Record it.
+    let trace = out_dir.join("demo.lpt");
+    eprintln!("recording {} for {seconds} s ...", exe.display());
+    let summary = record(&RecordOptions {
+        target: TargetSpec::Command(vec![exe.into_os_string(), seconds.to_string().into()]),
+        out: trace.clone(),
+        status_line: std::io::stderr().is_terminal(),
+        ..Default::default()
+    })?;
+    eprintln!("{summary}");
+
+    // 3. Analyze once, write all three formats.
+    let options = AnalyzeOptions {
+        keep_sequences: true,
+        ..Default::default()
+    };
+    let profile = analyze(&trace, &options, &NoProgress)?;
+    let mut written: Vec<(OutputFormat, PathBuf)> = Vec::new();
+    for format in [
+        OutputFormat::Pprof,
+        OutputFormat::Folded,
+        OutputFormat::Speedscope,
+    ] {
+        let path = out_dir.join(format!("demo.{}", format.extension()));
+        write_atomically(&path, |w| format.writer().write(&profile, w))?;
+        written.push((format, path));
+    }
+    let stats = &profile.stats;
+    eprintln!(
+        "analyzed {} samples: {:.1}% unwound to the thread root, {:.1}% unknown frames",
+        stats.samples,
+        stats.root_pct(),
+        stats.unknown_pct()
+    );
+
+    // 4. Where things are and how to open them.
+    println!("\ntrace: {}", trace.display());
+    for (format, path) in &written {
+        let path = path.display();
+        match format {
+            OutputFormat::Pprof => println!(
+                "pprof: {path}\n  open with: go tool pprof -http=localhost:8080 {path}"
+            ),
+            OutputFormat::Folded => println!(
+                "folded stacks: {path}\n  open with: flamegraph.pl {path} > demo.svg (or inferno-flamegraph)"
+            ),
+            OutputFormat::Speedscope => println!(
+                "speedscope: {path}\n  open with: https://www.speedscope.app (drop the file in) or npx speedscope {path}"
+            ),
+        }
+    }
+    println!(
+        "what is in the trace: cargo run --release -p lrnprof-analyzer -- info {}",
+        trace.display()
+    );
+    Ok(())
+}
