@@ -89,6 +89,45 @@ mod tests {
 /// header table), so that AVMA/SVMA translation does not need the file.
 pub(crate) const EMBEDDED_ELF_HEADERS: &str = ".lrnprof.headers";
 
+/// Name of the embedded text table of an image's segments and sections
+/// that `lrnprof_recorder::embed` writes: one `segment FILE_OFFSET
+/// FILE_SIZE SVMA MEM_SIZE` or `section NAME SVMA SIZE` line per entry,
+/// numbers in lowercase hex without `0x`.
+pub(crate) const EMBEDDED_LAYOUT: &str = ".lrnprof.layout";
+
+/// Segments and (name, SVMA, size) of sections from an embedded layout
+/// table. Lines that do not parse are skipped.
+pub(crate) fn parse_layout(text: &str) -> (Vec<super::Segment>, Vec<(String, u64, u64)>) {
+    let hex = |s: &str| u64::from_str_radix(s, 16).ok();
+    let mut segments = Vec::new();
+    let mut sections = Vec::new();
+    for line in text.lines() {
+        let f: Vec<&str> = line.split(' ').collect();
+        match f.as_slice() {
+            ["segment", off, size, svma, _mem] => {
+                if let (Some(file_offset), Some(file_size), Some(svma)) =
+                    (hex(off), hex(size), hex(svma))
+                {
+                    if file_size > 0 {
+                        segments.push(super::Segment {
+                            file_offset,
+                            file_size,
+                            svma,
+                        });
+                    }
+                }
+            }
+            ["section", name, svma, size] => {
+                if let (Some(svma), Some(size)) = (hex(svma), hex(size)) {
+                    sections.push((name.to_string(), svma, size));
+                }
+            }
+            _ => {}
+        }
+    }
+    (segments, sections)
+}
+
 const PT_LOAD: u32 = 1;
 
 /// `PT_LOAD` segments of an ELF file from its first bytes (file header and
@@ -187,6 +226,35 @@ mod header_tests {
         assert!(!segs.is_empty());
         let parsed = crate::image::parse::parse_file(std::sync::Arc::new(bytes)).unwrap();
         assert_eq!(segs, parsed.data.segments);
+    }
+
+    #[test]
+    fn layout_table() {
+        let (segs, secs) = parse_layout(
+            "segment 0 628 0 628\nsegment 1000 1c5 1000 1c5\nsection .text 1040 113\nbad line\nsection .got 3fd8 28\n",
+        );
+        assert_eq!(
+            segs,
+            vec![
+                crate::image::Segment {
+                    file_offset: 0,
+                    file_size: 0x628,
+                    svma: 0
+                },
+                crate::image::Segment {
+                    file_offset: 0x1000,
+                    file_size: 0x1c5,
+                    svma: 0x1000
+                },
+            ]
+        );
+        assert_eq!(
+            secs,
+            vec![
+                (".text".into(), 0x1040, 0x113),
+                (".got".into(), 0x3fd8, 0x28)
+            ]
+        );
     }
 
     #[test]

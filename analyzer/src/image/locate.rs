@@ -2,7 +2,9 @@
 //! the usual debug-file places and data embedded in the trace. A local file
 //! is used only if its build id matches the one recorded.
 
-use super::elfsym::{elf_load_segments, parse_elf64_symbols, EMBEDDED_ELF_HEADERS};
+use super::elfsym::{
+    elf_load_segments, parse_elf64_symbols, parse_layout, EMBEDDED_ELF_HEADERS, EMBEDDED_LAYOUT,
+};
 use super::parse::{parse_file, ParsedFile};
 use super::{short_name, ImageData, LoadedImage, Section, SectionBytes, Source};
 use crate::blobs::BlobStore;
@@ -324,11 +326,15 @@ fn merge_embedded(into: &mut ImageData, id: &BuildId, blobs: &BlobStore) -> (boo
             .sections
             .get(&name)
             .is_some_and(|s| !s.bytes.is_empty());
-        if have
-            || name.starts_with(".symtab")
-            || name.starts_with(".strtab")
-            || name.starts_with(".dyn")
-        {
+        let special = [
+            ".symtab",
+            ".strtab",
+            ".dynsym",
+            ".dynstr",
+            EMBEDDED_ELF_HEADERS,
+            EMBEDDED_LAYOUT,
+        ];
+        if have || special.contains(&name.as_str()) {
             continue;
         }
         if name == "__TEXT" {
@@ -346,6 +352,25 @@ fn merge_embedded(into: &mut ImageData, id: &BuildId, blobs: &BlobStore) -> (boo
                 bytes: SectionBytes::whole(bytes),
             },
         );
+    }
+    if let Some((_, layout)) = blobs.section(id, EMBEDDED_LAYOUT) {
+        let (segments, sections) = parse_layout(&String::from_utf8_lossy(&layout));
+        if into.segments.is_empty() {
+            into.segments = segments;
+        }
+        // Ranges without bytes (e.g. `.text`, `.got`) still help the unwinder.
+        for (name, svma, size) in sections {
+            let name = match name.as_str() {
+                "__text" => ".text".to_string(),
+                "__got" => ".got".to_string(),
+                _ => name,
+            };
+            into.sections.entry(name).or_insert_with(|| Section {
+                svma,
+                size,
+                bytes: SectionBytes::whole(Arc::new(Vec::new())),
+            });
+        }
     }
     if into.segments.is_empty() {
         if let Some((_, headers)) = blobs.section(id, EMBEDDED_ELF_HEADERS) {
