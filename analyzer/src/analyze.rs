@@ -4,6 +4,8 @@
 
 use crate::error::AnalyzeError;
 use crate::image::{LoadedImage, Source};
+#[cfg(test)]
+use crate::options::SampleFilter;
 use crate::options::{AnalyzeOptions, Progress};
 use crate::pipeline::{open, pool, prepare, FrameKey, Prepared, NO_IMAGE};
 use crate::profile::{
@@ -475,5 +477,140 @@ fn build_profile<D: AsRef<[u8]>>(
         sequences: agg.sequences,
         stats,
         warnings,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::options::NoProgress;
+    use crate::output::OutputFormat;
+    use lrnprof_format::*;
+
+    fn sample(time: u64, frames: Vec<u64>) -> Record {
+        Record::Sample(lrnprof_format::Sample {
+            time: Timestamp(time),
+            pid: Pid(1),
+            tid: Tid(1),
+            cpu: None,
+            kind: SampleKind::CpuTime,
+            weight: 1000,
+            regs: Regs::X86_64(RegsX86_64::default()),
+            stack: StackSnapshot::default(),
+            kernel_callchain: Vec::new(),
+            frames,
+        })
+    }
+
+    fn map(time: u64, path: &str, id: u8) -> Record {
+        Record::ImageMap(ImageMapRecord {
+            time: Timestamp(time),
+            pid: Pid(1),
+            start: 0x10000,
+            end: 0x20000,
+            file_offset: 0,
+            path: path.into(),
+            build_id: Some(BuildId(vec![id])),
+            kind: ImageKind::File,
+            executable: true,
+        })
+    }
+
+    /// A pre-unwound trace: one address range holds liba.so, then is
+    /// unmapped and reused by libb.so; plus a JIT frame and a frame outside
+    /// every image.
+    fn synthetic_trace(path: &Path) {
+        let records = vec![
+            Record::Thread(ThreadRecord {
+                time: Timestamp(1),
+                pid: Pid(1),
+                tid: Tid(1),
+                event: ThreadEvent::Existing,
+                name: Some("main".into()),
+            }),
+            map(2, "/nonexistent/liba.so", 1),
+            sample(10, vec![0x10100, 0x10200]),
+            Record::ImageUnmap(ImageUnmapRecord {
+                time: Timestamp(20),
+                pid: Pid(1),
+                start: 0x10000,
+                end: 0x20000,
+            }),
+            map(30, "/nonexistent/libb.so", 2),
+            sample(40, vec![0x10100]),
+            sample(2_000_000_050, vec![0x5010, 0x999]),
+            Record::Blob(Blob {
+                build_id: BuildId(Vec::new()),
+                kind: BlobKind::JitMap { pid: Pid(1) },
+                compressed: false,
+                offset: 0,
+                total_len: 19,
+                data: b"5000 100 jitted_fn\n".to_vec(),
+            }),
+        ];
+        let mut out = Vec::new();
+        let mut w =
+            TraceWriter::new(&mut out, &TraceHeader::example(), WriterOptions::default()).unwrap();
+        for r in &records {
+            w.write(r).unwrap();
+        }
+        w.finish().unwrap();
+        std::fs::write(path, out).unwrap();
+    }
+
+    fn folded(path: &Path, options: &AnalyzeOptions) -> String {
+        let profile = analyze(path, options, &NoProgress).unwrap();
+        let mut out = Vec::new();
+        OutputFormat::Folded
+            .writer()
+            .write(&profile, &mut out)
+            .unwrap();
+        String::from_utf8(out).unwrap()
+    }
+
+    #[test]
+    fn image_map_over_time_jit_and_unknown_frames() {
+        let path =
+            std::env::temp_dir().join(format!("lrnprof-an-synth-{}.lpt", std::process::id()));
+        synthetic_trace(&path);
+        let options = AnalyzeOptions {
+            offline: true,
+            ..Default::default()
+        };
+        // Return addresses are looked up (and shown) one byte back.
+        assert_eq!(
+            folded(&path, &options),
+            "main-1;0x998;jitted_fn 1\n\
+             main-1;liba.so+0x1ff;liba.so+0x100 1\n\
+             main-1;libb.so+0x100 1\n"
+        );
+        let early = AnalyzeOptions {
+            filter: SampleFilter {
+                to_secs: Some(1.0),
+                ..Default::default()
+            },
+            ..options.clone()
+        };
+        assert!(!folded(&path, &early).contains("jitted_fn"));
+        let none = AnalyzeOptions {
+            filter: SampleFilter {
+                tid: Some(Tid(99)),
+                ..Default::default()
+            },
+            ..options.clone()
+        };
+        assert!(matches!(
+            analyze(&path, &none, &NoProgress),
+            Err(AnalyzeError::NothingSelected(_))
+        ));
+        let profile = analyze(&path, &options, &NoProgress).unwrap();
+        assert_eq!(profile.stats.samples, 3);
+        assert_eq!(profile.stats.unknown_frames, 4, "{:?}", profile.locations);
+        assert!(
+            profile.warnings.iter().any(|w| w.contains("liba.so (01)")),
+            "{:?}",
+            profile.warnings
+        );
+        std::fs::remove_file(&path).unwrap();
     }
 }
