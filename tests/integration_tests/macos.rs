@@ -634,3 +634,32 @@ fn x86_64_frame_chain_with_compact_unwind_is_unwound_and_symbolicated() {
     assert_single_stack(&analyze_folded(&trace, &[]), &EXPECTED);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn embedded_mach_o_image_names_frames_without_the_file() {
+    let dir = scratch_dir("macos-embedded");
+    let Some(bin) = build_fixture(&dir, ARM64, "callchain_embedded", &[]) else {
+        return;
+    };
+    let fx = Fixture::load(&bin);
+    // What the macOS recorder embeds for a touched image that has a file:
+    // the whole (thin) Mach-O, keyed by its UUID.
+    let blob = Blob {
+        build_id: BuildId(fx.uuid.to_vec()),
+        kind: BlobKind::Image,
+        compressed: false,
+        offset: 0,
+        total_len: fx.bytes.len() as u64,
+        data: fx.bytes.clone(),
+    };
+    let trace = dir.join("embedded.lpt");
+    write_trace(
+        &fx,
+        &trace,
+        ImageKind::File,
+        "/Applications/Gone.app/Contents/MacOS/callchain",
+        vec![blob],
+    );
+    assert_single_stack(&analyze_folded(&trace, &["--offline"]), &EXPECTED);
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -1,5 +1,6 @@
 //! Pure parsers for what the macOS backend reads out of a target task:
-//! Mach-O headers and load commands, the dyld image list, and thread states.
+//! Mach-O headers and load commands, the dyld image list, and thread states;
+//! and for the universal (fat) files its images come from.
 //!
 //! Everything here works on byte slices copied from another process, so it
 //! is compiled and unit-tested on every host (Linux included) and treats its
@@ -15,6 +16,7 @@
 #![cfg_attr(not(target_os = "macos"), allow(dead_code, unused_imports))]
 
 mod dyld;
+mod fat;
 mod load_commands;
 mod thread_state;
 
@@ -22,6 +24,7 @@ pub(crate) use dyld::{
     parse_all_image_infos, parse_c_string, parse_image_info_array, AllImageInfos,
     DYLD_ALL_IMAGE_INFOS_LEN, MAX_PATH_LEN,
 };
+pub(crate) use fat::thin_image;
 pub(crate) use load_commands::{parse_header, parse_load_commands, MachOImage, MACH_HEADER_64_LEN};
 pub(crate) use thread_state::strip_pac;
 // Each macOS build records its own architecture; the other one's thread

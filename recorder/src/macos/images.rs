@@ -11,7 +11,7 @@ use crate::macho::{
 use lrnprof_format::{
     Blob, BlobKind, BuildId, ImageKind, ImageMapRecord, ImageUnmapRecord, Pid, Record, Timestamp,
 };
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 /// Sections of a shared-cache image copied into the trace: what the
 /// analyzer needs to unwind through code whose file it will never have.
@@ -22,14 +22,42 @@ const MAX_SECTION_LEN: u64 = 64 << 20;
 /// Blob data per record: well under the format's record size limit.
 const BLOB_PART_LEN: usize = 512 << 10;
 
+/// The most bytes of an image file embedded whole; bigger files are left
+/// for the analysis machine to provide (`--symbols`).
+const MAX_EMBEDDED_FILE_LEN: u64 = 64 << 20;
+
+/// What still has to be copied into the trace for an image.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Embed {
+    /// Nothing (no UUID to key it by, or already done).
+    Nothing,
+    /// A shared-cache image: its unwind sections, from memory, now.
+    SectionsFromMemory,
+    /// An image with a file: the file, read from disk when recording ends.
+    FileAtEnd,
+}
+
 /// One image currently mapped in the target.
 struct Known {
     /// One past the end of `__TEXT` (AVMA).
     end: u64,
+    /// Its path as dyld reports it.
+    path: String,
     /// What its header and load commands say.
     image: MachOImage,
-    /// Whether it is a shared-cache image whose sections are not yet in the trace.
-    needs_embedding: bool,
+    /// What to embed once a sample touches it.
+    embed: Embed,
+}
+
+/// An image file to copy into the trace when recording ends.
+#[derive(Debug, Clone)]
+pub(super) struct FileToEmbed {
+    /// Path as dyld reported it.
+    pub path: String,
+    /// The UUID the mapped image has: the file is used only if it matches.
+    pub uuid: [u8; 16],
+    /// The image's `cputype`, to pick the slice of a universal file.
+    pub cputype: u32,
 }
 
 /// Tracks the target's images and turns changes into records.
@@ -45,6 +73,10 @@ pub(super) struct Images {
     /// Lowest start and highest end of the images still to embed: a quick
     /// filter before the map lookup, since most stack words miss them.
     pending: Option<(u64, u64)>,
+    /// Files of touched images, embedded when recording ends.
+    files: Vec<FileToEmbed>,
+    /// UUIDs already embedded or queued (an image may be mapped again).
+    embedded: BTreeSet<[u8; 16]>,
     /// Image list reads or images that could not be parsed.
     pub unreadable: u64,
 }
@@ -57,6 +89,8 @@ impl Images {
             last_change: None,
             known: BTreeMap::new(),
             pending: None,
+            files: Vec::new(),
+            embedded: BTreeSet::new(),
             unreadable: 0,
         }
     }
@@ -184,7 +218,7 @@ impl Images {
                 // file offset 0 of a standalone image; shared-cache images
                 // have no file of their own.
                 file_offset: 0,
-                path,
+                path: path.clone(),
                 build_id: image.uuid.map(|u| BuildId(u.to_vec())),
                 kind: if shared {
                     ImageKind::SharedCache
@@ -197,7 +231,12 @@ impl Images {
                 load_address,
                 Known {
                     end,
-                    needs_embedding: shared && image.uuid.is_some(),
+                    path,
+                    embed: match (image.uuid, shared) {
+                        (None, _) => Embed::Nothing,
+                        (Some(_), true) => Embed::SectionsFromMemory,
+                        (Some(_), false) => Embed::FileAtEnd,
+                    },
                     image,
                 },
             );
@@ -205,44 +244,61 @@ impl Images {
         self.recompute_pending();
     }
 
-    /// Whether some mapped shared-cache image is not yet embedded.
+    /// Whether some mapped image is not yet embedded.
     pub fn has_pending(&self) -> bool {
         self.pending.is_some()
     }
 
     fn recompute_pending(&mut self) {
-        self.pending =
-            self.known
-                .iter()
-                .filter(|(_, k)| k.needs_embedding)
-                .fold(None, |acc, (&start, k)| match acc {
-                    None => Some((start, k.end)),
-                    Some((lo, hi)) => Some((lo.min(start), hi.max(k.end))),
-                });
+        self.pending = self
+            .known
+            .iter()
+            .filter(|(_, k)| k.embed != Embed::Nothing)
+            .fold(None, |acc, (&start, k)| match acc {
+                None => Some((start, k.end)),
+                Some((lo, hi)) => Some((lo.min(start), hi.max(k.end))),
+            });
     }
 
-    /// The shared-cache image containing `address` whose sections are not
-    /// yet in the trace, if any.
+    /// The image containing `address` whose data is not yet in the trace,
+    /// if any.
     pub fn wants_embedding(&self, address: u64) -> Option<u64> {
         let (lo, hi) = self.pending?;
         if address < lo || address >= hi {
             return None;
         }
         let (&start, known) = self.known.range(..=address).next_back()?;
-        (address < known.end && known.needs_embedding).then_some(start)
+        (address < known.end && known.embed != Embed::Nothing).then_some(start)
     }
 
-    /// Copy the unwind sections (and the header with its load commands, so
-    /// the analyzer knows the layout) of the shared-cache image loaded at
-    /// `start` into blob records. Called the first time a sample touches
-    /// the image, so only images that matter are embedded.
+    /// The image loaded at `start` was touched by a sample for the first
+    /// time, so only images that matter are embedded. A shared-cache image
+    /// has its unwind sections (and its header with the load commands, so
+    /// the analyzer knows the layout) copied from memory into blob records
+    /// now; an image with a file is queued for [`Images::take_files`].
     pub fn embed(&mut self, task: &Port, start: u64, out: &mut Vec<Record>) {
         let Some(known) = self.known.get_mut(&start) else {
             return;
         };
-        known.needs_embedding = false;
+        let what = std::mem::replace(&mut known.embed, Embed::Nothing);
         let image = known.image.clone();
+        let path = known.path.clone();
         self.recompute_pending();
+        if image.uuid.is_some_and(|u| !self.embedded.insert(u)) {
+            return;
+        }
+        match (what, image.uuid) {
+            (Embed::SectionsFromMemory, _) => {}
+            (Embed::FileAtEnd, Some(uuid)) => {
+                self.files.push(FileToEmbed {
+                    path,
+                    uuid,
+                    cputype: image.header.cputype,
+                });
+                return;
+            }
+            _ => return,
+        }
         let (Some(uuid), Some(text), Some(slide)) =
             (image.uuid, image.text_segment(), image.slide(start))
         else {
@@ -266,17 +322,28 @@ impl Images {
             }
         }
     }
+
+    /// The files of touched images, to embed when recording ends.
+    pub fn take_files(&mut self) -> Vec<FileToEmbed> {
+        std::mem::take(&mut self.files)
+    }
 }
 
 fn push_blob(out: &mut Vec<Record>, build_id: &BuildId, name: &str, svma: u64, data: Vec<u8>) {
+    let kind = BlobKind::Section {
+        name: name.to_string(),
+        svma,
+    };
+    push_blob_parts(out, build_id, kind, &data);
+}
+
+/// `data` as blob records of at most [`BLOB_PART_LEN`] bytes each.
+fn push_blob_parts(out: &mut Vec<Record>, build_id: &BuildId, kind: BlobKind, data: &[u8]) {
     let total_len = data.len() as u64;
     for (i, part) in data.chunks(BLOB_PART_LEN).enumerate() {
         out.push(Record::Blob(Blob {
             build_id: build_id.clone(),
-            kind: BlobKind::Section {
-                name: name.to_string(),
-                svma,
-            },
+            kind: kind.clone(),
             compressed: false,
             offset: (i * BLOB_PART_LEN) as u64,
             total_len,
@@ -318,4 +385,33 @@ fn read_c_string(task: &Port, address: u64) -> Option<String> {
         at += chunk as u64;
     }
     None
+}
+
+/// Blob records holding the image file `file.path` (the slice the target
+/// runs, for a universal file), if it is small enough and still has the
+/// mapped image's UUID; otherwise why not.
+pub(super) fn embed_file(file: &FileToEmbed, out: &mut Vec<Record>) -> Result<(), String> {
+    let len = std::fs::metadata(&file.path)
+        .map_err(|e| format!("{}: {e}", file.path))?
+        .len();
+    if len > MAX_EMBEDDED_FILE_LEN {
+        return Err(format!(
+            "{}: {len} bytes, more than the {MAX_EMBEDDED_FILE_LEN} embedded",
+            file.path
+        ));
+    }
+    let bytes = std::fs::read(&file.path).map_err(|e| format!("{}: {e}", file.path))?;
+    let image = crate::macho::thin_image(&bytes, file.cputype)
+        .map_err(|e| format!("{}: {e}", file.path))?;
+    let uuid = parse_load_commands(image)
+        .map_err(|e| format!("{}: {e}", file.path))?
+        .uuid;
+    if uuid != Some(file.uuid) {
+        return Err(format!(
+            "{}: the file on disk is not the mapped image (UUID differs)",
+            file.path
+        ));
+    }
+    push_blob_parts(out, &BuildId(file.uuid.to_vec()), BlobKind::Image, image);
+    Ok(())
 }

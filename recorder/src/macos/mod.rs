@@ -277,6 +277,22 @@ fn start(
             executable: None,
         }))?;
     }
+    // Embed the files of the images samples touched, now that nothing is
+    // being sampled. Problems are warnings: the analysis machine can still
+    // provide the files.
+    if let Ok(totals) = &sampled {
+        for file in &totals.files {
+            let mut blobs = Vec::new();
+            match images::embed_file(file, &mut blobs) {
+                Ok(()) => {
+                    for blob in blobs {
+                        tx.send(blob)?;
+                    }
+                }
+                Err(e) => eprintln!("lrnprof-rec: warning: not embedding {e}"),
+            }
+        }
+    }
     drop(tx);
     // A sampler error is reported after the trace is finished, so what was
     // recorded stays readable.

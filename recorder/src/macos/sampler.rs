@@ -2,7 +2,7 @@
 //! last sample is suspended, its registers and live stack are copied, and
 //! it is resumed.
 
-use super::images::Images;
+use super::images::{FileToEmbed, Images};
 use super::regs_native;
 use super::sys::{self, MachClock, Port, Suspended};
 use crate::error::RecordError;
@@ -27,9 +27,11 @@ struct ThreadEntry {
     seen_tick: u64,
 }
 
-/// Counts kept by the sampler, for the caller.
-#[derive(Debug, Default, Clone, Copy)]
+/// What the sampler hands back when it stops.
+#[derive(Debug, Default)]
 pub(super) struct SamplerTotals {
+    /// Image files samples touched, to embed now that sampling is over.
+    pub files: Vec<FileToEmbed>,
     /// Ticks run.
     pub ticks: u64,
     /// Thread-ticks skipped because the thread had not run (not suspended).
@@ -102,6 +104,7 @@ impl Sampler {
                 next = now;
             }
         }
+        self.totals.files = self.images.take_files();
         Ok(self.totals)
     }
 
