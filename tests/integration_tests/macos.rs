@@ -663,3 +663,39 @@ fn embedded_mach_o_image_names_frames_without_the_file() {
     assert_single_stack(&analyze_folded(&trace, &["--offline"]), &EXPECTED);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn universal_binary_at_the_recorded_path_is_used() {
+    let dir = scratch_dir("macos-universal");
+    let Some(lipo) = find_tool("llvm-lipo") else {
+        eprintln!("SKIP: llvm-lipo is not installed (Debian: apt-get install llvm)");
+        return;
+    };
+    let (Some(arm), Some(x86)) = (
+        build_fixture(&dir, ARM64, "callchain_arm64", &[]),
+        build_fixture(&dir, X86_64, "callchain_x86_64", &[]),
+    ) else {
+        return;
+    };
+    // Most macOS apps ship as universal files: one slice per architecture.
+    let universal = dir.join("callchain");
+    let status = Command::new(lipo)
+        .arg("-create")
+        .args([&arm, &x86])
+        .arg("-output")
+        .arg(&universal)
+        .status()
+        .unwrap();
+    assert!(status.success(), "llvm-lipo failed");
+    let fx = Fixture::load(&arm);
+    let trace = dir.join("universal.lpt");
+    write_trace(
+        &fx,
+        &trace,
+        ImageKind::File,
+        &universal.to_string_lossy(),
+        Vec::new(),
+    );
+    assert_single_stack(&analyze_folded(&trace, &[]), &EXPECTED);
+    let _ = std::fs::remove_dir_all(&dir);
+}
