@@ -40,6 +40,7 @@
 
 #![deny(missing_docs)]
 
+pub mod embed;
 mod error;
 mod host;
 mod macho;
@@ -63,6 +64,7 @@ mod unsupported;
 #[cfg(not(any(target_os = "linux", target_os = "macos")))]
 use unsupported as native;
 
+pub use embed::{blobs_for_file, blobs_for_image, blobs_for_open_file, EmbedLevel};
 pub use error::RecordError;
 pub use options::{RecordOptions, TargetSpec, DEFAULT_FREQUENCY_HZ, DEFAULT_STACK_SIZE};
 pub use status::{RecordSummary, TargetExit};

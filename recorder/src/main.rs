@@ -3,7 +3,7 @@
 use anyhow::Result;
 use clap::Parser;
 use lrnprof_recorder::{
-    record, RecordOptions, TargetSpec, DEFAULT_FREQUENCY_HZ, DEFAULT_STACK_SIZE,
+    record, EmbedLevel, RecordOptions, TargetSpec, DEFAULT_FREQUENCY_HZ, DEFAULT_STACK_SIZE,
 };
 use std::ffi::OsString;
 use std::io::IsTerminal;
@@ -44,6 +44,13 @@ struct Args {
     #[arg(long, default_value = "on", value_parser = ["on", "off"])]
     callchain: String,
 
+    /// What to embed of each image the samples touched, so the trace can be
+    /// analyzed where the binaries do not exist: none, unwind (unwind
+    /// tables), symbols (unwind tables and symbol tables) or debug (also
+    /// DWARF, for file:line and inline frames).
+    #[arg(long, default_value = "symbols", value_parser = clap::value_parser!(EmbedLevel))]
+    embed: EmbedLevel,
+
     /// The command to launch and record, after `--`.
     #[arg(last = true, value_name = "CMD")]
     command: Vec<OsString>,
@@ -81,6 +88,7 @@ fn run(args: Args) -> Result<ExitCode> {
         duration,
         stack_size: args.stack_size,
         kernel_callchain: args.callchain == "on",
+        embed: args.embed,
         status_line: std::io::stderr().is_terminal(),
     };
     let summary = record(&options)?;

@@ -1,6 +1,7 @@
 //! What to record and how: a plain options struct, filled by the binary's
 //! flags or by any other caller.
 
+use crate::embed::EmbedLevel;
 use std::ffi::OsString;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -46,6 +47,9 @@ pub struct RecordOptions {
     /// Also ask the kernel for the user frame-pointer callchain of each
     /// sample, so stacks can be continued where the stack copy ends.
     pub kernel_callchain: bool,
+    /// What of each image samples touched to embed in the trace at the
+    /// end, so it can be analyzed where the images do not exist.
+    pub embed: EmbedLevel,
     /// Print a live status line to stderr (the binary turns this on only
     /// when stderr is a terminal).
     pub status_line: bool,
@@ -68,6 +72,7 @@ impl Default for RecordOptions {
             duration: None,
             stack_size: DEFAULT_STACK_SIZE,
             kernel_callchain: true,
+            embed: EmbedLevel::default(),
             status_line: false,
         }
     }

@@ -79,8 +79,8 @@ pub(crate) struct SinkTotals {
     pub summary: Summary,
     /// Size of the finished trace, in bytes.
     pub trace_bytes: u64,
-    /// Bytes of embedded blob data (before block compression).
-    pub blob_bytes: u64,
+    /// Bytes the embedded blobs take in the trace file (compressed).
+    pub blob_file_bytes: u64,
 }
 
 /// The trace file while it is being created: removed on drop unless
@@ -308,10 +308,18 @@ fn run<C: Convert>(
         RecordError::Internal("recording stopped without finishing the trace".into())
     })?;
     converter.finish(&mut records)?;
+    // Blobs go in blocks of their own, so their size in the file is known.
+    let mut blobs_start = None;
     for r in records.drain(..) {
+        if matches!(r, Record::Blob(_)) && blobs_start.is_none() {
+            writer.flush_block()?;
+            blobs_start = Some(writer.bytes_written());
+        }
         counter.count(&r);
         writer.write(&r)?;
     }
+    writer.flush_block()?;
+    let blob_file_bytes = blobs_start.map_or(0, |s| writer.bytes_written() - s);
     counter.summary.end_time = end_time;
     let summary = counter.summary.clone();
     writer.write(&Record::Summary(summary.clone()))?;
@@ -329,6 +337,6 @@ fn run<C: Convert>(
     Ok(SinkTotals {
         summary,
         trace_bytes,
-        blob_bytes: counter.blob_bytes,
+        blob_file_bytes,
     })
 }

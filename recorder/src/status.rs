@@ -47,7 +47,7 @@ pub struct RecordSummary {
     pub images: u64,
     /// Size of the trace file, in bytes.
     pub trace_bytes: u64,
-    /// Bytes of embedded unwind/symbol data (before block compression).
+    /// Bytes the embedded unwind/symbol data adds to the trace file.
     pub embedded_bytes: u64,
     /// How the launched command ended; `None` when attached by pid.
     pub target_exit: Option<TargetExit>,
@@ -71,7 +71,7 @@ impl RecordSummary {
             threads: totals.summary.threads,
             images: totals.summary.images,
             trace_bytes: totals.trace_bytes,
-            embedded_bytes: totals.blob_bytes,
+            embedded_bytes: totals.blob_file_bytes,
             target_exit,
         }
     }
@@ -106,7 +106,11 @@ impl fmt::Display for RecordSummary {
             human_bytes(self.trace_bytes)
         )?;
         if self.embedded_bytes > 0 {
-            write!(f, ", {} embedded", human_bytes(self.embedded_bytes))?;
+            write!(
+                f,
+                ", {} of it embedded image data",
+                human_bytes(self.embedded_bytes)
+            )?;
         }
         write!(f, ")")
     }

@@ -625,3 +625,140 @@ fn startup_errors_are_one_line_and_leave_no_file() {
     assert_fails_cleanly(&[os("--out"), o], &out, "give --pid PID or a command");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The blobs of image `id` as (section name, svma, data, compressed).
+fn section_blobs(records: &[Record], id: &[u8]) -> Vec<(String, u64, Vec<u8>, bool)> {
+    records
+        .iter()
+        .filter_map(|r| match r {
+            Record::Blob(b) if b.build_id.0 == id => match &b.kind {
+                lrnprof_format::BlobKind::Section { name, svma } => {
+                    assert_eq!(b.offset, 0, "small sections are not split");
+                    assert_eq!(b.total_len, b.data.len() as u64);
+                    Some((name.clone(), *svma, b.data.clone(), b.compressed))
+                }
+                _ => None,
+            },
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn embedding_carries_unwind_and_symbol_sections() {
+    use object::ObjectSection;
+    require_perf!();
+    let dir = scratch_dir("rec-embed");
+    let exe = build_c(&["rec_threads.c"], NO_FP, &dir, "rec_threads");
+    let id = build_id(&exe);
+    let data = std::fs::read(&exe).unwrap();
+    let file = object::File::parse(&*data).unwrap();
+
+    let out = dir.join("symbols.lpt");
+    let result = launch(&out, &[], &exe, &["300"]);
+    let stderr = String::from_utf8_lossy(&result.stderr);
+    assert!(stderr.contains("embedded image data"), "{stderr}");
+    let (reader, records) = load(&out);
+    assert_complete(&reader, &records);
+    let blobs = section_blobs(&records, &id);
+    for name in [
+        ".eh_frame",
+        ".eh_frame_hdr",
+        ".symtab",
+        ".strtab",
+        ".lrnprof.layout",
+    ] {
+        assert!(blobs.iter().any(|b| b.0 == name), "{name} not embedded");
+    }
+    for (name, svma, bytes, compressed) in &blobs {
+        if let Some(section) = file.section_by_name(name) {
+            assert_eq!(*svma, section.address(), "{name}");
+            assert_eq!(&bytes[..], section.data().unwrap(), "{name}");
+            assert!(!compressed);
+        }
+    }
+    assert!(!blobs.iter().any(|b| b.0.starts_with(".debug_info")));
+    // Each image once, however many processes and mappings it had.
+    let eh_frames = blobs.iter().filter(|b| b.0 == ".eh_frame").count();
+    assert_eq!(eh_frames, 1);
+
+    let out = dir.join("debug.lpt");
+    assert_eq!(
+        launch(&out, &["--embed", "debug"], &exe, &["300"])
+            .status
+            .code(),
+        Some(7)
+    );
+    let (_, records) = load(&out);
+    let debug_info = section_blobs(&records, &id)
+        .into_iter()
+        .find(|b| b.0 == ".debug_info")
+        .expect(".debug_info embedded at --embed debug");
+    assert!(debug_info.3, "DWARF blobs are compressed");
+
+    let out = dir.join("none.lpt");
+    assert_eq!(
+        launch(&out, &["--embed", "none"], &exe, &["300"])
+            .status
+            .code(),
+        Some(7)
+    );
+    let (_, records) = load(&out);
+    assert!(!records.iter().any(|r| matches!(r, Record::Blob(_))));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `lrnprof-analyze --offline` (no local files) on `trace`: folded stacks.
+fn analyze_offline(trace: &Path) -> String {
+    let result = Command::new(lrnprof_tests::lrnprof_analyze())
+        .arg(trace)
+        .args(["--offline", "--format", "folded", "--output", "-"])
+        .output()
+        .expect("running lrnprof-analyze");
+    assert!(
+        result.status.success(),
+        "{}",
+        String::from_utf8_lossy(&result.stderr)
+    );
+    String::from_utf8(result.stdout).unwrap()
+}
+
+/// Samples per folded line containing `needle`.
+fn folded_count(folded: &str, needle: &str) -> u64 {
+    folded
+        .lines()
+        .filter(|l| l.contains(needle))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum()
+}
+
+#[test]
+fn embedded_trace_is_analyzed_without_the_binaries() {
+    require_perf!();
+    let dir = scratch_dir("rec-selfcontained");
+    let exe = build_c(&["rec_threads.c"], NO_FP, &dir, "rec_threads");
+    let out = dir.join("t.lpt");
+    assert_eq!(launch(&out, &[], &exe, &["800"]).status.code(), Some(7));
+    let bare = dir.join("bare.lpt");
+    assert_eq!(
+        launch(&bare, &["--embed", "none"], &exe, &["300"])
+            .status
+            .code(),
+        Some(7)
+    );
+    // As on another machine: the fixture is gone.
+    std::fs::remove_file(&exe).unwrap();
+    let folded = analyze_offline(&out);
+    let one = folded_count(&folded, "parent_one;leaf_work");
+    let two = folded_count(&folded, "parent_two;leaf_work");
+    assert!(one > 0 && two > 0, "{folded}");
+    // leaf_work does twice the work under parent_two.
+    let ratio = two as f64 / one as f64;
+    assert!((1.3..3.0).contains(&ratio), "ratio {ratio}: {folded}");
+    let bare = analyze_offline(&bare);
+    assert!(
+        !bare.contains("leaf_work"),
+        "symbols without embedding: {bare}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -11,11 +11,13 @@ use super::parse::{self, Layout, Mmap2Record, PerfRecord, SampleRecord};
 use super::procfs::{self, MapsEntry};
 use super::regs::ArchRegs;
 use super::sys;
+use crate::embed::{self, EmbedLevel};
 use crate::error::RecordError;
 use crate::sink::Convert;
 use lrnprof_format::{
-    BuildId, ImageKind, ImageMapRecord, LostRecord, Pid, ProcessEvent, ProcessRecord, Record,
-    Sample, SampleKind, StackSnapshot, ThreadEvent, ThreadRecord, Tid, Timestamp,
+    Blob, BlobKind, BuildId, ImageKind, ImageMapRecord, LostRecord, Pid, ProcessEvent,
+    ProcessRecord, Record, Sample, SampleKind, StackSnapshot, ThreadEvent, ThreadRecord, Tid,
+    Timestamp,
 };
 use std::cmp::{Ordering, Reverse};
 use std::collections::{BinaryHeap, HashMap, HashSet};
@@ -91,11 +93,13 @@ struct Regions {
 const REGIONS_REFRESH: Duration = Duration::from_millis(50);
 
 /// An image seen during the recording, for embedding later.
-#[derive(Debug, Clone)]
-#[allow(dead_code)] // read by embedding, next
+#[derive(Debug)]
 pub(crate) struct SeenImage {
-    /// Where the file can be read on this machine (None for the vDSO).
-    pub host_path: Option<std::path::PathBuf>,
+    /// The file, opened when the image was first seen (its path through
+    /// `/proc/PID/root` is gone once the process exits); `None` for the vDSO.
+    pub file: Option<std::fs::File>,
+    /// The path, for messages.
+    pub path: String,
     /// Its kind.
     pub kind: ImageKind,
 }
@@ -123,11 +127,23 @@ pub(crate) struct Converter {
     pub(crate) vdso: HashMap<BuildId, Vec<u8>>,
     /// Records that could not be parsed.
     pub(crate) malformed: u64,
+    embed: EmbedLevel,
+    /// Per process: image ranges sorted by start, with their build ids,
+    /// to find the images samples touch. Rebuilt when marked dirty.
+    touch_index: HashMap<u32, Vec<(u64, u64, BuildId)>>,
+    dirty_index: HashSet<u32>,
+    touched: HashSet<BuildId>,
+    pids_seen: HashSet<u32>,
 }
 
 impl Converter {
     /// A converter for records of `layout`.
-    pub fn new(layout: Layout, regs: ArchRegs, sample_kind: SampleKind) -> Converter {
+    pub fn new(
+        layout: Layout,
+        regs: ArchRegs,
+        sample_kind: SampleKind,
+        embed: EmbedLevel,
+    ) -> Converter {
         Converter {
             layout,
             regs,
@@ -145,7 +161,95 @@ impl Converter {
             images: HashMap::new(),
             vdso: HashMap::new(),
             malformed: 0,
+            embed,
+            touch_index: HashMap::new(),
+            dirty_index: HashSet::new(),
+            touched: HashSet::new(),
+            pids_seen: HashSet::new(),
         }
+    }
+
+    /// Note that process `pid` refers to `addr`: the image holding it is
+    /// embedded at the end.
+    fn touch(&mut self, pid: u32, addr: u64) {
+        if self.dirty_index.remove(&pid) {
+            let mut v: Vec<(u64, u64, BuildId)> = self
+                .process_images
+                .get(&pid)
+                .into_iter()
+                .flatten()
+                .filter_map(|m| Some((m.start, m.end, m.build_id.clone()?)))
+                .collect();
+            v.sort_by_key(|r| r.0);
+            self.touch_index.insert(pid, v);
+        }
+        let Some(ranges) = self.touch_index.get(&pid) else {
+            return;
+        };
+        let i = ranges.partition_point(|r| r.0 <= addr);
+        if i > 0 {
+            let (_, end, id) = &ranges[i - 1];
+            if addr < *end && !self.touched.contains(id) {
+                self.touched.insert(id.clone());
+            }
+        }
+    }
+
+    /// The blobs to embed: sections of every touched image, the vDSO's
+    /// bytes, and JIT maps. Problems are warnings; they never fail the
+    /// recording.
+    fn embedded_blobs(&mut self) -> Vec<Blob> {
+        let mut out = Vec::new();
+        if self.embed == EmbedLevel::None {
+            return out;
+        }
+        let mut ids: Vec<&BuildId> = self.touched.iter().collect();
+        ids.sort();
+        for id in ids {
+            let Some(image) = self.images.get(id) else {
+                continue;
+            };
+            match (&image.file, image.kind) {
+                (_, ImageKind::Vdso) => {
+                    if let Some(bytes) = self.vdso.get(id) {
+                        embed::split_into(&mut out, id, BlobKind::Image, false, bytes.clone());
+                    }
+                }
+                (Some(file), ImageKind::File) => {
+                    let result = file
+                        .try_clone()
+                        .map_err(|e| e.to_string())
+                        .and_then(|f| embed::blobs_for_open_file(f, id, self.embed));
+                    match result {
+                        Ok(blobs) => out.extend(blobs),
+                        Err(e) => {
+                            eprintln!("lrnprof-rec: warning: not embedding {}: {e}", image.path)
+                        }
+                    }
+                }
+                (None, ImageKind::File) => eprintln!(
+                    "lrnprof-rec: warning: not embedding {}: the file could not be opened",
+                    image.path
+                ),
+                _ => {}
+            }
+        }
+        let mut pids: Vec<u32> = self.pids_seen.iter().copied().collect();
+        pids.sort_unstable();
+        for pid in pids {
+            let host = format!("/tmp/perf-{pid}.map");
+            let in_root = format!("/proc/{pid}/root/tmp/perf-{pid}.map");
+            if let Some(data) = [host, in_root].iter().find_map(|p| std::fs::read(p).ok()) {
+                embed::split_into(
+                    &mut out,
+                    &BuildId(Vec::new()),
+                    BlobKind::JitMap { pid: Pid(pid) },
+                    false,
+                    data,
+                );
+            }
+        }
+        out
     }
 
     fn push(&mut self, time: u64, record: Record) {
@@ -211,6 +315,7 @@ impl Converter {
             let list = self.process_images.entry(m.pid.0).or_default();
             list.retain(|old| old.end <= m.start || old.start >= m.end);
             list.push(m.clone());
+            self.dirty_index.insert(m.pid.0);
             self.push(m.time.0, record);
         }
     }
@@ -303,9 +408,19 @@ impl Converter {
             (Some(id), _) if !id.is_empty() => {
                 let id = BuildId(id.to_vec());
                 if kind == ImageKind::File && !self.images.contains_key(&id) {
-                    let host_path = self.host_path(pid, start, end, path);
-                    self.images
-                        .insert(id.clone(), SeenImage { host_path, kind });
+                    // Keep the file only if it is still the one mapped.
+                    let file = self
+                        .host_path(pid, start, end, path)
+                        .filter(|p| elf::build_id_of_file(p).as_ref() == Some(&id))
+                        .and_then(|p| std::fs::File::open(p).ok());
+                    self.images.insert(
+                        id.clone(),
+                        SeenImage {
+                            file,
+                            path: path.to_string(),
+                            kind,
+                        },
+                    );
                 }
                 Some(id)
             }
@@ -355,10 +470,16 @@ impl Converter {
             }
         };
         if let Some(id) = &id {
-            self.images.entry(id.clone()).or_insert(SeenImage {
-                host_path: Some(host),
-                kind: ImageKind::File,
-            });
+            if !self.images.contains_key(id) {
+                self.images.insert(
+                    id.clone(),
+                    SeenImage {
+                        file: std::fs::File::open(&host).ok(),
+                        path: path.to_string(),
+                        kind: ImageKind::File,
+                    },
+                );
+            }
         }
         id
     }
@@ -371,7 +492,8 @@ impl Converter {
         let bytes = sys::read_process_memory(pid, start, len).ok()?;
         let id = elf::build_id_of_bytes(&bytes)?;
         self.images.entry(id.clone()).or_insert(SeenImage {
-            host_path: None,
+            file: None,
+            path: "[vdso]".to_string(),
             kind: ImageKind::Vdso,
         });
         self.vdso.entry(id.clone()).or_insert(bytes);
@@ -405,6 +527,7 @@ impl Converter {
                     // The exec replaced the address space.
                     self.regions.remove(&pid);
                     self.process_images.remove(&pid);
+                    self.dirty_index.insert(pid);
                 }
                 self.thread(t, pid, tid, ThreadEvent::Rename, Some(name.to_string()));
             }
@@ -455,6 +578,8 @@ impl Converter {
                 if pid == tid {
                     self.regions.remove(&pid);
                     self.process_images.remove(&pid);
+                    self.touch_index.remove(&pid);
+                    self.dirty_index.remove(&pid);
                     if self.launched_root != Some(pid) {
                         self.push(time, process_exit(time, pid, None));
                     }
@@ -500,6 +625,18 @@ impl Converter {
             live = &live[..keep];
         }
         self.threads.insert((s.pid, s.tid));
+        self.pids_seen.insert(s.pid);
+        if self.embed != EmbedLevel::None {
+            // Return addresses are somewhere in the stack copy: any word
+            // pointing into an image marks it as needed for unwinding.
+            self.touch(s.pid, regs.ip());
+            for &a in &s.callchain {
+                self.touch(s.pid, a);
+            }
+            for w in live.chunks_exact(8) {
+                self.touch(s.pid, u64::from_ne_bytes(w.try_into().expect("8 bytes")));
+            }
+        }
         self.push(
             s.time,
             Record::Sample(Sample {
@@ -571,6 +708,7 @@ impl Convert for Converter {
 
     fn finish(&mut self, out: &mut Vec<Record>) -> Result<(), RecordError> {
         self.release(u64::MAX, out);
+        out.extend(self.embedded_blobs().into_iter().map(Record::Blob));
         Ok(())
     }
 }
@@ -596,6 +734,7 @@ mod tests {
             },
             super::super::regs::X86_64,
             SampleKind::CpuTime,
+            EmbedLevel::None,
         )
     }
 

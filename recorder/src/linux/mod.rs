@@ -195,7 +195,7 @@ pub(crate) fn record(options: &RecordOptions) -> Result<RecordSummary, RecordErr
         EventKind::CpuClock => SampleKind::CpuTime,
     };
     let layout = settings.layout();
-    let converter = Converter::new(layout, NATIVE_REGS, sample_kind);
+    let converter = Converter::new(layout, NATIVE_REGS, sample_kind, options.embed);
     let sink = Sink::start(out, &header, converter, CHANNEL_CAPACITY)?;
     let sender = sink.sender();
     let command = match &header.target {
