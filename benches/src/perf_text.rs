@@ -31,7 +31,8 @@ pub struct PerfStats {
 /// The per-event sections (`cpu-clock stats:`) count samples; the
 /// `Aggregated stats:` section counts records, where `LOST_SAMPLES` is the
 /// number of records, not of samples, so it is used only for `SAMPLE` and only
-/// when no per-event section exists (older perf).
+/// when no per-event section exists (older perf). `None` if the text is not
+/// `--stats` output at all.
 pub fn parse_perf_stats(text: &str) -> Option<PerfStats> {
     let mut aggregated_samples = None;
     let mut event_stats: Option<PerfStats> = None;
@@ -63,10 +64,16 @@ pub fn parse_perf_stats(text: &str) -> Option<PerfStats> {
             _ => {}
         }
     }
-    event_stats.or(aggregated_samples.map(|samples| PerfStats {
-        samples,
-        lost_samples: 0,
-    }))
+    // A recording without samples has no SAMPLE line at all.
+    let any_stats = text
+        .lines()
+        .any(|l| l.trim_start().starts_with("TOTAL events:"));
+    event_stats
+        .or(aggregated_samples.map(|samples| PerfStats {
+            samples,
+            lost_samples: 0,
+        }))
+        .or(any_stats.then(PerfStats::default))
 }
 
 /// How many user stacks of a `perf script` listing reach a root function.
@@ -173,6 +180,12 @@ cpu-clock stats:
                 lost_samples: 67
             })
         );
+    }
+
+    #[test]
+    fn stats_without_samples_count_zero() {
+        let text = "Aggregated stats:\n  TOTAL events:  12\n   COMM events:  2  (16.7%)\n";
+        assert_eq!(parse_perf_stats(text), Some(PerfStats::default()));
     }
 
     #[test]
