@@ -2,6 +2,7 @@
 //! unwind sections of dyld-shared-cache images copied into the trace.
 
 use super::sys::{self, Port};
+use crate::embed::EmbedLevel;
 use crate::error::RecordError;
 use crate::macho::{
     parse_all_image_infos, parse_c_string, parse_header, parse_image_info_array,
@@ -63,6 +64,8 @@ pub(super) struct FileToEmbed {
 /// Tracks the target's images and turns changes into records.
 pub(super) struct Images {
     pid: Pid,
+    /// How much of each touched image to embed.
+    level: EmbedLevel,
     /// `dyld_all_image_infos` AVMA; 0 until dyld has set it up.
     infos_address: u64,
     /// What identified the image list at the last read: the change
@@ -82,9 +85,10 @@ pub(super) struct Images {
 }
 
 impl Images {
-    pub fn new(pid: Pid) -> Images {
+    pub fn new(pid: Pid, level: EmbedLevel) -> Images {
         Images {
             pid,
+            level,
             infos_address: 0,
             last_change: None,
             known: BTreeMap::new(),
@@ -232,10 +236,14 @@ impl Images {
                 Known {
                     end,
                     path,
-                    embed: match (image.uuid, shared) {
-                        (None, _) => Embed::Nothing,
-                        (Some(_), true) => Embed::SectionsFromMemory,
-                        (Some(_), false) => Embed::FileAtEnd,
+                    embed: match (image.uuid, shared, self.level) {
+                        (None, _, _) | (_, _, EmbedLevel::None) => Embed::Nothing,
+                        // Unwind data only: the sections, from memory.
+                        (Some(_), true, _) | (Some(_), false, EmbedLevel::Unwind) => {
+                            Embed::SectionsFromMemory
+                        }
+                        // Symbols too: the whole file (DWARF lives in dSYMs).
+                        (Some(_), false, _) => Embed::FileAtEnd,
                     },
                     image,
                 },

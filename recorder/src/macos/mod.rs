@@ -209,6 +209,7 @@ fn start(
         clock,
         options.frequency_hz,
         options.stack_size,
+        options.embed,
     );
     let thread = {
         let (tx, stop, gone) = (tx.clone(), Arc::clone(&stop), Arc::clone(&gone));

@@ -5,6 +5,7 @@
 use super::images::{FileToEmbed, Images};
 use super::regs_native;
 use super::sys::{self, MachClock, Port, Suspended};
+use crate::embed::EmbedLevel;
 use crate::error::RecordError;
 use crate::sink::SinkSender;
 use lrnprof_format::{
@@ -55,13 +56,15 @@ pub(super) struct Sampler {
 
 impl Sampler {
     /// A sampler of `task` (process `pid`) at `frequency_hz`, copying at
-    /// most `stack_size` bytes of stack per sample.
+    /// most `stack_size` bytes of stack per sample and embedding `embed` of
+    /// the images samples touch.
     pub fn new(
         task: Port,
         pid: Pid,
         clock: MachClock,
         frequency_hz: u32,
         stack_size: u32,
+        embed: EmbedLevel,
     ) -> Sampler {
         Sampler {
             task,
@@ -70,7 +73,7 @@ impl Sampler {
             period: Duration::from_nanos(1_000_000_000 / u64::from(frequency_hz.max(1))),
             stack_size: (stack_size & !7) as usize,
             threads: HashMap::new(),
-            images: Images::new(pid),
+            images: Images::new(pid, embed),
             out: Vec::new(),
             totals: SamplerTotals::default(),
         }
