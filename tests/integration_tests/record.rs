@@ -762,3 +762,45 @@ fn embedded_trace_is_analyzed_without_the_binaries() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn another_users_process_is_refused_with_advice() {
+    // Needs root to run the recorder as an unprivileged user.
+    let is_root = Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|o| o.stdout.starts_with(b"0\n"));
+    let has_runuser = Command::new("runuser").arg("--help").output().is_ok();
+    if !cfg!(target_os = "linux") || !is_root || !has_runuser {
+        eprintln!("skipping: needs root and runuser to act as the user nobody");
+        return;
+    }
+    let dir = scratch_dir("rec-perm");
+    let rec_copy = dir.join("lrnprof-rec");
+    std::fs::copy(lrnprof_rec(), &rec_copy).unwrap();
+    let _ = Command::new("chmod")
+        .arg("-R")
+        .arg("a+rwx")
+        .arg(&dir)
+        .status();
+    let mut victim = Command::new("sleep").arg("30").spawn().unwrap();
+    let out = dir.join("t.lpt");
+    let result = Command::new("runuser")
+        .args(["-u", "nobody", "--"])
+        .arg(&rec_copy)
+        .arg("--pid")
+        .arg(victim.id().to_string())
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .unwrap();
+    let _ = victim.kill();
+    let _ = victim.wait();
+    let stderr = String::from_utf8_lossy(&result.stderr);
+    assert_eq!(result.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("not permitted to record pid"), "{stderr}");
+    assert!(stderr.contains("belongs to uid 0"), "{stderr}");
+    assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+    assert!(!out.exists());
+    let _ = std::fs::remove_dir_all(&dir);
+}

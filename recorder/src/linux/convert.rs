@@ -6,22 +6,19 @@
 //! perf's ordered events). This thread also does the slow lookups the
 //! sampling side must not: build ids, `/proc` reads, the vDSO's bytes.
 
-use super::elf;
+use super::images::Images;
 use super::parse::{self, Layout, Mmap2Record, PerfRecord, SampleRecord};
 use super::procfs::{self, MapsEntry};
 use super::regs::ArchRegs;
-use super::sys;
-use crate::embed::{self, EmbedLevel};
+use crate::embed::EmbedLevel;
 use crate::error::RecordError;
 use crate::sink::Convert;
 use lrnprof_format::{
-    Blob, BlobKind, BuildId, ImageKind, ImageMapRecord, LostRecord, Pid, ProcessEvent,
-    ProcessRecord, Record, Sample, SampleKind, StackSnapshot, ThreadEvent, ThreadRecord, Tid,
-    Timestamp,
+    LostRecord, Pid, ProcessEvent, ProcessRecord, Record, Sample, SampleKind, StackSnapshot,
+    ThreadEvent, ThreadRecord, Tid, Timestamp,
 };
 use std::cmp::{Ordering, Reverse};
 use std::collections::{BinaryHeap, HashMap, HashSet};
-use std::os::unix::fs::MetadataExt;
 use std::time::{Duration, Instant};
 
 /// What the sampling side sends to the writer thread.
@@ -92,18 +89,6 @@ struct Regions {
 /// Re-read a process's maps on a miss at most this often.
 const REGIONS_REFRESH: Duration = Duration::from_millis(50);
 
-/// An image seen during the recording, for embedding later.
-#[derive(Debug)]
-pub(crate) struct SeenImage {
-    /// The file, opened when the image was first seen (its path through
-    /// `/proc/PID/root` is gone once the process exits); `None` for the vDSO.
-    pub file: Option<std::fs::File>,
-    /// The path, for messages.
-    pub path: String,
-    /// Its kind.
-    pub kind: ImageKind,
-}
-
 /// The Linux [`Convert`].
 pub(crate) struct Converter {
     layout: Layout,
@@ -118,21 +103,9 @@ pub(crate) struct Converter {
     names: HashMap<u32, String>,
     launched_root: Option<u32>,
     regions: HashMap<u32, Regions>,
-    /// The images of each process, so a forked child gets its parent's.
-    process_images: HashMap<u32, Vec<ImageMapRecord>>,
-    build_ids: HashMap<(u64, u64, i64), Option<BuildId>>,
-    /// Images by build id, for embedding.
-    pub(crate) images: HashMap<BuildId, SeenImage>,
-    /// vDSO bytes by build id.
-    pub(crate) vdso: HashMap<BuildId, Vec<u8>>,
+    images: Images,
     /// Records that could not be parsed.
     pub(crate) malformed: u64,
-    embed: EmbedLevel,
-    /// Per process: image ranges sorted by start, with their build ids,
-    /// to find the images samples touch. Rebuilt when marked dirty.
-    touch_index: HashMap<u32, Vec<(u64, u64, BuildId)>>,
-    dirty_index: HashSet<u32>,
-    touched: HashSet<BuildId>,
     pids_seen: HashSet<u32>,
 }
 
@@ -156,100 +129,10 @@ impl Converter {
             names: HashMap::new(),
             launched_root: None,
             regions: HashMap::new(),
-            process_images: HashMap::new(),
-            build_ids: HashMap::new(),
-            images: HashMap::new(),
-            vdso: HashMap::new(),
+            images: Images::new(embed),
             malformed: 0,
-            embed,
-            touch_index: HashMap::new(),
-            dirty_index: HashSet::new(),
-            touched: HashSet::new(),
             pids_seen: HashSet::new(),
         }
-    }
-
-    /// Note that process `pid` refers to `addr`: the image holding it is
-    /// embedded at the end.
-    fn touch(&mut self, pid: u32, addr: u64) {
-        if self.dirty_index.remove(&pid) {
-            let mut v: Vec<(u64, u64, BuildId)> = self
-                .process_images
-                .get(&pid)
-                .into_iter()
-                .flatten()
-                .filter_map(|m| Some((m.start, m.end, m.build_id.clone()?)))
-                .collect();
-            v.sort_by_key(|r| r.0);
-            self.touch_index.insert(pid, v);
-        }
-        let Some(ranges) = self.touch_index.get(&pid) else {
-            return;
-        };
-        let i = ranges.partition_point(|r| r.0 <= addr);
-        if i > 0 {
-            let (_, end, id) = &ranges[i - 1];
-            if addr < *end && !self.touched.contains(id) {
-                self.touched.insert(id.clone());
-            }
-        }
-    }
-
-    /// The blobs to embed: sections of every touched image, the vDSO's
-    /// bytes, and JIT maps. Problems are warnings; they never fail the
-    /// recording.
-    fn embedded_blobs(&mut self) -> Vec<Blob> {
-        let mut out = Vec::new();
-        if self.embed == EmbedLevel::None {
-            return out;
-        }
-        let mut ids: Vec<&BuildId> = self.touched.iter().collect();
-        ids.sort();
-        for id in ids {
-            let Some(image) = self.images.get(id) else {
-                continue;
-            };
-            match (&image.file, image.kind) {
-                (_, ImageKind::Vdso) => {
-                    if let Some(bytes) = self.vdso.get(id) {
-                        embed::split_into(&mut out, id, BlobKind::Image, false, bytes.clone());
-                    }
-                }
-                (Some(file), ImageKind::File) => {
-                    let result = file
-                        .try_clone()
-                        .map_err(|e| e.to_string())
-                        .and_then(|f| embed::blobs_for_open_file(f, id, self.embed));
-                    match result {
-                        Ok(blobs) => out.extend(blobs),
-                        Err(e) => {
-                            eprintln!("lrnprof-rec: warning: not embedding {}: {e}", image.path)
-                        }
-                    }
-                }
-                (None, ImageKind::File) => eprintln!(
-                    "lrnprof-rec: warning: not embedding {}: the file could not be opened",
-                    image.path
-                ),
-                _ => {}
-            }
-        }
-        let mut pids: Vec<u32> = self.pids_seen.iter().copied().collect();
-        pids.sort_unstable();
-        for pid in pids {
-            let host = format!("/tmp/perf-{pid}.map");
-            let in_root = format!("/proc/{pid}/root/tmp/perf-{pid}.map");
-            if let Some(data) = [host, in_root].iter().find_map(|p| std::fs::read(p).ok()) {
-                embed::split_into(
-                    &mut out,
-                    &BuildId(Vec::new()),
-                    BlobKind::JitMap { pid: Pid(pid) },
-                    false,
-                    data,
-                );
-            }
-        }
-        out
     }
 
     fn push(&mut self, time: u64, record: Record) {
@@ -301,7 +184,7 @@ impl Converter {
             if let Ok(maps) = procfs::read_maps(pid) {
                 self.set_regions(pid, &maps);
                 for m in maps.iter().filter(|m| m.exec) {
-                    if let Some(r) = self.image_from_maps(t, pid, m) {
+                    if let Some(r) = self.images.record_from_maps(t, pid, m) {
                         self.push_image(r);
                     }
                 }
@@ -312,10 +195,7 @@ impl Converter {
     /// Queue an image record and remember it for the process's children.
     fn push_image(&mut self, record: Record) {
         if let Record::ImageMap(m) = &record {
-            let list = self.process_images.entry(m.pid.0).or_default();
-            list.retain(|old| old.end <= m.start || old.start >= m.end);
-            list.push(m.clone());
-            self.dirty_index.insert(m.pid.0);
+            self.images.remember(m);
             self.push(m.time.0, record);
         }
     }
@@ -385,121 +265,6 @@ impl Converter {
         self.regions.get(&pid).and_then(find)
     }
 
-    fn image_from_maps(&mut self, t: u64, pid: u32, m: &MapsEntry) -> Option<Record> {
-        if m.path == "[vsyscall]" {
-            return None;
-        }
-        self.image(t, pid, m.start, m.end, m.offset, &m.path, None)
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn image(
-        &mut self,
-        t: u64,
-        pid: u32,
-        start: u64,
-        end: u64,
-        file_offset: u64,
-        path: &str,
-        kernel_build_id: Option<&[u8]>,
-    ) -> Option<Record> {
-        let kind = image_kind(path);
-        let build_id = match (kernel_build_id, kind) {
-            (Some(id), _) if !id.is_empty() => {
-                let id = BuildId(id.to_vec());
-                if kind == ImageKind::File && !self.images.contains_key(&id) {
-                    // Keep the file only if it is still the one mapped.
-                    let file = self
-                        .host_path(pid, start, end, path)
-                        .filter(|p| elf::build_id_of_file(p).as_ref() == Some(&id))
-                        .and_then(|p| std::fs::File::open(p).ok());
-                    self.images.insert(
-                        id.clone(),
-                        SeenImage {
-                            file,
-                            path: path.to_string(),
-                            kind,
-                        },
-                    );
-                }
-                Some(id)
-            }
-            (_, ImageKind::File) => self.file_build_id(pid, start, end, path),
-            (_, ImageKind::Vdso) => self.vdso_build_id(pid, start, end),
-            _ => None,
-        };
-        Some(Record::ImageMap(ImageMapRecord {
-            time: Timestamp(t),
-            pid: Pid(pid),
-            start,
-            end,
-            file_offset,
-            path: path.to_string(),
-            build_id,
-            kind,
-            executable: true,
-        }))
-    }
-
-    /// Where to read an image's file from here: through the process's root
-    /// (containers), or its mapping if the file was deleted.
-    fn host_path(&self, pid: u32, start: u64, end: u64, path: &str) -> Option<std::path::PathBuf> {
-        let candidates = [
-            path.strip_suffix(" (deleted)")
-                .map(|_| format!("/proc/{pid}/map_files/{start:x}-{end:x}").into()),
-            Some(procfs::root_path(pid, path)),
-            Some(std::path::PathBuf::from(path)),
-        ];
-        candidates.into_iter().flatten().find(|p| p.exists())
-    }
-
-    fn file_build_id(&mut self, pid: u32, start: u64, end: u64, path: &str) -> Option<BuildId> {
-        let host = self.host_path(pid, start, end, path)?;
-        let meta = std::fs::metadata(&host).ok()?;
-        let key = (
-            meta.dev(),
-            meta.ino(),
-            meta.mtime_nsec() + meta.mtime() * 1_000_000_000,
-        );
-        let id = match self.build_ids.get(&key) {
-            Some(id) => id.clone(),
-            None => {
-                let id = elf::build_id_of_file(&host);
-                self.build_ids.insert(key, id.clone());
-                id
-            }
-        };
-        if let Some(id) = &id {
-            if !self.images.contains_key(id) {
-                self.images.insert(
-                    id.clone(),
-                    SeenImage {
-                        file: std::fs::File::open(&host).ok(),
-                        path: path.to_string(),
-                        kind: ImageKind::File,
-                    },
-                );
-            }
-        }
-        id
-    }
-
-    fn vdso_build_id(&mut self, pid: u32, start: u64, end: u64) -> Option<BuildId> {
-        let len = usize::try_from(end.checked_sub(start)?).ok()?;
-        if len > 1 << 20 {
-            return None;
-        }
-        let bytes = sys::read_process_memory(pid, start, len).ok()?;
-        let id = elf::build_id_of_bytes(&bytes)?;
-        self.images.entry(id.clone()).or_insert(SeenImage {
-            file: None,
-            path: "[vdso]".to_string(),
-            kind: ImageKind::Vdso,
-        });
-        self.vdso.entry(id.clone()).or_insert(bytes);
-        Some(id)
-    }
-
     fn perf_record(&mut self, rec: PerfRecord<'_>) {
         match rec {
             PerfRecord::Sample(s) => self.sample(s),
@@ -526,8 +291,7 @@ impl Converter {
                     );
                     // The exec replaced the address space.
                     self.regions.remove(&pid);
-                    self.process_images.remove(&pid);
-                    self.dirty_index.insert(pid);
+                    self.images.forget_process(pid);
                 }
                 self.thread(t, pid, tid, ThreadEvent::Rename, Some(name.to_string()));
             }
@@ -552,13 +316,8 @@ impl Converter {
                         }),
                     );
                     // The child starts with a copy of its parent's mappings.
-                    let inherited = self.process_images.get(&ppid).cloned().unwrap_or_default();
-                    for m in inherited {
-                        self.push_image(Record::ImageMap(ImageMapRecord {
-                            time: Timestamp(time),
-                            pid: Pid(pid),
-                            ..m
-                        }));
+                    for r in self.images.inherited(ppid, pid, time) {
+                        self.push_image(r);
                     }
                 }
                 self.thread(time, pid, tid, ThreadEvent::Start, name);
@@ -577,9 +336,7 @@ impl Converter {
                 self.names.remove(&tid);
                 if pid == tid {
                     self.regions.remove(&pid);
-                    self.process_images.remove(&pid);
-                    self.touch_index.remove(&pid);
-                    self.dirty_index.remove(&pid);
+                    self.images.forget_process(pid);
                     if self.launched_root != Some(pid) {
                         self.push(time, process_exit(time, pid, None));
                     }
@@ -607,7 +364,10 @@ impl Converter {
         }
         let t = m.id.time.unwrap_or(self.last_time);
         let end = m.addr.saturating_add(m.len);
-        if let Some(r) = self.image(t, m.pid, m.addr, end, m.pgoff, m.filename, m.build_id) {
+        if let Some(r) = self
+            .images
+            .record(t, m.pid, m.addr, end, m.pgoff, m.filename, m.build_id)
+        {
             self.push_image(r);
         }
     }
@@ -626,15 +386,16 @@ impl Converter {
         }
         self.threads.insert((s.pid, s.tid));
         self.pids_seen.insert(s.pid);
-        if self.embed != EmbedLevel::None {
+        if self.images.embedding() {
             // Return addresses are somewhere in the stack copy: any word
             // pointing into an image marks it as needed for unwinding.
-            self.touch(s.pid, regs.ip());
+            self.images.touch(s.pid, regs.ip());
             for &a in &s.callchain {
-                self.touch(s.pid, a);
+                self.images.touch(s.pid, a);
             }
             for w in live.chunks_exact(8) {
-                self.touch(s.pid, u64::from_ne_bytes(w.try_into().expect("8 bytes")));
+                self.images
+                    .touch(s.pid, u64::from_ne_bytes(w.try_into().expect("8 bytes")));
             }
         }
         self.push(
@@ -669,17 +430,6 @@ fn process_exit(time: u64, pid: u32, code: Option<i32>) -> Record {
     })
 }
 
-/// What kind of image a mapping's path names.
-pub(crate) fn image_kind(path: &str) -> ImageKind {
-    if path == "[vdso]" {
-        ImageKind::Vdso
-    } else if path.starts_with('/') && !path.starts_with("//anon") {
-        ImageKind::File
-    } else {
-        ImageKind::Anonymous
-    }
-}
-
 impl Convert for Converter {
     type Raw = RawMsg;
 
@@ -708,7 +458,8 @@ impl Convert for Converter {
 
     fn finish(&mut self, out: &mut Vec<Record>) -> Result<(), RecordError> {
         self.release(u64::MAX, out);
-        out.extend(self.embedded_blobs().into_iter().map(Record::Blob));
+        let blobs = self.images.embedded_blobs(&self.pids_seen);
+        out.extend(blobs.into_iter().map(Record::Blob));
         Ok(())
     }
 }
@@ -716,15 +467,6 @@ impl Convert for Converter {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn image_kinds_from_paths() {
-        assert_eq!(image_kind("/usr/lib/libc.so.6"), ImageKind::File);
-        assert_eq!(image_kind("/tmp/x.so (deleted)"), ImageKind::File);
-        assert_eq!(image_kind("[vdso]"), ImageKind::Vdso);
-        assert_eq!(image_kind("//anon"), ImageKind::Anonymous);
-        assert_eq!(image_kind(""), ImageKind::Anonymous);
-    }
 
     fn converter() -> Converter {
         Converter::new(
@@ -747,6 +489,31 @@ mod tests {
                 tid: None,
                 count: 1,
             }),
+        );
+    }
+
+    #[rustfmt::skip]
+    #[test]
+    fn kernel_losses_become_lost_records() {
+        let mut c = Converter::new(
+            Layout { sample_type: parse::sample::TID | parse::sample::TIME, user_regs: 3 },
+            super::super::regs::X86_64,
+            SampleKind::CpuTime,
+            EmbedLevel::None,
+        );
+        let mut rec = parse::kind::LOST.to_ne_bytes().to_vec();
+        rec.extend(0u16.to_ne_bytes());             // misc
+        rec.extend(40u16.to_ne_bytes());            // size
+        rec.extend(1u64.to_ne_bytes());             // id
+        rec.extend(17u64.to_ne_bytes());            // lost
+        rec.extend([5u32.to_ne_bytes(), 6u32.to_ne_bytes()].concat()); // sample_id pid, tid
+        rec.extend(900u64.to_ne_bytes());           // sample_id time
+        let mut out = Vec::new();
+        c.convert(RawMsg::Chunk(rec), &mut out).unwrap();
+        c.finish(&mut out).unwrap();
+        assert_eq!(
+            out,
+            [Record::Lost(LostRecord { time: Timestamp(900), pid: None, tid: None, count: 17 })]
         );
     }
 

@@ -11,6 +11,7 @@
 mod attr;
 mod convert;
 mod elf;
+mod images;
 mod launch;
 mod parse;
 mod procfs;

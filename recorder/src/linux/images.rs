@@ -1,0 +1,386 @@
+//! The images of each recorded process: their build ids (from the kernel,
+//! the ELF file or the vDSO's memory), which ones samples touched, and
+//! what of them to embed when recording ends. Runs on the writer thread.
+
+use super::elf;
+use super::procfs::{self, MapsEntry};
+use super::sys;
+use crate::embed::{self, EmbedLevel};
+use lrnprof_format::{Blob, BlobKind, BuildId, ImageKind, ImageMapRecord, Pid, Record, Timestamp};
+use std::collections::{HashMap, HashSet};
+use std::os::unix::fs::MetadataExt;
+
+/// Image files kept open for embedding at most; later images are embedded
+/// only if their path still resolves at the end.
+const MAX_OPEN_IMAGE_FILES: usize = 512;
+
+/// An image seen during the recording, for embedding later.
+#[derive(Debug)]
+pub(crate) struct SeenImage {
+    /// The file, opened when the image was first seen (its path through
+    /// `/proc/PID/root` is gone once the process exits); `None` for the vDSO.
+    pub file: Option<std::fs::File>,
+    /// The path, for messages.
+    pub path: String,
+    /// Its kind.
+    pub kind: ImageKind,
+}
+
+/// Image book-keeping for the converter.
+pub(crate) struct Images {
+    embed: EmbedLevel,
+    /// The images of each process, so a forked child gets its parent's.
+    process_images: HashMap<u32, Vec<ImageMapRecord>>,
+    /// Build ids by file identity (device, inode, mtime in ns).
+    build_ids: HashMap<(u64, u64, i64), Option<BuildId>>,
+    /// Images by build id, for embedding.
+    seen: HashMap<BuildId, SeenImage>,
+    /// vDSO bytes by build id.
+    vdso: HashMap<BuildId, Vec<u8>>,
+    /// Per process: image ranges sorted by start, with their build ids,
+    /// to find the images samples touch. Rebuilt when marked dirty.
+    touch_index: HashMap<u32, Vec<(u64, u64, BuildId)>>,
+    dirty_index: HashSet<u32>,
+    touched: HashSet<BuildId>,
+    open_files: usize,
+}
+
+impl Images {
+    /// No images yet; embed at `embed` when asked.
+    pub fn new(embed: EmbedLevel) -> Images {
+        Images {
+            embed,
+            process_images: HashMap::new(),
+            build_ids: HashMap::new(),
+            seen: HashMap::new(),
+            vdso: HashMap::new(),
+            touch_index: HashMap::new(),
+            dirty_index: HashSet::new(),
+            touched: HashSet::new(),
+            open_files: 0,
+        }
+    }
+
+    /// Whether samples should be checked for the images they touch.
+    pub fn embedding(&self) -> bool {
+        self.embed != EmbedLevel::None
+    }
+
+    /// Remember that `m` is mapped in its process (replacing overlapped
+    /// mappings).
+    pub fn remember(&mut self, m: &ImageMapRecord) {
+        let list = self.process_images.entry(m.pid.0).or_default();
+        list.retain(|old| old.end <= m.start || old.start >= m.end);
+        list.push(m.clone());
+        self.dirty_index.insert(m.pid.0);
+    }
+
+    /// The process's address space is gone (exit) or replaced (exec).
+    pub fn forget_process(&mut self, pid: u32) {
+        self.process_images.remove(&pid);
+        self.touch_index.remove(&pid);
+        self.dirty_index.insert(pid);
+    }
+
+    /// The images of `parent`, as records for its new child `child` at `time`.
+    pub fn inherited(&self, parent: u32, child: u32, time: u64) -> Vec<Record> {
+        self.process_images
+            .get(&parent)
+            .into_iter()
+            .flatten()
+            .map(|m| {
+                Record::ImageMap(ImageMapRecord {
+                    time: Timestamp(time),
+                    pid: Pid(child),
+                    ..m.clone()
+                })
+            })
+            .collect()
+    }
+
+    /// Note that process `pid` refers to `addr`: the image holding it is
+    /// embedded at the end.
+    pub fn touch(&mut self, pid: u32, addr: u64) {
+        if self.dirty_index.remove(&pid) {
+            let mut v: Vec<(u64, u64, BuildId)> = self
+                .process_images
+                .get(&pid)
+                .into_iter()
+                .flatten()
+                .filter_map(|m| Some((m.start, m.end, m.build_id.clone()?)))
+                .collect();
+            v.sort_by_key(|r| r.0);
+            self.touch_index.insert(pid, v);
+        }
+        let Some(ranges) = self.touch_index.get(&pid) else {
+            return;
+        };
+        let i = ranges.partition_point(|r| r.0 <= addr);
+        if i > 0 {
+            let (_, end, id) = &ranges[i - 1];
+            if addr < *end && !self.touched.contains(id) {
+                self.touched.insert(id.clone());
+            }
+        }
+    }
+
+    /// The blobs to embed: sections of every touched image, the vDSO's
+    /// bytes, and JIT maps. Problems are warnings; they never fail the
+    /// recording.
+    pub fn embedded_blobs(&mut self, pids: &HashSet<u32>) -> Vec<Blob> {
+        let mut out = Vec::new();
+        if self.embed == EmbedLevel::None {
+            return out;
+        }
+        let mut ids: Vec<&BuildId> = self.touched.iter().collect();
+        ids.sort();
+        for id in ids {
+            let Some(image) = self.seen.get(id) else {
+                continue;
+            };
+            match (&image.file, image.kind) {
+                (_, ImageKind::Vdso) => {
+                    if let Some(bytes) = self.vdso.get(id) {
+                        embed::split_into(&mut out, id, BlobKind::Image, false, bytes.clone());
+                    }
+                }
+                (Some(file), ImageKind::File) => {
+                    let result = file
+                        .try_clone()
+                        .map_err(|e| e.to_string())
+                        .and_then(|f| embed::blobs_for_open_file(f, id, self.embed));
+                    match result {
+                        Ok(blobs) => out.extend(blobs),
+                        Err(e) => {
+                            eprintln!("lrnprof-rec: warning: not embedding {}: {e}", image.path)
+                        }
+                    }
+                }
+                (None, ImageKind::File) => {
+                    let reopened = std::fs::File::open(&image.path).ok().filter(|_| {
+                        elf::build_id_of_file(std::path::Path::new(&image.path)).as_ref()
+                            == Some(id)
+                    });
+                    match reopened.map(|f| embed::blobs_for_open_file(f, id, self.embed)) {
+                        Some(Ok(blobs)) => out.extend(blobs),
+                        _ => eprintln!(
+                            "lrnprof-rec: warning: not embedding {}: the file is gone or changed",
+                            image.path
+                        ),
+                    }
+                }
+                _ => {}
+            }
+        }
+        let mut pids: Vec<u32> = pids.iter().copied().collect();
+        pids.sort_unstable();
+        for pid in pids {
+            let host = format!("/tmp/perf-{pid}.map");
+            let in_root = format!("/proc/{pid}/root/tmp/perf-{pid}.map");
+            if let Some(data) = [host, in_root].iter().find_map(|p| std::fs::read(p).ok()) {
+                embed::split_into(
+                    &mut out,
+                    &BuildId(Vec::new()),
+                    BlobKind::JitMap { pid: Pid(pid) },
+                    false,
+                    data,
+                );
+            }
+        }
+        out
+    }
+
+    pub fn record_from_maps(&mut self, t: u64, pid: u32, m: &MapsEntry) -> Option<Record> {
+        if m.path == "[vsyscall]" {
+            return None;
+        }
+        self.record(t, pid, m.start, m.end, m.offset, &m.path, None)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub fn record(
+        &mut self,
+        t: u64,
+        pid: u32,
+        start: u64,
+        end: u64,
+        file_offset: u64,
+        path: &str,
+        kernel_build_id: Option<&[u8]>,
+    ) -> Option<Record> {
+        let kind = image_kind(path);
+        let build_id = match (kernel_build_id, kind) {
+            (Some(id), _) if !id.is_empty() => {
+                let id = BuildId(id.to_vec());
+                if kind == ImageKind::File && !self.seen.contains_key(&id) {
+                    // Keep the file only if it is still the one mapped.
+                    let file = self
+                        .host_path(pid, start, end, path)
+                        .filter(|p| elf::build_id_of_file(p).as_ref() == Some(&id))
+                        .and_then(|p| self.open_image_file(&p));
+                    self.seen.insert(
+                        id.clone(),
+                        SeenImage {
+                            file,
+                            path: path.to_string(),
+                            kind,
+                        },
+                    );
+                }
+                Some(id)
+            }
+            (_, ImageKind::File) => self.file_build_id(pid, start, end, path),
+            (_, ImageKind::Vdso) => self.vdso_build_id(pid, start, end),
+            _ => None,
+        };
+        Some(Record::ImageMap(ImageMapRecord {
+            time: Timestamp(t),
+            pid: Pid(pid),
+            start,
+            end,
+            file_offset,
+            path: path.to_string(),
+            build_id,
+            kind,
+            executable: true,
+        }))
+    }
+
+    /// Open an image file to embed later, within the open-file budget.
+    fn open_image_file(&mut self, path: &std::path::Path) -> Option<std::fs::File> {
+        if self.open_files >= MAX_OPEN_IMAGE_FILES {
+            return None;
+        }
+        let file = std::fs::File::open(path).ok()?;
+        self.open_files += 1;
+        Some(file)
+    }
+
+    /// Where to read an image's file from here: through the process's root
+    /// (containers), or its mapping if the file was deleted.
+    fn host_path(&self, pid: u32, start: u64, end: u64, path: &str) -> Option<std::path::PathBuf> {
+        let candidates = [
+            path.strip_suffix(" (deleted)")
+                .map(|_| format!("/proc/{pid}/map_files/{start:x}-{end:x}").into()),
+            Some(procfs::root_path(pid, path)),
+            Some(std::path::PathBuf::from(path)),
+        ];
+        candidates.into_iter().flatten().find(|p| p.exists())
+    }
+
+    fn file_build_id(&mut self, pid: u32, start: u64, end: u64, path: &str) -> Option<BuildId> {
+        let host = self.host_path(pid, start, end, path)?;
+        let meta = std::fs::metadata(&host).ok()?;
+        let key = (
+            meta.dev(),
+            meta.ino(),
+            meta.mtime_nsec() + meta.mtime() * 1_000_000_000,
+        );
+        let id = match self.build_ids.get(&key) {
+            Some(id) => id.clone(),
+            None => {
+                let id = elf::build_id_of_file(&host);
+                self.build_ids.insert(key, id.clone());
+                id
+            }
+        };
+        if let Some(id) = &id {
+            if !self.seen.contains_key(id) {
+                let file = self.open_image_file(&host);
+                self.seen.insert(
+                    id.clone(),
+                    SeenImage {
+                        file,
+                        path: path.to_string(),
+                        kind: ImageKind::File,
+                    },
+                );
+            }
+        }
+        id
+    }
+
+    fn vdso_build_id(&mut self, pid: u32, start: u64, end: u64) -> Option<BuildId> {
+        let len = usize::try_from(end.checked_sub(start)?).ok()?;
+        if len > 1 << 20 {
+            return None;
+        }
+        let bytes = sys::read_process_memory(pid, start, len).ok()?;
+        let id = elf::build_id_of_bytes(&bytes)?;
+        self.seen.entry(id.clone()).or_insert(SeenImage {
+            file: None,
+            path: "[vdso]".to_string(),
+            kind: ImageKind::Vdso,
+        });
+        self.vdso.entry(id.clone()).or_insert(bytes);
+        Some(id)
+    }
+}
+
+/// What kind of image a mapping's path names.
+pub(crate) fn image_kind(path: &str) -> ImageKind {
+    if path == "[vdso]" {
+        ImageKind::Vdso
+    } else if path.starts_with('/') && !path.starts_with("//anon") {
+        ImageKind::File
+    } else {
+        ImageKind::Anonymous
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn image_kinds_from_paths() {
+        assert_eq!(image_kind("/usr/lib/libc.so.6"), ImageKind::File);
+        assert_eq!(image_kind("/tmp/x.so (deleted)"), ImageKind::File);
+        assert_eq!(image_kind("[vdso]"), ImageKind::Vdso);
+        assert_eq!(image_kind("//anon"), ImageKind::Anonymous);
+        assert_eq!(image_kind(""), ImageKind::Anonymous);
+    }
+
+    fn map(pid: u32, start: u64, end: u64, id: u8) -> ImageMapRecord {
+        ImageMapRecord {
+            time: Timestamp(1),
+            pid: Pid(pid),
+            start,
+            end,
+            file_offset: 0,
+            path: format!("/lib{id}.so"),
+            build_id: Some(BuildId(vec![id])),
+            kind: ImageKind::File,
+            executable: true,
+        }
+    }
+
+    #[test]
+    fn touches_find_the_image_holding_an_address() {
+        let mut images = Images::new(EmbedLevel::Symbols);
+        images.remember(&map(1, 0x1000, 0x2000, 1));
+        images.remember(&map(1, 0x5000, 0x6000, 2));
+        images.touch(1, 0x5fff);
+        images.touch(1, 0x3000); // between images
+        images.touch(2, 0x1000); // another process
+        assert_eq!(images.touched, HashSet::from([BuildId(vec![2])]));
+        // A new mapping over the first replaces it.
+        images.remember(&map(1, 0x1000, 0x2000, 3));
+        images.touch(1, 0x1800);
+        assert!(images.touched.contains(&BuildId(vec![3])));
+        assert!(!images.touched.contains(&BuildId(vec![1])));
+    }
+
+    #[test]
+    fn children_inherit_their_parents_images() {
+        let mut images = Images::new(EmbedLevel::None);
+        images.remember(&map(1, 0x1000, 0x2000, 1));
+        let inherited = images.inherited(1, 9, 50);
+        let [Record::ImageMap(m)] = &inherited[..] else {
+            panic!("{inherited:?}")
+        };
+        assert_eq!((m.pid, m.time, m.start), (Pid(9), Timestamp(50), 0x1000));
+        images.forget_process(1);
+        assert!(images.inherited(1, 9, 60).is_empty());
+    }
+}
