@@ -17,6 +17,7 @@
 
 mod dyld;
 mod fat;
+mod images;
 mod load_commands;
 mod thread_state;
 
@@ -25,6 +26,7 @@ pub(crate) use dyld::{
     DYLD_ALL_IMAGE_INFOS_LEN, MAX_PATH_LEN,
 };
 pub(crate) use fat::thin_image;
+pub(crate) use images::{embed_file, FileToEmbed, Images, TaskMemory};
 pub(crate) use load_commands::{parse_header, parse_load_commands, MachOImage, MACH_HEADER_64_LEN};
 pub(crate) use thread_state::strip_pac;
 // Each macOS build records its own architecture; the other one's thread

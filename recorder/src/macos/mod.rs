@@ -15,7 +15,6 @@
 //! protected (System Integrity Protection, hardened runtime without
 //! `get-task-allow`).
 
-mod images;
 #[cfg(target_arch = "aarch64")]
 mod regs_aarch64;
 #[cfg(target_arch = "x86_64")]
@@ -284,7 +283,7 @@ fn start(
     if let Ok(totals) = &sampled {
         for file in &totals.files {
             let mut blobs = Vec::new();
-            match images::embed_file(file, &mut blobs) {
+            match crate::macho::embed_file(file, &mut blobs) {
                 Ok(()) => {
                     for blob in blobs {
                         tx.send(blob)?;

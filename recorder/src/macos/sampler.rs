@@ -2,11 +2,11 @@
 //! last sample is suspended, its registers and live stack are copied, and
 //! it is resumed.
 
-use super::images::{FileToEmbed, Images};
 use super::regs_native;
 use super::sys::{self, MachClock, Port, Suspended};
 use crate::embed::EmbedLevel;
 use crate::error::RecordError;
+use crate::macho::{FileToEmbed, Images};
 use crate::sink::SinkSender;
 use lrnprof_format::{
     Pid, Record, Regs, Sample, SampleKind, StackSnapshot, ThreadEvent, ThreadRecord, Tid, Timestamp,

@@ -1,14 +1,17 @@
-//! The target's image list, from dyld's `dyld_all_image_infos`, and the
-//! unwind sections of dyld-shared-cache images copied into the trace.
+//! The target's image list, from dyld's `dyld_all_image_infos`, turned
+//! into image map records, and what of each image is copied into the trace.
+//!
+//! The target's memory is reached through [`TaskMemory`] (the macOS backend
+//! implements it with `mach_vm_read_overwrite`), so this logic is tested on
+//! any host against a fake task.
 
-use super::sys::{self, Port};
-use crate::embed::EmbedLevel;
-use crate::error::RecordError;
-use crate::macho::{
+use super::{
     parse_all_image_infos, parse_c_string, parse_header, parse_image_info_array,
     parse_load_commands, AllImageInfos, MachOImage, DYLD_ALL_IMAGE_INFOS_LEN, MACH_HEADER_64_LEN,
     MAX_PATH_LEN,
 };
+use crate::embed::EmbedLevel;
+use crate::error::RecordError;
 use lrnprof_format::{
     Blob, BlobKind, BuildId, ImageKind, ImageMapRecord, ImageUnmapRecord, Pid, Record, Timestamp,
 };
@@ -22,6 +25,24 @@ const EMBEDDED_SECTIONS: [(&str, &str); 2] =
 const MAX_SECTION_LEN: u64 = 64 << 20;
 /// Blob data per record: well under the format's record size limit.
 const BLOB_PART_LEN: usize = 512 << 10;
+
+/// Another task's memory, as the image tracker needs it.
+pub(crate) trait TaskMemory {
+    /// Copy `buf.len()` bytes at AVMA `address` into `buf`; `false` if any
+    /// of them is not readable.
+    fn read(&self, address: u64, buf: &mut [u8]) -> bool;
+
+    /// AVMA of the task's `dyld_all_image_infos`; 0 before dyld set it up.
+    fn all_image_infos_address(&self) -> Result<u64, RecordError>;
+}
+
+/// The error for memory of the target that could not be read.
+fn unreadable(what: &str, address: u64) -> RecordError {
+    RecordError::Sys {
+        what: format!("reading {what} at {address:#x} in the target"),
+        source: std::io::Error::other("memory not readable"),
+    }
+}
 
 /// The most bytes of an image file embedded whole; bigger files are left
 /// for the analysis machine to provide (`--symbols`).
@@ -52,7 +73,7 @@ struct Known {
 
 /// An image file to copy into the trace when recording ends.
 #[derive(Debug, Clone)]
-pub(super) struct FileToEmbed {
+pub(crate) struct FileToEmbed {
     /// Path as dyld reported it.
     pub path: String,
     /// The UUID the mapped image has: the file is used only if it matches.
@@ -62,7 +83,7 @@ pub(super) struct FileToEmbed {
 }
 
 /// Tracks the target's images and turns changes into records.
-pub(super) struct Images {
+pub(crate) struct Images {
     pid: Pid,
     /// How much of each touched image to embed.
     level: EmbedLevel,
@@ -111,22 +132,22 @@ impl Images {
     /// records for the differences.
     pub fn refresh(
         &mut self,
-        task: &Port,
+        task: &impl TaskMemory,
         time: Timestamp,
         out: &mut Vec<Record>,
     ) -> Result<(), RecordError> {
         if self.infos_address == 0 {
-            self.infos_address = sys::dyld_all_image_infos_address(task)
-                .map_err(|c| sys::kern_error("task_info(TASK_DYLD_INFO)", c))?;
+            self.infos_address = task.all_image_infos_address()?;
             if self.infos_address == 0 {
                 return Ok(());
             }
         }
         let mut raw = [0u8; DYLD_ALL_IMAGE_INFOS_LEN];
-        if sys::read_memory(task, self.infos_address, &mut raw).is_err() {
-            // Older layouts are shorter; the version tells what is there.
-            sys::read_memory(task, self.infos_address, &mut raw[..152])
-                .map_err(|c| sys::kern_error("reading dyld_all_image_infos", c))?;
+        // Older layouts are shorter; the version tells what is there.
+        if !task.read(self.infos_address, &mut raw)
+            && !task.read(self.infos_address, &mut raw[..152])
+        {
+            return Err(unreadable("dyld_all_image_infos", self.infos_address));
         }
         let infos = parse_all_image_infos(&raw)?;
         if !infos.is_stable() {
@@ -149,12 +170,13 @@ impl Images {
     /// The (load address, path address) of every image, dyld included.
     fn read_list(
         &self,
-        task: &Port,
+        task: &impl TaskMemory,
         infos: &AllImageInfos,
     ) -> Result<Vec<(u64, u64)>, RecordError> {
         let mut array = vec![0u8; infos.info_array_len()?];
-        sys::read_memory(task, infos.info_array, &mut array)
-            .map_err(|c| sys::kern_error("reading the dyld image array", c))?;
+        if !task.read(infos.info_array, &mut array) {
+            return Err(unreadable("the dyld image array", infos.info_array));
+        }
         let mut list: Vec<(u64, u64)> = parse_image_info_array(&array, infos.info_array_count)?
             .into_iter()
             .map(|i| (i.load_address, i.file_path))
@@ -167,7 +189,7 @@ impl Images {
 
     fn apply(
         &mut self,
-        task: &Port,
+        task: &impl TaskMemory,
         current: Vec<(u64, u64)>,
         time: Timestamp,
         out: &mut Vec<Record>,
@@ -284,7 +306,7 @@ impl Images {
     /// has its unwind sections (and its header with the load commands, so
     /// the analyzer knows the layout) copied from memory into blob records
     /// now; an image with a file is queued for [`Images::take_files`].
-    pub fn embed(&mut self, task: &Port, start: u64, out: &mut Vec<Record>) {
+    pub fn embed(&mut self, task: &impl TaskMemory, start: u64, out: &mut Vec<Record>) {
         let Some(known) = self.known.get_mut(&start) else {
             return;
         };
@@ -314,7 +336,7 @@ impl Images {
         };
         let build_id = BuildId(uuid.to_vec());
         let mut header = vec![0u8; image.header.total_len()];
-        if sys::read_memory(task, start, &mut header).is_ok() {
+        if task.read(start, &mut header) {
             push_blob(out, &build_id, "__TEXT", text.vmaddr, header);
         }
         for (segment, name) in EMBEDDED_SECTIONS {
@@ -325,7 +347,7 @@ impl Images {
                 continue;
             }
             let mut bytes = vec![0u8; section.size as usize];
-            if sys::read_memory(task, section.addr.wrapping_add(slide), &mut bytes).is_ok() {
+            if task.read(section.addr.wrapping_add(slide), &mut bytes) {
                 push_blob(out, &build_id, name, section.addr, bytes);
             }
         }
@@ -361,20 +383,22 @@ fn push_blob_parts(out: &mut Vec<Record>, build_id: &BuildId, kind: BlobKind, da
 }
 
 /// Read the Mach-O header and load commands at `address` of `task`.
-fn read_image(task: &Port, address: u64) -> Result<MachOImage, RecordError> {
+fn read_image(task: &impl TaskMemory, address: u64) -> Result<MachOImage, RecordError> {
     let mut head = [0u8; MACH_HEADER_64_LEN];
-    sys::read_memory(task, address, &mut head)
-        .map_err(|c| sys::kern_error("reading a Mach-O header", c))?;
+    if !task.read(address, &mut head) {
+        return Err(unreadable("a Mach-O header", address));
+    }
     let header = parse_header(&head)?;
     let mut all = vec![0u8; header.total_len()];
-    sys::read_memory(task, address, &mut all)
-        .map_err(|c| sys::kern_error("reading Mach-O load commands", c))?;
+    if !task.read(address, &mut all) {
+        return Err(unreadable("Mach-O load commands", address));
+    }
     parse_load_commands(&all)
 }
 
 /// Read the NUL-terminated string at `address`, page by page so that a
 /// string ending just before an unmapped page can still be read.
-fn read_c_string(task: &Port, address: u64) -> Option<String> {
+fn read_c_string(task: &impl TaskMemory, address: u64) -> Option<String> {
     const PAGE: u64 = 4096;
     if address == 0 {
         return None;
@@ -384,7 +408,9 @@ fn read_c_string(task: &Port, address: u64) -> Option<String> {
     while bytes.len() < MAX_PATH_LEN {
         let chunk = (PAGE - at % PAGE) as usize;
         let mut buf = vec![0u8; chunk];
-        sys::read_memory(task, at, &mut buf).ok()?;
+        if !task.read(at, &mut buf) {
+            return None;
+        }
         let done = buf.contains(&0);
         bytes.extend_from_slice(&buf);
         if done {
@@ -398,7 +424,7 @@ fn read_c_string(task: &Port, address: u64) -> Option<String> {
 /// Blob records holding the image file `file.path` (the slice the target
 /// runs, for a universal file), if it is small enough and still has the
 /// mapped image's UUID; otherwise why not.
-pub(super) fn embed_file(file: &FileToEmbed, out: &mut Vec<Record>) -> Result<(), String> {
+pub(crate) fn embed_file(file: &FileToEmbed, out: &mut Vec<Record>) -> Result<(), String> {
     let len = std::fs::metadata(&file.path)
         .map_err(|e| format!("{}: {e}", file.path))?
         .len();
@@ -409,8 +435,8 @@ pub(super) fn embed_file(file: &FileToEmbed, out: &mut Vec<Record>) -> Result<()
         ));
     }
     let bytes = std::fs::read(&file.path).map_err(|e| format!("{}: {e}", file.path))?;
-    let image = crate::macho::thin_image(&bytes, file.cputype)
-        .map_err(|e| format!("{}: {e}", file.path))?;
+    let image =
+        super::thin_image(&bytes, file.cputype).map_err(|e| format!("{}: {e}", file.path))?;
     let uuid = parse_load_commands(image)
         .map_err(|e| format!("{}: {e}", file.path))?
         .uuid;
@@ -423,3 +449,6 @@ pub(super) fn embed_file(file: &FileToEmbed, out: &mut Vec<Record>) -> Result<()
     push_blob_parts(out, &BuildId(file.uuid.to_vec()), BlobKind::Image, image);
     Ok(())
 }
+
+#[cfg(test)]
+mod tests;
