@@ -50,13 +50,57 @@ fn candidates_in_dir(dir: &Path, key: &ImageKey) -> Vec<PathBuf> {
     v
 }
 
-fn read_candidate(path: &Path) -> Option<ParsedFile> {
+fn read_candidate(path: &Path, want: Option<&BuildId>) -> Option<ParsedFile> {
     let meta = std::fs::metadata(path).ok()?;
     if !meta.is_file() {
         return None;
     }
     let bytes = std::fs::read(path).ok()?;
-    parse_file(Arc::new(bytes)).ok()
+    match fat_slices(&bytes) {
+        // A universal binary: the slice with the recorded UUID (or the
+        // first one, which the build-id check will then refuse).
+        Some(slices) => {
+            let mut first = None;
+            for slice in slices {
+                let Ok(f) = parse_file(Arc::new(slice)) else {
+                    continue;
+                };
+                if want.is_some_and(|w| f.build_id.as_ref() == Some(&w.0)) {
+                    return Some(f);
+                }
+                first.get_or_insert(f);
+            }
+            first
+        }
+        None => parse_file(Arc::new(bytes)).ok(),
+    }
+}
+
+/// The architecture slices of a Mach-O universal binary, or `None` if
+/// `bytes` is not one.
+fn fat_slices(bytes: &[u8]) -> Option<Vec<Vec<u8>>> {
+    use object::read::macho::{FatArch, MachOFatFile32, MachOFatFile64};
+    match object::FileKind::parse(bytes).ok()? {
+        object::FileKind::MachOFat32 => {
+            let fat = MachOFatFile32::parse(bytes).ok()?;
+            Some(
+                fat.arches()
+                    .iter()
+                    .filter_map(|a| Some(a.data(bytes).ok()?.to_vec()))
+                    .collect(),
+            )
+        }
+        object::FileKind::MachOFat64 => {
+            let fat = MachOFatFile64::parse(bytes).ok()?;
+            Some(
+                fat.arches()
+                    .iter()
+                    .filter_map(|a| Some(a.data(bytes).ok()?.to_vec()))
+                    .collect(),
+            )
+        }
+        _ => None,
+    }
 }
 
 /// What was found locally.
@@ -123,14 +167,14 @@ pub(crate) fn load_image(key: &ImageKey, blobs: &BlobStore, opts: &LocateOptions
             if !opts.offline {
                 for dir in &opts.symbols_dirs {
                     for c in candidates_in_dir(dir, key) {
-                        if let Some(f) = read_candidate(&c) {
+                        if let Some(f) = read_candidate(&c, key.build_id.as_ref()) {
                             found.offer(c, f, &key.build_id);
                         }
                     }
                 }
                 let recorded = PathBuf::from(&key.path);
                 if key.path.starts_with('/') {
-                    if let Some(f) = read_candidate(&recorded) {
+                    if let Some(f) = read_candidate(&recorded, key.build_id.as_ref()) {
                         if key.build_id.is_none() {
                             notes.push(format!(
                                 "{}: no build id recorded, local file used unverified",
@@ -283,7 +327,7 @@ fn look_for_debug_file(key: &ImageKey, found: &mut Found, opts: &LocateOptions) 
         if found.debug.is_some() {
             break;
         }
-        if let Some(f) = read_candidate(&c) {
+        if let Some(f) = read_candidate(&c, key.build_id.as_ref()) {
             if f.data.has_dwarf() || !f.data.symbols.is_empty() {
                 found.offer(c, f, &key.build_id);
             }
