@@ -91,6 +91,12 @@ impl ThreadList {
     }
 }
 
+impl AsRef<[thread_act_t]> for ThreadList {
+    fn as_ref(&self) -> &[thread_act_t] {
+        self.ports()
+    }
+}
+
 impl Drop for ThreadList {
     fn drop(&mut self) {
         for &port in self.ports() {
@@ -410,15 +416,4 @@ pub(super) fn executable_path(pid: u32) -> Option<String> {
         )
     };
     (n > 0).then(|| String::from_utf8_lossy(&buf[..n as usize]).into_owned())
-}
-
-impl crate::macho::TaskMemory for Port {
-    fn read(&self, address: u64, buf: &mut [u8]) -> bool {
-        read_memory(self, address, buf).is_ok()
-    }
-
-    fn all_image_infos_address(&self) -> Result<u64, RecordError> {
-        dyld_all_image_infos_address(self)
-            .map_err(|code| kern_error("task_info(TASK_DYLD_INFO)", code))
-    }
 }
