@@ -1,11 +1,16 @@
-//! Pure parsers for what the macOS backend reads out of a target task:
-//! Mach-O headers and load commands, the dyld image list, and thread states;
-//! and for the universal (fat) files its images come from.
+//! Everything of the macOS backend that does not need a Mac, so it is
+//! compiled and unit-tested on every host (Linux included):
 //!
-//! Everything here works on byte slices copied from another process, so it
-//! is compiled and unit-tested on every host (Linux included) and treats its
-//! input as untrusted: every length is checked against the bytes present and
-//! a fixed bound, and malformed input gives
+//! - pure parsers for what the backend reads out of a target task: Mach-O
+//!   headers and load commands, the dyld image list, thread states; and for
+//!   the universal (fat) files its images come from;
+//! - the image tracker ([`Images`]) and one sampling round
+//!   ([`ThreadSampler`]), written against the [`TaskMemory`] and
+//!   [`TaskThreads`] traits that `crate::macos` implements with Mach calls
+//!   and the tests with a pretend task.
+//!
+//! Bytes from another process are untrusted: every length is checked
+//! against the bytes present and a fixed bound, and malformed input gives
 //! [`RecordError::MalformedMachO`], never a panic or an unbounded loop.
 //!
 //! Only 64-bit little-endian Mach-O is handled: macOS has run nothing else
