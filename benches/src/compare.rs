@@ -2,6 +2,7 @@
 //! `perf record` and under `lrnprof-rec`, then analysis of the traces.
 
 use crate::error::BenchError;
+use crate::folded::parse_folded;
 use crate::measure::{command_line, measure, Measured};
 use crate::perf_text::{parse_perf_script, parse_perf_stats, StackCompleteness};
 use crate::workloads::{self, Workload};
@@ -137,6 +138,9 @@ pub struct WorkloadResult {
     /// Per setup at the usual rate: how many stacks reached the thread root,
     /// in percent, from the last round's trace.
     pub root_pct: BTreeMap<Setup, f64>,
+    /// What `lrnprof-analyze info` itself says of the same lrnprof trace, in
+    /// percent (its own notion of a thread's root).
+    pub lrnprof_claimed_root_pct: Option<f64>,
     /// Per analysis of the last round's trace at the high rate: the samples
     /// analyzed and one measurement per round.
     pub analysis: BTreeMap<Analysis, (u64, Vec<Measured>)>,
@@ -321,6 +325,7 @@ fn run_workload(
         workload: w,
         runs: setups.iter().map(|s| (*s, Vec::new())).collect(),
         root_pct: BTreeMap::new(),
+        lrnprof_claimed_root_pct: None,
         analysis: BTreeMap::new(),
         errors: Vec::new(),
     };
@@ -365,15 +370,22 @@ fn run_workload(
             continue;
         }
         let trace = trace_path(o, &w, setup);
-        let pct = match profiler {
-            Profiler::Lrnprof => lrnprof_root_pct(o, &trace),
-            _ => perf_completeness(o, &trace).and_then(|c| {
-                c.root_pct().ok_or_else(|| BenchError::BadOutput {
-                    tool: "perf script",
-                    message: format!("no samples listed for {}", trace.display()),
-                })
-            }),
+        if profiler == Profiler::Lrnprof {
+            match lrnprof_root_pct(o, &trace) {
+                Ok(p) => result.lrnprof_claimed_root_pct = Some(p),
+                Err(e) => result.errors.push(format!("lrnprof-analyze info: {e}")),
+            }
+        }
+        let counted = match profiler {
+            Profiler::Lrnprof => lrnprof_completeness(o, &trace),
+            _ => perf_completeness(o, &trace),
         };
+        let pct = counted.and_then(|c| {
+            c.root_pct().ok_or_else(|| BenchError::BadOutput {
+                tool: "stack listing",
+                message: format!("no samples listed for {}", trace.display()),
+            })
+        });
         match pct {
             Ok(p) => {
                 result.root_pct.insert(setup, p);
@@ -559,6 +571,18 @@ fn perf_completeness(o: &CompareOptions, data: &Path) -> Result<StackCompletenes
         "perf script",
     )?;
     Ok(parse_perf_script(&text))
+}
+
+/// Stacks of an lrnprof trace judged by the rule used for perf's: folded
+/// output, any frame a root function.
+fn lrnprof_completeness(o: &CompareOptions, trace: &Path) -> Result<StackCompleteness, BenchError> {
+    let text = output_of(
+        Command::new(&o.analyze)
+            .arg(trace)
+            .args(["--format", "folded", "-o", "-"]),
+        "lrnprof-analyze --format folded",
+    )?;
+    Ok(parse_folded(&text))
 }
 
 /// `unwound_to_root_pct` of `lrnprof-analyze info --json`.

@@ -19,6 +19,7 @@
 
 mod compare;
 mod error;
+mod folded;
 mod measure;
 mod perf_text;
 mod report;
@@ -31,6 +32,7 @@ pub use compare::{
     WorkloadResult,
 };
 pub use error::BenchError;
+pub use folded::parse_folded;
 pub use measure::{command_line, measure, parse_vmhwm_kib, Measured};
 pub use perf_text::{
     parse_perf_script, parse_perf_stats, PerfStats, StackCompleteness, ROOT_FUNCTIONS,
