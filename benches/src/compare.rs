@@ -84,12 +84,20 @@ pub struct TraceFacts {
     pub samples: u64,
     /// Samples dropped by the kernel or the recorder.
     pub lost: u64,
+    /// Bytes of blocks holding only embedded image data (lrnprof's
+    /// `Record::Blob`s: symbol and unwind tables), 0 for perf.
+    pub embedded_bytes: u64,
 }
 
 impl TraceFacts {
     /// Trace bytes per sample.
     pub fn bytes_per_sample(&self) -> Option<f64> {
         (self.samples > 0).then(|| self.bytes as f64 / self.samples as f64)
+    }
+
+    /// Trace bytes per sample, not counting embedded image data.
+    pub fn sample_bytes_per_sample(&self) -> Option<f64> {
+        (self.samples > 0).then(|| (self.bytes - self.embedded_bytes) as f64 / self.samples as f64)
     }
 
     /// Lost samples as a percentage of all samples taken.
@@ -531,6 +539,7 @@ fn perf_facts(o: &CompareOptions, data: &Path) -> Result<TraceFacts, BenchError>
         bytes,
         samples: stats.samples,
         lost: stats.lost_samples.max(lost_records),
+        embedded_bytes: 0,
     })
 }
 
@@ -546,12 +555,21 @@ fn lrnprof_facts(trace: &Path) -> Result<TraceFacts, BenchError> {
         bytes: reader.len(),
         samples: 0,
         lost: 0,
+        embedded_bytes: 0,
     };
-    for record in reader.records() {
-        match record.map_err(bad)? {
-            Record::Sample(_) => facts.samples += 1,
-            Record::Lost(l) => facts.lost += l.count,
-            _ => {}
+    for block in reader.blocks() {
+        let records = reader.decode_block(block).map_err(bad)?;
+        let mut only_blobs = !records.is_empty();
+        for record in &records {
+            match record {
+                Record::Sample(_) => facts.samples += 1,
+                Record::Lost(l) => facts.lost += l.count,
+                _ => {}
+            }
+            only_blobs &= matches!(record, Record::Blob(_));
+        }
+        if only_blobs {
+            facts.embedded_bytes += block.header.total_len();
         }
     }
     Ok(facts)

@@ -264,13 +264,19 @@ pub fn markdown(c: &Comparison) -> String {
             "samples (lrnprof)",
             "perf -g",
             "perf dwarf",
-            "lrnprof",
-            "lrnprof / perf dwarf",
+            "lrnprof, whole trace",
+            "lrnprof, without embedded images",
+            "lrnprof (without) / perf dwarf",
         ],
     );
     for r in &c.workloads {
         let bps = |p| trace_median(r, s(p, lo), TraceFacts::bytes_per_sample);
-        let (dw, lr) = (bps(Profiler::PerfDwarf), bps(Profiler::Lrnprof));
+        let dw = bps(Profiler::PerfDwarf);
+        let lr = trace_median(
+            r,
+            s(Profiler::Lrnprof, lo),
+            TraceFacts::sample_bytes_per_sample,
+        );
         row(
             &mut out,
             &[
@@ -281,6 +287,7 @@ pub fn markdown(c: &Comparison) -> String {
                 ),
                 cell(bps(Profiler::PerfFp), |v| format!("{v:.0}")),
                 cell(dw, |v| format!("{v:.0}")),
+                cell(bps(Profiler::Lrnprof), |v| format!("{v:.0}")),
                 cell(lr, |v| format!("{v:.0}")),
                 cell(lr.zip(dw).map(|(a, b)| a / b), |v| {
                     format!("1/{:.1}", 1.0 / v)
@@ -288,6 +295,10 @@ pub fn markdown(c: &Comparison) -> String {
             ],
         );
     }
+    let _ = writeln!(
+        out,
+        "\nA whole lrnprof trace also carries, once per image, the symbol and unwind tables it needs to be analyzed elsewhere (`lrnprof-rec --embed symbols`, the default); a perf.data file carries none (that takes `perf archive`). The embedded part is counted from blocks holding only embedded data.\n"
+    );
 
     let _ = writeln!(out, "\n### Lost samples (% of samples taken)\n");
     header(
@@ -507,17 +518,15 @@ fn targets(c: &Comparison) -> Vec<String> {
     });
     let size = worst(
         c.workloads.iter().filter_map(|r| {
-            let b = |p| trace_median(r, s(p), TraceFacts::bytes_per_sample);
-            Some((
-                r.workload.name.clone(),
-                b(Profiler::Lrnprof)? / b(Profiler::PerfDwarf)?,
-            ))
+            let perf = trace_median(r, s(Profiler::PerfDwarf), TraceFacts::bytes_per_sample)?;
+            let ours = trace_median(r, s(Profiler::Lrnprof), TraceFacts::sample_bytes_per_sample)?;
+            Some((r.workload.name.clone(), ours / perf))
         }),
         true,
     );
     lines.push(match size {
         Some((n, v)) => format!(
-            "At most 1/20 of perf dwarf's bytes per sample: {} (worst: `{n}`, 1/{:.1})",
+            "At most 1/20 of perf dwarf's bytes per sample (without embedded images): {} (worst: `{n}`, 1/{:.1})",
             verdict(v <= 0.05),
             1.0 / v
         ),
@@ -589,6 +598,7 @@ mod tests {
             bytes,
             samples,
             lost,
+            embedded_bytes: 0,
         };
         let mut runs = BTreeMap::new();
         runs.insert(s(Profiler::None, 0), vec![run(2.0, None), run(4.0, None)]);
@@ -675,10 +685,10 @@ mod tests {
         let text = markdown(&comparison());
         for needle in [
             "| `busy` | 3.00 s | +10.0 % | +20.0 % | +2.0 % | -8.0 pp | — | — |",
-            "| 8000 | 100 | 1/80.0 |",
+            "| 8000 | 100 | 100 | 1/80.0 |",
             "| `busy` | — | 30.0 % | 99.5 % | 99.5 % |",
             "0.50 %",
-            "At most 1/20 of perf dwarf's bytes per sample: met",
+            "At most 1/20 of perf dwarf's bytes per sample (without embedded images): met",
             "≥ 99 % of samples unwound to the root: met",
             "Analysis ≥ 20× faster than `perf report` per CPU-second: not measured",
             "- `busy`: perf dwarf @ 10000 Hz: it broke",
