@@ -33,6 +33,9 @@ pub(crate) trait Convert: Send + 'static {
     /// Convert one message; push the resulting records onto `out`.
     fn convert(&mut self, raw: Self::Raw, out: &mut Vec<Record>) -> Result<(), RecordError>;
 
+    /// Called first on the writer thread (e.g. to raise its priority).
+    fn on_writer_thread(&mut self) {}
+
     /// Sampling has stopped: push everything still held back (e.g. records
     /// waiting to be put in time order, embedded blobs).
     fn finish(&mut self, out: &mut Vec<Record>) -> Result<(), RecordError>;
@@ -278,6 +281,7 @@ fn run<C: Convert>(
     rx: Receiver<Msg<C::Raw>>,
     stats: &LiveStats,
 ) -> Result<SinkTotals, RecordError> {
+    converter.on_writer_thread();
     let mut counter = Counter::default();
     let mut records = Vec::new();
     let mut end_time = None;

@@ -112,7 +112,17 @@ impl fmt::Display for RecordSummary {
                 human_bytes(self.embedded_bytes)
             )?;
         }
-        write!(f, ")")
+        write!(f, ")")?;
+        if self.lost > 0 {
+            write!(
+                f,
+                "\nlrnprof-rec: {} samples were lost because the recorder could not keep up: \
+                 lower --freq, or run as root (or with CAP_SYS_NICE) so the recorder's threads \
+                 can run at a higher priority than the target's",
+                self.lost
+            )?;
+        }
+        Ok(())
     }
 }
 

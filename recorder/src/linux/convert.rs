@@ -433,6 +433,11 @@ fn process_exit(time: u64, pid: u32, code: Option<i32>) -> Record {
 impl Convert for Converter {
     type Raw = RawMsg;
 
+    fn on_writer_thread(&mut self) {
+        // Falling behind blocks the draining thread; keep up with the target.
+        let _ = super::sys::raise_thread_priority();
+    }
+
     fn convert(&mut self, raw: RawMsg, out: &mut Vec<Record>) -> Result<(), RecordError> {
         match raw {
             RawMsg::Initial(init) => self.initial(init),

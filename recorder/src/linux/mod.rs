@@ -212,6 +212,8 @@ pub(crate) fn record(options: &RecordOptions) -> Result<RecordSummary, RecordErr
         launched: command,
     }));
     let status = StatusLine::start(options.status_line, sink.stats(), stop.started());
+    // After the fork, so a launched command keeps its normal priority.
+    let old_nice = sys::raise_thread_priority();
     let outcome = sent.and_then(|()| {
         sample_loop(
             &mut events,
@@ -227,6 +229,9 @@ pub(crate) fn record(options: &RecordOptions) -> Result<RecordSummary, RecordErr
         let _ = sys::perf_disable(fd);
     }
     let drained = drain_all(&mut events, &layout, &sender);
+    if let Some(nice) = old_nice {
+        sys::restore_thread_priority(nice);
+    }
     drop(status);
     let end = sys::monotonic_ns();
     drop(sender);

@@ -211,6 +211,33 @@ pub(crate) fn monotonic_ns() -> u64 {
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
+/// How much the recorder's own threads are favoured over the target's:
+/// with many busy target threads on few CPUs, a recorder at the default
+/// priority gets too little CPU to drain the ring buffers in time.
+const RECORDER_NICE: i32 = -10;
+
+/// Raise the calling thread's priority (Linux nice values are per thread).
+/// Returns the previous nice value if it was changed; `None` if not
+/// permitted (no root / `CAP_SYS_NICE`) or already high enough.
+pub(crate) fn raise_thread_priority() -> Option<i32> {
+    // Safety: getpriority/setpriority take plain integers; on Linux
+    // PRIO_PROCESS with who = 0 means the calling thread.
+    unsafe {
+        *libc::__errno_location() = 0;
+        let before = libc::getpriority(libc::PRIO_PROCESS, 0);
+        if *libc::__errno_location() != 0 || before <= RECORDER_NICE {
+            return None;
+        }
+        (libc::setpriority(libc::PRIO_PROCESS, 0, RECORDER_NICE) == 0).then_some(before)
+    }
+}
+
+/// Put the calling thread's nice value back.
+pub(crate) fn restore_thread_priority(nice: i32) {
+    // Safety: as above.
+    unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, nice) };
+}
+
 /// The number of configured CPUs.
 pub(crate) fn cpu_count() -> usize {
     // Safety: sysconf has no preconditions.
