@@ -531,24 +531,60 @@ fn shared_cache_image_unwinds_from_embedded_sections() {
         "/System/Library/lrnprof-test/libcallchain.dylib",
         blobs,
     );
-    // No file and no symbols: frames are named `IMAGE+OFFSET`, the offset
-    // from the image's base. Each must land in the right function (return
-    // addresses are shown minus one, inside the call instruction).
-    let stacks = analyze_folded(&trace, &["--offline"]);
+    // No file and no symbols: frames are named `IMAGE+OFFSET`.
+    assert_frames_at_offsets(
+        &analyze_folded(&trace, &["--offline"]),
+        &fx,
+        "libcallchain.dylib",
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// One stack whose frames are named `IMAGE+OFFSET` (the offset from the
+/// image's base, `__TEXT`), each landing in the expected function of `fx`
+/// (return addresses are shown minus one, inside the call instruction).
+fn assert_frames_at_offsets(stacks: &[(Vec<String>, u64)], fx: &Fixture, image: &str) {
     assert_eq!(stacks.len(), 1, "{stacks:?}");
     let (frames, count) = &stacks[0];
     assert_eq!(*count, SAMPLES);
+    let prefix = format!("{image}+0x");
     let functions: Vec<&str> = frames
         .iter()
         .map(|f| {
             let offset = f
-                .strip_prefix("libcallchain.dylib+0x")
+                .strip_prefix(&prefix)
                 .and_then(|hex| u64::from_str_radix(hex, 16).ok())
-                .unwrap_or_else(|| panic!("frame {f:?} is not libcallchain.dylib+OFFSET"));
+                .unwrap_or_else(|| panic!("frame {f:?} is not {image}+OFFSET: {frames:?}"));
             fx.function_containing(fx.text.0 + offset)
         })
         .collect();
     assert_eq!(functions, EXPECTED, "frames {frames:?}");
+}
+
+#[test]
+fn stripped_binary_frames_are_named_by_offset() {
+    let dir = scratch_dir("macos-stripped");
+    let Some(strip) = find_tool("llvm-strip") else {
+        eprintln!("SKIP: llvm-strip is not installed (Debian: apt-get install llvm)");
+        return;
+    };
+    let Some(bin) = build_fixture(&dir, ARM64, "callchain_stripped", &[]) else {
+        return;
+    };
+    // The test takes the function addresses before stripping.
+    let fx = Fixture::load(&bin);
+    assert!(Command::new(strip).arg(&bin).status().unwrap().success());
+    // What is left is `__mh_execute_header`, the address of the Mach-O
+    // header, which names no code: frames must not be charged to it.
+    let trace = dir.join("stripped.lpt");
+    write_trace(
+        &fx,
+        &trace,
+        ImageKind::File,
+        &bin.to_string_lossy(),
+        Vec::new(),
+    );
+    assert_frames_at_offsets(&analyze_folded(&trace, &[]), &fx, "callchain_stripped");
     let _ = std::fs::remove_dir_all(&dir);
 }
 
