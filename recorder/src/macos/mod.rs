@@ -8,7 +8,10 @@
 //! from dyld's `dyld_all_image_infos` (through `task_info(TASK_DYLD_INFO)`)
 //! and the Mach-O headers read from the target's memory; the unwind
 //! sections of dyld-shared-cache images, which have no file of their own,
-//! are copied into the trace the first time a sample touches them.
+//! are copied into the trace the first time a sample touches them, and the
+//! files of other touched images when recording ends (`--embed`). The logic
+//! above the Mach calls lives in `crate::macho`, where it is unit-tested on
+//! any host.
 //!
 //! Recording needs the target's task port (`task_for_pid`): root, or a
 //! recorder signed with the debugger entitlement, and a target that is not
@@ -187,7 +190,7 @@ fn start(
     };
     let status = StatusLine::start(options.status_line, sink.stats(), watch.started());
     let tx = sink.sender();
-    tx.send(Record::Process(ProcessRecord {
+    let first = tx.send(Record::Process(ProcessRecord {
         time: Timestamp(clock.now_ns()),
         pid: Pid(pid),
         parent: None,
@@ -198,7 +201,14 @@ fn start(
         },
         command,
         executable: sys::executable_path(pid),
-    }))?;
+    }));
+    if let Err(e) = first {
+        // Never leave a launched command suspended behind us.
+        if launched {
+            let _ = sys::kill_child(pid);
+        }
+        return Err(e);
+    }
 
     let stop = Arc::new(AtomicBool::new(false));
     let gone = Arc::new(AtomicBool::new(false));
@@ -215,14 +225,27 @@ fn start(
         std::thread::Builder::new()
             .name("lrnprof-sampler".into())
             .spawn(move || sampler.run(tx, stop, gone))
-            .map_err(|e| RecordError::Sys {
+    };
+    let thread = match thread {
+        Ok(thread) => thread,
+        Err(source) => {
+            if launched {
+                let _ = sys::kill_child(pid);
+            }
+            return Err(RecordError::Sys {
                 what: "starting the sampling thread".into(),
-                source: e,
-            })?
+                source,
+            });
+        }
     };
     // The sampler is running: from here on, nothing the target does is missed.
     if launched {
-        sys::resume_process(pid)?;
+        if let Err(e) = sys::resume_process(pid) {
+            stop.store(true, Ordering::Relaxed);
+            let _ = sys::kill_child(pid);
+            let _ = thread.join();
+            return Err(e);
+        }
     }
 
     let mut signals_seen = 0;
