@@ -295,7 +295,10 @@ impl MachClock {
 /// Start `command` suspended before its first instruction
 /// (`POSIX_SPAWN_START_SUSPENDED`); resume it with [`resume_process`].
 pub(super) fn spawn_suspended(command: &[OsString]) -> Result<u32, RecordError> {
-    let program = command[0].to_string_lossy().into_owned();
+    let Some(first) = command.first() else {
+        return Err(RecordError::InvalidOption("no command to launch".into()));
+    };
+    let program = first.to_string_lossy().into_owned();
     let to_c = |s: &OsString| {
         CString::new(s.as_bytes()).map_err(|_| {
             RecordError::InvalidOption(format!("the command argument {s:?} contains a NUL byte"))
