@@ -111,6 +111,12 @@ fn attach(spec: &TargetSpec) -> Result<Attached, RecordError> {
     match spec {
         TargetSpec::Pid(pid) => {
             let pid = *pid;
+            if pid == std::process::id() {
+                // The sampler would suspend itself.
+                return Err(RecordError::InvalidOption(
+                    "lrnprof-rec cannot record itself: give another pid".into(),
+                ));
+            }
             if !sys::process_exists(pid) {
                 return Err(RecordError::NoSuchProcess { pid });
             }
