@@ -13,7 +13,7 @@ use crate::profile::{
     Stats, ThreadProfile,
 };
 use crate::symbolicate::{FrameLine, JitMap, Symbolizer};
-use crate::timeline::CHUNK_BLOCKS;
+use crate::timeline::chunk_blocks;
 use crate::unwind::ArchCache;
 use lrnprof_format::{Record, Sample, TraceReader};
 use rayon::prelude::*;
@@ -85,7 +85,7 @@ fn run<D: AsRef<[u8]> + Sync>(
     let blocks = reader.blocks();
     let total = blocks.len() as u64;
     let mut done = 0;
-    for chunk in blocks.chunks(CHUNK_BLOCKS) {
+    for chunk in blocks.chunks(chunk_blocks()) {
         let samples: Vec<Sample> = chunk
             .par_iter()
             .flat_map_iter(|b| {

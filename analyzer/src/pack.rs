@@ -4,30 +4,16 @@
 //! analyzed where the binaries do not exist.
 
 use crate::error::AnalyzeError;
-use crate::image::{debug_file_candidates, own_vdso, parse_file, EMBEDDED_ELF_HEADERS};
+use crate::image::{debug_file_candidates, own_vdso, parse_file};
 use crate::write_file::write_atomically;
 use lrnprof_format::{
     Blob, BlobKind, BuildId, ImageKind, Pid, Record, TraceReader, TraceWriter, WriterOptions,
 };
-use object::{Object, ObjectSection};
+use lrnprof_recorder::embed::split_into;
+use lrnprof_recorder::{blobs_for_file, EmbedLevel};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-
-/// Largest part of a blob in one record (bytes, after compression).
-const BLOB_PART: usize = 512 * 1024;
-
-/// Sections embedded for every ELF image (plus `.debug_*` with
-/// [`PackOptions::debug`]).
-const ELF_SECTIONS: [&str; 7] = [
-    ".eh_frame",
-    ".eh_frame_hdr",
-    ".debug_frame",
-    ".symtab",
-    ".strtab",
-    ".dynsym",
-    ".dynstr",
-];
 
 /// Options of [`pack`].
 #[derive(Debug, Clone, Default)]
@@ -57,71 +43,16 @@ fn hostname() -> String {
         .unwrap_or_default()
 }
 
-/// Compress `data` and cut it into blob records.
-fn blobs(build_id: &BuildId, kind: BlobKind, data: &[u8]) -> Vec<Blob> {
-    let compressed = zstd::encode_all(data, 3).ok();
-    let (bytes, is_compressed) = match &compressed {
-        Some(c) if c.len() < data.len() => (&c[..], true),
-        _ => (data, false),
-    };
-    let total_len = bytes.len() as u64;
-    let mut out = Vec::new();
-    let mut offset = 0;
-    loop {
-        let part = &bytes[offset..(offset + BLOB_PART).min(bytes.len())];
-        out.push(Blob {
-            build_id: build_id.clone(),
-            kind: kind.clone(),
-            compressed: is_compressed,
-            offset: offset as u64,
-            total_len,
-            data: part.to_vec(),
-        });
-        offset += part.len();
-        if offset >= bytes.len() {
-            break;
-        }
+fn section_name(b: &Blob) -> &str {
+    match &b.kind {
+        BlobKind::Section { name, .. } => name,
+        _ => "",
     }
-    out
 }
 
-/// The sections to embed for the ELF file `bytes`, as (name, SVMA, data).
-fn elf_sections(bytes: &[u8], debug: bool) -> Result<Vec<(String, u64, Vec<u8>)>, String> {
-    let obj = object::File::parse(bytes).map_err(|e| e.to_string())?;
-    let mut out = Vec::new();
-    let mut seen = BTreeSet::new();
-    for sec in obj.sections() {
-        let Ok(name) = sec.name() else { continue };
-        let wanted = ELF_SECTIONS.contains(&name) || (debug && name.starts_with(".debug_"));
-        if !wanted || !seen.insert(name.to_string()) {
-            continue;
-        }
-        if sec.kind() == object::SectionKind::UninitializedData {
-            continue;
-        }
-        if let Ok(data) = sec.uncompressed_data() {
-            if !data.is_empty() {
-                out.push((name.to_string(), sec.address(), data.into_owned()));
-            }
-        }
-    }
-    Ok(out)
-}
-
-/// The ELF file header and program headers of `bytes`.
-fn elf_headers(bytes: &[u8]) -> Option<Vec<u8>> {
-    if bytes.len() < 0x40 || &bytes[..4] != b"\x7fELF" || bytes[4] != 2 || bytes[5] != 1 {
-        return None;
-    }
-    let phoff = u64::from_le_bytes(bytes[0x20..0x28].try_into().ok()?);
-    let phentsize = u64::from(u16::from_le_bytes(bytes[0x36..0x38].try_into().ok()?));
-    let phnum = u64::from(u16::from_le_bytes(bytes[0x38..0x3a].try_into().ok()?));
-    let end = usize::try_from(phoff.checked_add(phentsize.checked_mul(phnum)?)?).ok()?;
-    bytes.get(..end).map(<[u8]>::to_vec)
-}
-
-/// Blobs for the image file at `path` with build id `id`.
-/// Sections in `have` (already embedded) are left out.
+/// Blobs for the image file at `path` with build id `id`, extracted by
+/// the recorder's own `embed` functions. Sections in `have` (already
+/// embedded) are left out.
 fn image_blobs(
     path: &Path,
     id: &BuildId,
@@ -129,24 +60,26 @@ fn image_blobs(
     have: &BTreeSet<(BuildId, String)>,
 ) -> Result<(Vec<Blob>, String), String> {
     let bytes = std::fs::read(path).map_err(|e| format!("cannot read it: {e}"))?;
-    let parsed = parse_file(Arc::new(bytes.clone())).map_err(|e| e.to_string())?;
+    let parsed = parse_file(Arc::new(bytes)).map_err(|e| e.to_string())?;
     match &parsed.build_id {
-        Some(have) if have == &id.0 => {}
-        Some(have) => {
+        Some(found) if found == &id.0 => {}
+        Some(found) => {
             return Err(format!(
                 "its build id {} differs from the recorded {id}: the file was replaced",
-                BuildId(have.clone())
+                BuildId(found.clone())
             ))
         }
         None => return Err(format!("it has no build id (recorded {id})")),
     }
-    if parsed.data.is_macho {
-        return Err("Mach-O files are not packed (the macOS recorder embeds what it needs)".into());
-    }
-    let mut sections = elf_sections(&bytes, debug)?;
-    let has = |sections: &[(String, u64, Vec<u8>)], n: &str| sections.iter().any(|s| s.0 == n);
+    let level = if debug {
+        EmbedLevel::Debug
+    } else {
+        EmbedLevel::Symbols
+    };
+    let mut blobs = blobs_for_file(path, id, level)?;
+    let has = |blobs: &[Blob], n: &str| blobs.iter().any(|b| section_name(b) == n);
     let mut what = Vec::new();
-    if !has(&sections, ".symtab") || (debug && !has(&sections, ".debug_info")) {
+    if !has(&blobs, ".symtab") || (debug && !has(&blobs, ".debug_info")) {
         // A separate debug file has the full symbol table and the DWARF.
         let candidates = debug_file_candidates(
             &path.to_string_lossy(),
@@ -158,45 +91,31 @@ fn image_blobs(
             let Ok(dbytes) = std::fs::read(&c) else {
                 continue;
             };
-            let Ok(dparsed) = parse_file(Arc::new(dbytes.clone())) else {
+            let Ok(dparsed) = parse_file(Arc::new(dbytes)) else {
                 continue;
             };
             if dparsed.build_id.as_ref() != Some(&id.0) {
                 continue;
             }
-            for s in elf_sections(&dbytes, debug)? {
-                let from_debug = s.0.starts_with(".debug_") && s.0 != ".debug_frame";
-                let symbols = s.0 == ".symtab" || s.0 == ".strtab";
-                if (from_debug || symbols) && !has(&sections, &s.0) {
-                    sections.push(s);
+            for b in blobs_for_file(&c, id, level)? {
+                let name = section_name(&b);
+                let wanted = (name.starts_with(".debug_") && name != ".debug_frame")
+                    || name == ".symtab"
+                    || name == ".strtab";
+                if wanted && !has(&blobs, name) {
+                    blobs.push(b);
                 }
             }
             what.push(format!("debug file {}", c.display()));
             break;
         }
     }
-    if let Some(h) = elf_headers(&bytes) {
-        sections.push((EMBEDDED_ELF_HEADERS.to_string(), 0, h));
-    }
-    sections.retain(|s| !have.contains(&(id.clone(), s.0.clone())));
-    if sections.is_empty() {
-        return Ok((Vec::new(), String::new()));
-    }
-    let mut names: Vec<&str> = sections.iter().map(|s| s.0.as_str()).collect();
+    blobs.retain(|b| !have.contains(&(id.clone(), section_name(b).to_string())));
+    let mut names: Vec<&str> = blobs.iter().map(section_name).collect();
     names.sort_unstable();
+    names.dedup();
     what.insert(0, names.join(" "));
-    let mut out = Vec::new();
-    for (name, svma, data) in &sections {
-        out.extend(blobs(
-            id,
-            BlobKind::Section {
-                name: name.clone(),
-                svma: *svma,
-            },
-            data,
-        ));
-    }
-    Ok((out, what.join("; ")))
+    Ok((blobs, what.join("; ")))
 }
 
 /// Rewrite the trace `input` into `output` with embedded image data added.
@@ -224,6 +143,7 @@ pub fn pack(
     let mut pids = BTreeSet::new();
     // Sections (and whole images) already embedded, per build id.
     let mut have: BTreeSet<(BuildId, String)> = BTreeSet::new();
+    let mut have_jit = BTreeSet::new();
     for r in reader.records().flatten() {
         match r {
             Record::ImageMap(m) if m.executable => {
@@ -239,7 +159,9 @@ pub fn pack(
                 BlobKind::Image => {
                     have.insert((b.build_id, String::new()));
                 }
-                _ => {}
+                BlobKind::JitMap { pid } => {
+                    have_jit.insert(pid);
+                }
             },
             Record::Process(p) => {
                 pids.insert(p.pid);
@@ -273,7 +195,7 @@ pub fn pack(
                 match vdso {
                     Some(bytes) => {
                         report.embedded.push(format!("{path} ({id}): whole image"));
-                        new_blobs.extend(blobs(id, BlobKind::Image, &bytes));
+                        split_into(&mut new_blobs, id, BlobKind::Image, false, bytes);
                     }
                     None => report.skipped.push(format!(
                         "{path} ({id}): this machine's vDSO has another build id (kernel changed since recording)"
@@ -283,15 +205,12 @@ pub fn pack(
             _ => {}
         }
     }
-    for pid in &pids {
+    for pid in pids.difference(&have_jit) {
         let map = PathBuf::from(format!("/tmp/perf-{}.map", pid.0));
         if let Ok(text) = std::fs::read(&map) {
             report.embedded.push(format!("{} (JIT map)", map.display()));
-            new_blobs.extend(blobs(
-                &BuildId(Vec::new()),
-                BlobKind::JitMap { pid: Pid(pid.0) },
-                &text,
-            ));
+            let kind = BlobKind::JitMap { pid: Pid(pid.0) };
+            split_into(&mut new_blobs, &BuildId(Vec::new()), kind, false, text);
         }
     }
     report.bytes = new_blobs.iter().map(|b| b.data.len() as u64).sum();
@@ -313,28 +232,4 @@ pub fn pack(
         Ok(())
     })?;
     Ok(report)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn big_blobs_are_split_and_reassemble() {
-        let data: Vec<u8> = (0..3_000_000u32)
-            .flat_map(|i| (i.wrapping_mul(2_654_435_761)).to_le_bytes())
-            .collect();
-        let parts = blobs(&BuildId(vec![7]), BlobKind::Image, &data);
-        assert!(parts.len() > 1);
-        let mut store = crate::blobs::BlobStore::default();
-        for p in parts {
-            assert!(p.data.len() <= BLOB_PART);
-            store.add(p);
-        }
-        store.finish();
-        assert_eq!(
-            store.image(&BuildId(vec![7])).unwrap().as_slice(),
-            &data[..]
-        );
-    }
 }

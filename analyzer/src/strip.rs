@@ -5,7 +5,7 @@
 use crate::error::AnalyzeError;
 use crate::options::{AnalyzeOptions, Progress};
 use crate::pipeline::{open, pool, prepare};
-use crate::timeline::CHUNK_BLOCKS;
+use crate::timeline::chunk_blocks;
 use crate::unwind::ArchCache;
 use crate::write_file::write_atomically;
 use lrnprof_format::{Record, StackSnapshot, TraceWriter, WriterOptions};
@@ -49,7 +49,7 @@ pub fn strip(
                 .map_err(std::io::Error::other)?;
             let blocks = reader.blocks();
             let mut done = 0;
-            for chunk in blocks.chunks(CHUNK_BLOCKS) {
+            for chunk in blocks.chunks(chunk_blocks()) {
                 let records: Vec<Record> = chunk
                     .par_iter()
                     .flat_map_iter(|b| reader.decode_block(b).unwrap_or_default())

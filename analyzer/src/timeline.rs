@@ -12,8 +12,11 @@ use rayon::prelude::*;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
-/// Blocks decoded at once: bounds memory to a few blocks per worker.
-pub(crate) const CHUNK_BLOCKS: usize = 16;
+/// Blocks decoded at once: two per worker, so memory stays a few decoded
+/// blocks per worker whatever the trace's length.
+pub(crate) fn chunk_blocks() -> usize {
+    rayon::current_num_threads().max(1) * 2
+}
 
 /// An image file, identified by path and build id (one entry however many
 /// processes map it).
@@ -274,7 +277,7 @@ pub(crate) fn scan<D: AsRef<[u8]> + Sync>(
     let blocks = reader.blocks();
     let total = blocks.len() as u64;
     let mut done = 0;
-    for chunk in blocks.chunks(CHUNK_BLOCKS) {
+    for chunk in blocks.chunks(chunk_blocks()) {
         let decoded: Vec<_> = chunk
             .par_iter()
             .map(|b| {

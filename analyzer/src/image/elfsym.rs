@@ -84,11 +84,6 @@ mod tests {
     }
 }
 
-/// Name of the embedded section carrying an ELF image's file header and
-/// program headers (the file's bytes from 0 to the end of its program
-/// header table), so that AVMA/SVMA translation does not need the file.
-pub(crate) const EMBEDDED_ELF_HEADERS: &str = ".lrnprof.headers";
-
 /// Name of the embedded text table of an image's segments and sections
 /// that `lrnprof_recorder::embed` writes: one `segment FILE_OFFSET
 /// FILE_SIZE SVMA MEM_SIZE` or `section NAME SVMA SIZE` line per entry,
@@ -128,105 +123,9 @@ pub(crate) fn parse_layout(text: &str) -> (Vec<super::Segment>, Vec<(String, u64
     (segments, sections)
 }
 
-const PT_LOAD: u32 = 1;
-
-/// `PT_LOAD` segments of an ELF file from its first bytes (file header and
-/// program headers). Empty if the bytes are not a 64- or 32-bit ELF header
-/// followed by its program headers.
-pub(crate) fn elf_load_segments(b: &[u8]) -> Vec<super::Segment> {
-    let mut out = Vec::new();
-    if b.len() < 0x34 || &b[..4] != b"\x7fELF" {
-        return out;
-    }
-    let le = b[5] == 1;
-    let u16_at = |at: usize| -> Option<u64> {
-        let a: [u8; 2] = b.get(at..at + 2)?.try_into().ok()?;
-        Some(
-            if le {
-                u16::from_le_bytes(a)
-            } else {
-                u16::from_be_bytes(a)
-            }
-            .into(),
-        )
-    };
-    let u32_at = |at: usize| -> Option<u64> {
-        let a: [u8; 4] = b.get(at..at + 4)?.try_into().ok()?;
-        Some(
-            if le {
-                u32::from_le_bytes(a)
-            } else {
-                u32::from_be_bytes(a)
-            }
-            .into(),
-        )
-    };
-    let u64_at = |at: usize| -> Option<u64> {
-        let a: [u8; 8] = b.get(at..at + 8)?.try_into().ok()?;
-        Some(if le {
-            u64::from_le_bytes(a)
-        } else {
-            u64::from_be_bytes(a)
-        })
-    };
-    let is_64 = b[4] == 2;
-    let (phoff, phentsize, phnum) = if is_64 {
-        (u64_at(0x20), u16_at(0x36), u16_at(0x38))
-    } else {
-        (u32_at(0x1c), u16_at(0x2a), u16_at(0x2c))
-    };
-    let (Some(phoff), Some(phentsize), Some(phnum)) = (phoff, phentsize, phnum) else {
-        return out;
-    };
-    for i in 0..phnum.min(4096) {
-        let Some(at) = phoff
-            .checked_add(i * phentsize)
-            .and_then(|a| usize::try_from(a).ok())
-        else {
-            break;
-        };
-        let seg = if is_64 {
-            // p_type, p_flags, p_offset, p_vaddr, p_paddr, p_filesz
-            (u32_at(at), u64_at(at + 8), u64_at(at + 16), u64_at(at + 32))
-        } else {
-            // p_type, p_offset, p_vaddr, p_paddr, p_filesz
-            (u32_at(at), u32_at(at + 4), u32_at(at + 8), u32_at(at + 16))
-        };
-        match seg {
-            (Some(t), Some(off), Some(vaddr), Some(filesz))
-                if t as u32 == PT_LOAD && filesz > 0 =>
-            {
-                out.push(super::Segment {
-                    file_offset: off,
-                    file_size: filesz,
-                    svma: vaddr,
-                })
-            }
-            (Some(_), Some(_), Some(_), Some(_)) => {}
-            _ => break,
-        }
-    }
-    out
-}
-
 #[cfg(test)]
-mod header_tests {
+mod layout_tests {
     use super::*;
-
-    #[test]
-    fn load_segments_of_this_test_binary() {
-        // The test binary itself is an ELF file on Linux; elsewhere skip.
-        let Ok(bytes) = std::fs::read(std::env::current_exe().unwrap()) else {
-            return;
-        };
-        if &bytes[..4] != b"\x7fELF" {
-            return;
-        }
-        let segs = elf_load_segments(&bytes[..4096.min(bytes.len())]);
-        assert!(!segs.is_empty());
-        let parsed = crate::image::parse::parse_file(std::sync::Arc::new(bytes)).unwrap();
-        assert_eq!(segs, parsed.data.segments);
-    }
 
     #[test]
     fn layout_table() {
@@ -255,11 +154,5 @@ mod header_tests {
                 (".got".into(), 0x3fd8, 0x28)
             ]
         );
-    }
-
-    #[test]
-    fn garbage_gives_nothing() {
-        assert!(elf_load_segments(b"\x7fELF\x02\x01 and then nonsense").is_empty());
-        assert!(elf_load_segments(&[0u8; 100]).is_empty());
     }
 }

@@ -2,9 +2,7 @@
 //! the usual debug-file places and data embedded in the trace. A local file
 //! is used only if its build id matches the one recorded.
 
-use super::elfsym::{
-    elf_load_segments, parse_elf64_symbols, parse_layout, EMBEDDED_ELF_HEADERS, EMBEDDED_LAYOUT,
-};
+use super::elfsym::{parse_elf64_symbols, parse_layout, EMBEDDED_LAYOUT};
 use super::parse::{parse_file, ParsedFile};
 use super::{short_name, ImageData, LoadedImage, Section, SectionBytes, Source};
 use crate::blobs::BlobStore;
@@ -370,14 +368,7 @@ fn merge_embedded(into: &mut ImageData, id: &BuildId, blobs: &BlobStore) -> (boo
             .sections
             .get(&name)
             .is_some_and(|s| !s.bytes.is_empty());
-        let special = [
-            ".symtab",
-            ".strtab",
-            ".dynsym",
-            ".dynstr",
-            EMBEDDED_ELF_HEADERS,
-            EMBEDDED_LAYOUT,
-        ];
+        let special = [".symtab", ".strtab", ".dynsym", ".dynstr", EMBEDDED_LAYOUT];
         if have || special.contains(&name.as_str()) {
             continue;
         }
@@ -414,12 +405,6 @@ fn merge_embedded(into: &mut ImageData, id: &BuildId, blobs: &BlobStore) -> (boo
                 size,
                 bytes: SectionBytes::whole(Arc::new(Vec::new())),
             });
-        }
-    }
-    if into.segments.is_empty() {
-        if let Some((_, headers)) = blobs.section(id, EMBEDDED_ELF_HEADERS) {
-            into.segments = elf_load_segments(&headers);
-            into.little_endian = headers.get(5) != Some(&2);
         }
     }
     if into.symbols.is_empty() {

@@ -6,7 +6,6 @@ mod elfsym;
 mod locate;
 mod parse;
 
-pub(crate) use elfsym::EMBEDDED_ELF_HEADERS;
 pub(crate) use locate::{debug_file_candidates, load_image, own_vdso, LocateOptions};
 pub(crate) use parse::parse_file;
 
