@@ -55,7 +55,13 @@ struct ThreadEntry {
     stack_region: Option<(u64, u64)>,
     /// The last round the thread was listed in.
     seen_round: u64,
+    /// Its name when last looked at.
+    name: Option<String>,
 }
+
+/// Every this many rounds, thread names are read again: programs often
+/// name a thread after it started.
+const NAME_CHECK_ROUNDS: u64 = 128;
 
 /// Counts of what the rounds did.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -144,11 +150,25 @@ impl ThreadSampler {
             let weight = match self.threads.get_mut(&id) {
                 Some(entry) => {
                     entry.seen_round = round;
+                    if round % NAME_CHECK_ROUNDS == 0 {
+                        let name = task.thread_name(thread);
+                        if name.is_some() && name != entry.name {
+                            entry.name = name.clone();
+                            out.push(Record::Thread(ThreadRecord {
+                                time: Timestamp(task.now_ns()),
+                                pid: self.pid,
+                                tid: Tid(id as u32),
+                                event: ThreadEvent::Rename,
+                                name,
+                            }));
+                        }
+                    }
                     let delta = cpu_ns.saturating_sub(entry.cpu_ns);
                     entry.cpu_ns = cpu_ns;
                     delta
                 }
                 None => {
+                    let name = task.thread_name(thread);
                     out.push(Record::Thread(ThreadRecord {
                         time: Timestamp(task.now_ns()),
                         pid: self.pid,
@@ -158,7 +178,7 @@ impl ThreadSampler {
                         } else {
                             ThreadEvent::Start
                         },
-                        name: task.thread_name(thread),
+                        name: name.clone(),
                     }));
                     self.threads.insert(
                         id,
@@ -166,6 +186,7 @@ impl ThreadSampler {
                             cpu_ns,
                             stack_region: None,
                             seen_round: round,
+                            name,
                         },
                     );
                     // No earlier reading: charge at most one period.
@@ -543,6 +564,29 @@ mod tests {
         s.round(&task, &mut out).unwrap();
         assert!(samples(&out).is_empty());
         assert_eq!((s.counts.samples, s.counts.failed), (0, 1));
+    }
+
+    #[test]
+    fn names_given_after_a_thread_started_are_recorded_as_renames() {
+        let mut task = Fake::new(vec![thread(1, 0)]);
+        task.threads[0].name = None;
+        let mut s = sampler(65536);
+        s.round(&task, &mut Vec::new()).unwrap();
+        task.threads[0].name = Some("decoder");
+        let mut out = Vec::new();
+        for _ in 1..NAME_CHECK_ROUNDS {
+            s.round(&task, &mut out).unwrap();
+        }
+        assert_eq!(
+            thread_events(&out),
+            vec![(1, ThreadEvent::Rename, Some("decoder".into()))]
+        );
+        // The same name is not reported again.
+        out.clear();
+        for _ in 0..NAME_CHECK_ROUNDS {
+            s.round(&task, &mut out).unwrap();
+        }
+        assert!(thread_events(&out).is_empty(), "{out:?}");
     }
 
     #[test]
