@@ -117,8 +117,8 @@ impl fmt::Display for RecordSummary {
             write!(
                 f,
                 "\nlrnprof-rec: {} samples were lost because the recorder could not keep up: \
-                 lower --freq, or run as root (or with CAP_SYS_NICE) so the recorder's threads \
-                 can run at a higher priority than the target's",
+                 lower --freq or --stack-size, or run as root (larger buffers, and the \
+                 recorder's threads at a higher priority than the target's)",
                 self.lost
             )?;
         }

@@ -148,6 +148,55 @@ impl AttrSettings {
     }
 }
 
+/// Ring buffer size and stack copy size that work together.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct RingPlan {
+    /// Data pages per ring buffer (a power of two).
+    pub pages: usize,
+    /// Bytes of stack per sample.
+    pub stack_size: u32,
+    /// Whether `stack_size` was lowered to fit the ring.
+    pub stack_limited: bool,
+}
+
+/// A ring must hold at least this many full-size samples, or bursts
+/// between two drains overflow it.
+const MIN_SAMPLES_PER_RING: usize = 32;
+/// Bytes of a sample record besides its stack (header, ids, registers,
+/// callchain), roughly.
+const SAMPLE_OVERHEAD: usize = 1024;
+
+/// Plan the ring size per CPU and the stack size. The kernel reserves a
+/// sample's whole `stack_size` in the ring, however little is live. Root
+/// (`CAP_IPC_LOCK`) may lock `max_pages`; other users get
+/// `kernel.perf_event_mlock_kb` per CPU (one page of it is metadata).
+pub(crate) fn plan_ring(
+    page_size: usize,
+    max_pages: usize,
+    unlimited: bool,
+    mlock_kb: Option<i64>,
+    stack_size: u32,
+) -> RingPlan {
+    let pages = if unlimited {
+        max_pages
+    } else {
+        let allowed = mlock_kb.unwrap_or(516).max(0) as usize * 1024 / page_size;
+        let mut p = 1;
+        while p * 2 < allowed && p * 2 <= max_pages {
+            p *= 2;
+        }
+        p
+    };
+    let ring_bytes = pages * page_size;
+    let fits = (ring_bytes / MIN_SAMPLES_PER_RING).saturating_sub(SAMPLE_OVERHEAD);
+    let capped = valid_stack_size(stack_size.min(fits as u32));
+    RingPlan {
+        pages,
+        stack_size: capped,
+        stack_limited: capped < valid_stack_size(stack_size),
+    }
+}
+
 /// What to tell a user whose `perf_event_open` on `pid` failed with
 /// EACCES/EPERM.
 pub(crate) fn permission_advice(
@@ -254,6 +303,34 @@ mod tests {
         assert_eq!(clamp_frequency(1000, Some(500)), (500, true));
         assert_eq!(clamp_frequency(1000, Some(100_000)), (1000, false));
         assert_eq!(clamp_frequency(1000, None), (1000, false));
+    }
+
+    #[test]
+    fn root_gets_big_rings_and_full_stacks() {
+        let plan = plan_ring(4096, 4096, true, Some(516), 65528);
+        assert_eq!(
+            plan,
+            RingPlan {
+                pages: 4096,
+                stack_size: 65528,
+                stack_limited: false
+            }
+        );
+    }
+
+    #[test]
+    fn users_are_held_to_the_mlock_limit() {
+        // 516 KiB = 129 pages: 128 data pages + the metadata page.
+        let plan = plan_ring(4096, 4096, false, Some(516), 65528);
+        assert_eq!(plan.pages, 128);
+        assert_eq!(plan.stack_size, 15360);
+        assert!(plan.stack_limited);
+        // A small request is left alone.
+        let plan = plan_ring(4096, 4096, false, Some(516), 8192);
+        assert_eq!((plan.stack_size, plan.stack_limited), (8192, false));
+        // A raised limit allows full stacks.
+        let plan = plan_ring(4096, 4096, false, Some(8200), 65528);
+        assert_eq!((plan.pages, plan.stack_limited), (2048, false));
     }
 
     #[test]

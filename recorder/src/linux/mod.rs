@@ -142,6 +142,21 @@ pub(crate) fn record(options: &RecordOptions) -> Result<RecordSummary, RecordErr
         (TargetSpec::Command(_), None) => unreachable!("launched above"),
     };
     let page_size = host::page_size() as usize;
+    let plan = attr::plan_ring(
+        page_size,
+        MAX_RING_PAGES,
+        sys::geteuid() == 0,
+        procfs::read_sysctl("/proc/sys/kernel/perf_event_mlock_kb"),
+        stack_size,
+    );
+    if plan.stack_limited {
+        eprintln!(
+            "lrnprof-rec: warning: stack copies limited to {} bytes to fit the perf buffers \
+             that kernel.perf_event_mlock_kb allows; deeper stacks need root or a higher limit",
+            plan.stack_size
+        );
+    }
+    let stack_size = plan.stack_size;
     let settings = AttrSettings {
         event: EventKind::Cycles,
         frequency_hz,
@@ -150,9 +165,9 @@ pub(crate) fn record(options: &RecordOptions) -> Result<RecordSummary, RecordErr
         enable_on_exec: launched.is_some(),
         build_id: true,
         regs_mask: NATIVE_REGS.mask,
-        wakeup_bytes: (MAX_RING_PAGES * page_size / 4) as u32,
+        wakeup_bytes: (plan.pages * page_size / 4) as u32,
     };
-    let (mut events, settings) = open_first(pid, settings, page_size)?;
+    let (mut events, settings) = open_first(pid, settings, page_size, plan.pages)?;
     if launched.is_none() {
         attach_all_threads(&mut events, pid)?;
     }
@@ -254,6 +269,7 @@ fn open_first(
     pid: u32,
     settings: AttrSettings,
     page_size: usize,
+    ring_pages: usize,
 ) -> Result<(Events, AttrSettings), RecordError> {
     let candidates = [
         (EventKind::Cycles, true),
@@ -273,7 +289,7 @@ fn open_first(
             attr: s.attr(),
             leaders: (0..cpus.len()).map(|_| None).collect(),
             cpus: cpus.clone(),
-            ring_pages: MAX_RING_PAGES,
+            ring_pages,
             page_size,
             others: Vec::new(),
             tids: HashSet::new(),
