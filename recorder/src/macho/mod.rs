@@ -34,7 +34,7 @@ pub(crate) use dyld::{
 pub(crate) use fat::thin_image;
 pub(crate) use images::{embed_file, FileToEmbed, Images, TaskMemory};
 pub(crate) use load_commands::{parse_header, parse_load_commands, MachOImage, MACH_HEADER_64_LEN};
-pub(crate) use sampling::{TaskThreads, ThreadSampler};
+pub(crate) use sampling::{effective_stack_size, TaskThreads, ThreadSampler};
 pub(crate) use thread_state::strip_pac;
 // Each macOS build records its own architecture; the other one's thread
 // state conversion is built for its unit tests.

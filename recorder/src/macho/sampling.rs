@@ -106,7 +106,7 @@ impl ThreadSampler {
         ThreadSampler {
             pid,
             period_ns,
-            stack_size: (stack_size & !7) as usize,
+            stack_size: effective_stack_size(stack_size) as usize,
             cputype,
             threads: HashMap::new(),
             images,
@@ -278,6 +278,12 @@ impl ThreadSampler {
             }
         }
     }
+}
+
+/// The most stack bytes copied per sample for a requested `stack_size`:
+/// rounded down to whole words and capped by what a trace record may hold.
+pub(crate) fn effective_stack_size(stack_size: u32) -> u32 {
+    stack_size.min(lrnprof_format::MAX_STACK_LEN) & !7
 }
 
 /// Copy the live stack, from `sp` to the end of its VM region or `max_len`
@@ -553,6 +559,16 @@ mod tests {
         assert_eq!(samples[1].stack.start, 0x10);
         assert!(samples[1].stack.bytes.is_empty());
         assert_eq!(samples[1].regs.ip(), 0x1_0000_1002);
+    }
+
+    #[test]
+    fn stack_sizes_are_whole_words_within_the_format_limit() {
+        assert_eq!(effective_stack_size(65535), 65528);
+        assert_eq!(
+            effective_stack_size(u32::MAX),
+            lrnprof_format::MAX_STACK_LEN
+        );
+        assert_eq!(effective_stack_size(7), 0);
     }
 
     #[test]

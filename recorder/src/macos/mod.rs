@@ -92,7 +92,7 @@ pub(crate) fn record(options: &RecordOptions) -> Result<RecordSummary, RecordErr
         sampling: SamplingSettings {
             event: SampleEvent::Timer,
             frequency_hz: options.frequency_hz,
-            stack_size: options.stack_size & !7,
+            stack_size: crate::macho::effective_stack_size(options.stack_size),
             kernel_callchain: false,
             include_kernel: false,
         },
