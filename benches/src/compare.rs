@@ -52,6 +52,9 @@ pub enum Profiler {
     PerfDwarf,
     /// `lrnprof-rec` with its defaults.
     Lrnprof,
+    /// `lrnprof-rec --embed none`: no symbol or unwind tables carried in
+    /// the trace, so no work after sampling stops.
+    LrnprofNoEmbed,
 }
 
 /// A profiler at a sampling rate.
@@ -70,6 +73,7 @@ impl fmt::Display for Setup {
             Profiler::PerfFp => "perf -g",
             Profiler::PerfDwarf => "perf dwarf",
             Profiler::Lrnprof => "lrnprof",
+            Profiler::LrnprofNoEmbed => "lrnprof --embed none",
         };
         write!(f, "{name} @ {} Hz", self.freq)
     }
@@ -295,7 +299,12 @@ fn setups(w: &Workload, o: &CompareOptions, perf: bool, lrnprof: bool) -> Vec<Se
     for (freq, profilers) in [
         (
             o.freq,
-            &[Profiler::PerfFp, Profiler::PerfDwarf, Profiler::Lrnprof][..],
+            &[
+                Profiler::PerfFp,
+                Profiler::PerfDwarf,
+                Profiler::Lrnprof,
+                Profiler::LrnprofNoEmbed,
+            ][..],
         ),
         (o.high_freq, &[Profiler::PerfDwarf, Profiler::Lrnprof][..]),
     ] {
@@ -304,6 +313,8 @@ fn setups(w: &Workload, o: &CompareOptions, perf: bool, lrnprof: bool) -> Vec<Se
                 Profiler::None => true,
                 Profiler::PerfFp | Profiler::PerfDwarf => perf,
                 Profiler::Lrnprof => lrnprof,
+                // Only where overhead is measured.
+                Profiler::LrnprofNoEmbed => lrnprof && w.fixed_work,
             };
             if usable {
                 s.push(Setup { profiler, freq });
@@ -319,6 +330,7 @@ fn trace_path(o: &CompareOptions, w: &Workload, setup: Setup) -> PathBuf {
         Profiler::PerfFp => "perf-fp.data",
         Profiler::PerfDwarf => "perf-dwarf.data",
         Profiler::Lrnprof => "lrnprof.lpt",
+        Profiler::LrnprofNoEmbed => "lrnprof-noembed.lpt",
     };
     o.work_dir.join(format!("{}-{}-{kind}", w.name, setup.freq))
 }
@@ -474,8 +486,11 @@ fn run_one(
             c.arg("-o").arg(&trace).arg("--").args(&w.argv);
             c
         }
-        Profiler::Lrnprof => {
+        Profiler::Lrnprof | Profiler::LrnprofNoEmbed => {
             let mut c = Command::new(&o.rec);
+            if setup.profiler == Profiler::LrnprofNoEmbed {
+                c.args(["--embed", "none"]);
+            }
             c.args(["--freq", &freq, "--out"])
                 .arg(&trace)
                 .arg("--")
@@ -488,7 +503,7 @@ fn run_one(
     let trace = match setup.profiler {
         Profiler::None => None,
         Profiler::PerfFp | Profiler::PerfDwarf => Some(perf_facts(o, &trace)?),
-        Profiler::Lrnprof => Some(lrnprof_facts(&trace)?),
+        Profiler::Lrnprof | Profiler::LrnprofNoEmbed => Some(lrnprof_facts(&trace)?),
     };
     Ok(RunFacts { measured, trace })
 }

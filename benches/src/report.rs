@@ -113,6 +113,7 @@ fn overhead_table(out: &mut String, c: &Comparison, net: bool) {
             &format!("perf dwarf @ {lo}"),
             &format!("lrnprof @ {lo}"),
             "lrnprof − perf -g",
+            &format!("lrnprof --embed none @ {lo}"),
             &format!("perf dwarf @ {hi}"),
             &format!("lrnprof @ {hi}"),
         ],
@@ -133,6 +134,7 @@ fn overhead_table(out: &mut String, c: &Comparison, net: bool) {
                 cell(o(Profiler::PerfDwarf, lo), pct_signed),
                 cell(lr, pct_signed),
                 cell(lr.zip(fp).map(|(a, b)| a - b), |v| format!("{v:+.1} pp")),
+                cell(o(Profiler::LrnprofNoEmbed, lo), pct_signed),
                 cell(o(Profiler::PerfDwarf, hi), pct_signed),
                 cell(o(Profiler::Lrnprof, hi), pct_signed),
             ],
@@ -230,6 +232,7 @@ pub fn markdown(c: &Comparison) -> String {
             &format!("perf -g @ {lo}"),
             &format!("perf dwarf @ {lo}"),
             &format!("lrnprof @ {lo}"),
+            &format!("lrnprof --embed none @ {lo}"),
         ],
     );
     let fixed = |setup| {
@@ -247,6 +250,7 @@ pub fn markdown(c: &Comparison) -> String {
             fixed(s(Profiler::PerfFp, lo)),
             fixed(s(Profiler::PerfDwarf, lo)),
             fixed(s(Profiler::Lrnprof, lo)),
+            fixed(s(Profiler::LrnprofNoEmbed, lo)),
         ],
     );
 
@@ -297,7 +301,7 @@ pub fn markdown(c: &Comparison) -> String {
     }
     let _ = writeln!(
         out,
-        "\nA whole lrnprof trace also carries, once per image, the symbol and unwind tables it needs to be analyzed elsewhere (`lrnprof-rec --embed symbols`, the default); a perf.data file carries none (that takes `perf archive`). The embedded part is counted from blocks holding only embedded data.\n"
+        "\nA whole lrnprof trace also carries, once per image, the symbol and unwind tables it needs to be analyzed elsewhere (`lrnprof-rec --embed symbols`, the default); a perf.data file carries none (that takes `perf archive`). The embedded part is counted from blocks holding only embedded data."
     );
 
     let _ = writeln!(out, "\n### Lost samples (% of samples taken)\n");
@@ -684,7 +688,7 @@ mod tests {
     fn markdown_has_the_figures_and_the_verdicts() {
         let text = markdown(&comparison());
         for needle in [
-            "| `busy` | 3.00 s | +10.0 % | +20.0 % | +2.0 % | -8.0 pp | — | — |",
+            "| `busy` | 3.00 s | +10.0 % | +20.0 % | +2.0 % | -8.0 pp | — | — | — |",
             "| 8000 | 100 | 100 | 1/80.0 |",
             "| `busy` | — | 30.0 % | 99.5 % | 99.5 % |",
             "0.50 %",
