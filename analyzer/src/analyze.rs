@@ -539,6 +539,16 @@ mod tests {
             map(30, "/nonexistent/libb.so", 2),
             sample(40, vec![0x10100]),
             sample(2_000_000_050, vec![0x5010, 0x999]),
+            // exec drops every image: the same address is now unknown.
+            Record::Process(ProcessRecord {
+                time: Timestamp(2_000_000_060),
+                pid: Pid(1),
+                parent: None,
+                event: ProcessEvent::Exec,
+                command: vec!["other".into()],
+                executable: None,
+            }),
+            sample(2_000_000_070, vec![0x10100]),
             Record::Blob(Blob {
                 build_id: BuildId(Vec::new()),
                 kind: BlobKind::JitMap { pid: Pid(1) },
@@ -580,7 +590,8 @@ mod tests {
         // Return addresses are looked up (and shown) one byte back.
         assert_eq!(
             folded(&path, &options),
-            "main-1;0x998;jitted_fn 1\n\
+            "main-1;0x10100 1\n\
+             main-1;0x998;jitted_fn 1\n\
              main-1;liba.so+0x1ff;liba.so+0x100 1\n\
              main-1;libb.so+0x100 1\n"
         );
@@ -604,8 +615,8 @@ mod tests {
             Err(AnalyzeError::NothingSelected(_))
         ));
         let profile = analyze(&path, &options, &NoProgress).unwrap();
-        assert_eq!(profile.stats.samples, 3);
-        assert_eq!(profile.stats.unknown_frames, 4, "{:?}", profile.locations);
+        assert_eq!(profile.stats.samples, 4);
+        assert_eq!(profile.stats.unknown_frames, 5, "{:?}", profile.locations);
         assert!(
             profile.warnings.iter().any(|w| w.contains("liba.so (01)")),
             "{:?}",

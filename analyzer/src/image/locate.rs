@@ -423,3 +423,58 @@ fn merge_embedded(into: &mut ImageData, id: &BuildId, blobs: &BlobStore) -> (boo
     }
     (gave_unwind, gave_symbols)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// This test binary as an image key with `build_id`.
+    fn key(build_id: Option<BuildId>) -> ImageKey {
+        ImageKey {
+            path: std::env::current_exe()
+                .unwrap()
+                .to_string_lossy()
+                .into_owned(),
+            build_id,
+            kind: ImageKind::File,
+        }
+    }
+
+    fn own_build_id() -> Option<BuildId> {
+        let bytes = std::fs::read(std::env::current_exe().unwrap()).ok()?;
+        parse_file(Arc::new(bytes)).ok()?.build_id.map(BuildId)
+    }
+
+    #[test]
+    fn local_file_only_with_matching_build_id() {
+        let Some(id) = own_build_id() else {
+            eprintln!("skipping: this test binary has no build id");
+            return;
+        };
+        let blobs = BlobStore::default();
+        let opts = LocateOptions::default();
+        let good = load_image(&key(Some(id.clone())), &blobs, &opts);
+        assert!(matches!(good.unwind_source, Source::File(_)), "{good:?}");
+        assert!(good.data.as_ref().unwrap().has_unwind_data());
+
+        let mut other = id.0.clone();
+        other[0] ^= 0xff;
+        let bad = load_image(&key(Some(BuildId(other))), &blobs, &opts);
+        assert_eq!(bad.unwind_source, Source::Missing);
+        assert!(bad.data.is_none());
+        assert!(
+            bad.notes
+                .iter()
+                .any(|n| n.contains("differs from the recorded")),
+            "{:?}",
+            bad.notes
+        );
+
+        let offline = LocateOptions {
+            offline: true,
+            ..Default::default()
+        };
+        let off = load_image(&key(Some(id)), &blobs, &offline);
+        assert_eq!(off.unwind_source, Source::Missing);
+    }
+}
