@@ -149,13 +149,6 @@ pub(crate) fn record(options: &RecordOptions) -> Result<RecordSummary, RecordErr
         procfs::read_sysctl("/proc/sys/kernel/perf_event_mlock_kb"),
         stack_size,
     );
-    if plan.stack_limited {
-        eprintln!(
-            "lrnprof-rec: warning: stack copies limited to {} bytes to fit the perf buffers \
-             that kernel.perf_event_mlock_kb allows; deeper stacks need root or a higher limit",
-            plan.stack_size
-        );
-    }
     let stack_size = plan.stack_size;
     let settings = AttrSettings {
         event: EventKind::Cycles,
@@ -170,6 +163,14 @@ pub(crate) fn record(options: &RecordOptions) -> Result<RecordSummary, RecordErr
     let (mut events, settings) = open_first(pid, settings, page_size, plan.pages)?;
     if launched.is_none() {
         attach_all_threads(&mut events, pid)?;
+    }
+    // Only now, so a startup error stays the only line printed.
+    if plan.stack_limited {
+        eprintln!(
+            "lrnprof-rec: warning: stack copies limited to {} bytes to fit the perf buffers \
+             that kernel.perf_event_mlock_kb allows; deeper stacks need root or a higher limit",
+            plan.stack_size
+        );
     }
     let start_time = sys::monotonic_ns();
     if let Some(l) = launched.as_mut() {
