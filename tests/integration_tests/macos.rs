@@ -327,6 +327,18 @@ fn sample_in_leaf(fx: &Fixture) -> (Regs, StackSnapshot) {
 /// Write a trace of [`SAMPLES`] identical samples in `leaf`, with the
 /// fixture mapped as `kind` under `recorded_path`, plus `blobs`.
 fn write_trace(fx: &Fixture, out: &Path, kind: ImageKind, recorded_path: &str, blobs: Vec<Blob>) {
+    write_trace_of(fx, out, kind, recorded_path, blobs, sample_in_leaf(fx));
+}
+
+/// [`write_trace`] with the given registers and stack.
+fn write_trace_of(
+    fx: &Fixture,
+    out: &Path,
+    kind: ImageKind,
+    recorded_path: &str,
+    blobs: Vec<Blob>,
+    (regs, stack): (Regs, StackSnapshot),
+) {
     let header = TraceHeader {
         arch: fx.arch,
         os: Os::MacOs,
@@ -341,7 +353,6 @@ fn write_trace(fx: &Fixture, out: &Path, kind: ImageKind, recorded_path: &str, b
     let mut header = header;
     header.sampling.event = SampleEvent::Timer;
     header.sampling.kernel_callchain = false;
-    let (regs, stack) = sample_in_leaf(fx);
     let text_start = fx.text.0 + SLIDE;
     let mut records = vec![
         Record::Process(ProcessRecord {
@@ -731,6 +742,36 @@ fn universal_binary_at_the_recorded_path_is_used() {
         ImageKind::File,
         &universal.to_string_lossy(),
         Vec::new(),
+    );
+    assert_single_stack(&analyze_folded(&trace, &[]), &EXPECTED);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn pointer_authentication_bits_on_saved_return_addresses_are_stripped() {
+    let dir = scratch_dir("macos-pac");
+    let Some(bin) = build_fixture(&dir, ARM64, "callchain_pac", &[]) else {
+        return;
+    };
+    let fx = Fixture::load(&bin);
+    // On arm64e (system libraries, and apps built for it) the return
+    // addresses saved in frame records carry a signature in their upper
+    // bits. The recorder strips the registers, not the stack copy.
+    let (regs, mut stack) = sample_in_leaf(&fx);
+    for word in [1, 3] {
+        let at = &mut stack.bytes[word * 8..word * 8 + 8];
+        let signed = u64::from_le_bytes(at.try_into().unwrap()) | 0x2b1d_0000_0000_0000;
+        at.copy_from_slice(&signed.to_le_bytes());
+    }
+    let trace = dir.join("pac.lpt");
+    let path = fx.path.to_string_lossy().into_owned();
+    write_trace_of(
+        &fx,
+        &trace,
+        ImageKind::File,
+        &path,
+        Vec::new(),
+        (regs, stack),
     );
     assert_single_stack(&analyze_folded(&trace, &[]), &EXPECTED);
     let _ = std::fs::remove_dir_all(&dir);
