@@ -80,23 +80,35 @@ fn run<D: AsRef<[u8]> + Sync>(
     options: &AnalyzeOptions,
     progress: &dyn Progress,
 ) -> Result<Profile, AnalyzeError> {
-    let prepared = prepare(reader, options, progress);
+    let mut prepared = prepare(reader, options, progress, true);
+    let mut cache = std::mem::take(&mut prepared.cache);
     let mut agg = Aggregator::new(prepared.timeline.threads.len(), options.keep_sequences);
     let blocks = reader.blocks();
     let total = blocks.len() as u64;
     let mut done = 0;
-    for chunk in blocks.chunks(chunk_blocks()) {
+    let step = chunk_blocks();
+    for (n, chunk) in blocks.chunks(step).enumerate() {
+        let cached: Vec<Option<Vec<Sample>>> = (0..chunk.len())
+            .map(|i| cache.get_mut(n * step + i).and_then(Option::take))
+            .collect();
         let samples: Vec<Sample> = chunk
             .par_iter()
-            .flat_map_iter(|b| {
-                reader
-                    .decode_block(b)
-                    .unwrap_or_default()
-                    .into_iter()
-                    .filter_map(|r| match r {
-                        Record::Sample(s) if prepared.selected(&options.filter, &s) => Some(s),
-                        _ => None,
+            .zip(cached)
+            .flat_map_iter(|(b, cached)| {
+                cached
+                    .unwrap_or_else(|| {
+                        reader
+                            .decode_block(b)
+                            .unwrap_or_default()
+                            .into_iter()
+                            .filter_map(|r| match r {
+                                Record::Sample(s) => Some(s),
+                                _ => None,
+                            })
+                            .collect()
                     })
+                    .into_iter()
+                    .filter(|s| prepared.selected(&options.filter, s))
             })
             .collect();
         let unwound: Vec<UnwoundSample> = samples

@@ -6,7 +6,7 @@ use crate::error::AnalyzeError;
 use crate::image::{load_image, ImageData, LoadedImage, LocateOptions};
 use crate::options::{AnalyzeOptions, Progress, SampleFilter};
 use crate::symbolicate::JitMap;
-use crate::timeline::{generation_index, scan, Generation, Mapping, Timeline};
+use crate::timeline::{generation_index, scan, Generation, Mapping, SampleCache, Timeline};
 use crate::unwind::{
     continue_with_callchain, ArchCache, ArchUnwinder, ModuleCache, Unwound, MAX_FRAMES,
 };
@@ -68,19 +68,24 @@ pub(crate) struct Prepared {
     pub images: Vec<LoadedImage>,
     pub jit_maps: HashMap<u32, JitMap>,
     pub warnings: Vec<String>,
+    /// Samples kept from the first pass, per block (`None`: decode again).
+    pub cache: SampleCache,
     unwinders: HashMap<Pid, ProcessUnwind>,
     pub arch: Arch,
     little_endian: bool,
 }
 
 /// First pass, image loading and unwinders. Call inside the worker pool.
+/// With `keep_samples`, the first pass keeps the first blocks' samples in
+/// [`Prepared::cache`].
 pub(crate) fn prepare<D: AsRef<[u8]> + Sync>(
     reader: &TraceReader<D>,
     options: &AnalyzeOptions,
     progress: &dyn Progress,
+    keep_samples: bool,
 ) -> Prepared {
     let mut warnings = report_warnings(reader);
-    let mut timeline = scan(reader, progress);
+    let (mut timeline, cache) = scan(reader, progress, keep_samples);
     timeline.blobs.finish();
     warnings.append(&mut timeline.warnings);
     warnings.extend(timeline.blobs.problems.iter().cloned());
@@ -123,6 +128,7 @@ pub(crate) fn prepare<D: AsRef<[u8]> + Sync>(
         images,
         jit_maps,
         warnings,
+        cache,
         unwinders,
         arch,
         little_endian,

@@ -5,7 +5,7 @@
 use crate::blobs::BlobStore;
 use crate::options::Progress;
 use lrnprof_format::{
-    BuildId, ImageKind, Pid, ProcessEvent, Record, Summary, Tid, Timestamp, TraceHeader,
+    BuildId, ImageKind, Pid, ProcessEvent, Record, Sample, Summary, Tid, Timestamp, TraceHeader,
     TraceReader,
 };
 use rayon::prelude::*;
@@ -267,46 +267,82 @@ enum Item {
     },
 }
 
+/// Samples of the first blocks, kept from the first pass so the second
+/// does not decode them again: at most [`SAMPLE_CACHE_BYTES`] of stack
+/// copies, so memory stays bounded however long the trace.
+pub(crate) type SampleCache = Vec<Option<Vec<Sample>>>;
+
+/// Bytes of stack copies the first pass may keep for the second.
+pub(crate) const SAMPLE_CACHE_BYTES: u64 = 256 << 20;
+
 /// Read every block once (in parallel, a chunk at a time) and build the
-/// timeline. Blocks that fail to decode are skipped with a warning.
+/// timeline. Blocks that fail to decode are skipped with a warning. With
+/// `keep_samples`, also returns the samples of the first blocks (see
+/// [`SampleCache`]), indexed like `reader.blocks()`.
 pub(crate) fn scan<D: AsRef<[u8]> + Sync>(
     reader: &TraceReader<D>,
     progress: &dyn Progress,
-) -> Timeline {
+    keep_samples: bool,
+) -> (Timeline, SampleCache) {
     let mut timeline = Timeline::new(reader.header().clone());
     let blocks = reader.blocks();
     let total = blocks.len() as u64;
+    let mut cache: SampleCache = Vec::with_capacity(blocks.len());
+    let mut cached_bytes = 0u64;
     let mut done = 0;
     for chunk in blocks.chunks(chunk_blocks()) {
         let decoded: Vec<_> = chunk
             .par_iter()
             .map(|b| {
                 let items = reader.decode_block(b).map(|records| {
-                    records
+                    let mut samples = Vec::new();
+                    let items = records
                         .into_iter()
                         .map(|r| match r {
-                            Record::Sample(s) => Item::Sample {
-                                time: s.time,
-                                pid: s.pid,
-                                tid: s.tid,
-                                weight: s.weight,
-                                stack_bytes: s.stack.bytes.len() as u64,
-                                presymbolized: !s.frames.is_empty(),
-                            },
+                            Record::Sample(s) => {
+                                let item = Item::Sample {
+                                    time: s.time,
+                                    pid: s.pid,
+                                    tid: s.tid,
+                                    weight: s.weight,
+                                    stack_bytes: s.stack.bytes.len() as u64,
+                                    presymbolized: !s.frames.is_empty(),
+                                };
+                                if keep_samples {
+                                    samples.push(s);
+                                }
+                                item
+                            }
                             other => Item::Record(other),
                         })
-                        .collect::<Vec<_>>()
+                        .collect::<Vec<_>>();
+                    (items, samples)
                 });
                 (b.offset, items)
             })
             .collect();
         for (offset, items) in decoded {
             match items {
-                Ok(items) => items.into_iter().for_each(|i| timeline.apply(i)),
-                Err(e) => timeline.warnings.push(format!(
-                    "block at offset {} could not be decoded and was skipped: {e}",
-                    offset.0
-                )),
+                Ok((items, samples)) => {
+                    items.into_iter().for_each(|i| timeline.apply(i));
+                    let bytes: u64 = samples
+                        .iter()
+                        .map(|s| s.stack.bytes.len() as u64 + 64)
+                        .sum();
+                    if keep_samples && cached_bytes + bytes <= SAMPLE_CACHE_BYTES {
+                        cached_bytes += bytes;
+                        cache.push(Some(samples));
+                    } else {
+                        cache.push(None);
+                    }
+                }
+                Err(e) => {
+                    cache.push(Some(Vec::new()));
+                    timeline.warnings.push(format!(
+                        "block at offset {} could not be decoded and was skipped: {e}",
+                        offset.0
+                    ))
+                }
             }
         }
         done += chunk.len() as u64;
@@ -315,7 +351,7 @@ pub(crate) fn scan<D: AsRef<[u8]> + Sync>(
     for (i, key) in timeline.threads.keys().enumerate() {
         timeline.thread_index.insert(*key, i as u32);
     }
-    timeline
+    (timeline, cache)
 }
 
 #[cfg(test)]
