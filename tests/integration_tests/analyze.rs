@@ -773,3 +773,61 @@ fn stripped_trace_has_no_stack_bytes_and_the_same_stacks() {
     assert!(samples > 0);
     assert_eq!(folded_text(&stripped, &["--offline"]), before);
 }
+
+#[test]
+fn symbols_dir_with_build_id_layout_names_a_stripped_binary() {
+    require_perf!();
+    let dir = scratch_dir("an-symbols");
+    let exe = build_inline_fixture(&dir, NO_FP);
+    // Keep the DWARF in DIR/.build-id/xx/rest.debug, strip the binary.
+    let syms = dir.join("syms");
+    let debug = dir.join("an_inline.debug");
+    let run = |args: &[&str]| {
+        let out = Command::new(args[0])
+            .args(&args[1..])
+            .output()
+            .expect("running binutils");
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        out
+    };
+    run(&[
+        "objcopy",
+        "--only-keep-debug",
+        exe.to_str().unwrap(),
+        debug.to_str().unwrap(),
+    ]);
+    run(&["strip", "--strip-debug", exe.to_str().unwrap()]);
+    let notes = run(&["readelf", "-n", exe.to_str().unwrap()]);
+    let notes = String::from_utf8_lossy(&notes.stdout);
+    let id = notes
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("Build ID: "))
+        .expect("the fixture has a build id")
+        .trim()
+        .to_string();
+    let sub = syms.join(".build-id").join(&id[..2]);
+    std::fs::create_dir_all(&sub).unwrap();
+    std::fs::rename(&debug, sub.join(format!("{}.debug", &id[2..]))).unwrap();
+
+    let trace = record(&dir, "sy", embed_none(), &exe, &["600"]);
+    let without = folded_text(&trace, &[]);
+    assert!(!without.contains("mix_step"), "{without}");
+    let with = folded_text(&trace, &["--symbols", syms.to_str().unwrap()]);
+    assert!(with.contains("hot_outer;mix_step"), "{with}");
+    let i = info(&trace, &["--symbols", syms.to_str().unwrap()]);
+    assert!(i.contains(".build-id"), "{i}");
+    // A symbols directory that does not exist is a clear error.
+    let bad = analyze(&[
+        trace.to_str().unwrap(),
+        "--symbols",
+        "/no/such/dir",
+        "-o",
+        "-",
+    ]);
+    assert!(!bad.status.success());
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("symbols directory"));
+}
