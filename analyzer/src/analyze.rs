@@ -208,11 +208,11 @@ impl Aggregator {
             });
         let s = &mut self.stacks[id as usize];
         s.samples += 1;
-        s.weight += u.weight;
+        s.weight = s.weight.saturating_add(u.weight);
         self.stack_clean[id as usize] += u64::from(u.clean);
         let t = &mut self.thread_samples[u.thread as usize];
         t.0 += 1;
-        t.1 += u.weight;
+        t.1 = t.1.saturating_add(u.weight);
         self.kernel_chain += u64::from(u.used_kernel_chain);
         self.presymbolized += u64::from(u.presymbolized);
         if self.keep_sequences {
@@ -220,7 +220,7 @@ impl Aggregator {
             match seq.last_mut() {
                 Some(last) if last.stack == id => {
                     last.samples += 1;
-                    last.weight += u.weight;
+                    last.weight = last.weight.saturating_add(u.weight);
                     last.last_time = u.time;
                 }
                 _ => seq.push(SequenceEntry {
@@ -280,13 +280,21 @@ fn symbolicate(
                     .collect()
             } else {
                 let image = &images[*img as usize];
-                let symbolizer = image.data.as_ref().map(Symbolizer::new);
+                // Debug info may come from an untrusted trace: a panic in
+                // the DWARF readers leaves the frames unresolved.
+                let guard = |f: &dyn Fn() -> Vec<FrameLine>| {
+                    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or_default()
+                };
+                let symbolizer = image.data.as_ref().and_then(|d| {
+                    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| Symbolizer::new(d)))
+                        .ok()
+                });
                 idx.iter()
                     .map(|&i| {
                         let f = frames[i];
                         let lines = symbolizer
                             .as_ref()
-                            .map(|s| s.lookup(f.addr, inline))
+                            .map(|s| guard(&|| s.lookup(f.addr, inline)))
                             .unwrap_or_default();
                         (
                             i,
@@ -634,6 +642,107 @@ mod tests {
             "{:?}",
             profile.warnings
         );
+        std::fs::remove_file(&path).unwrap();
+    }
+
+    /// Untrusted traces: random registers, stacks, mappings (of a real
+    /// image with unwind data), callchains and frames must never panic.
+    #[test]
+    fn random_garbage_never_panics() {
+        let mut state = 0x2545_f491_4f6c_dd1du64;
+        let mut next = move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        let exe = std::env::current_exe()
+            .unwrap()
+            .to_string_lossy()
+            .into_owned();
+        let mut records = Vec::new();
+        for i in 0..400u64 {
+            let r = next();
+            let record = match r % 4 {
+                0 => Record::ImageMap(ImageMapRecord {
+                    time: Timestamp(i),
+                    pid: Pid(1),
+                    start: next() & 0xffff_f000,
+                    end: next() & 0xffff_ffff,
+                    file_offset: if r & 16 == 0 { next() } else { next() & 0xf000 },
+                    path: exe.clone(),
+                    build_id: None,
+                    kind: ImageKind::File,
+                    executable: r & 32 == 0,
+                }),
+                1 => Record::ImageUnmap(ImageUnmapRecord {
+                    time: Timestamp(i),
+                    pid: Pid(1),
+                    start: next() & 0xffff_f000,
+                    end: next() & 0xffff_ffff,
+                }),
+                _ => {
+                    let sp = next() & 0xffff_fff8;
+                    let stack: Vec<u8> = (0..(next() % 512)).map(|_| next() as u8).collect();
+                    Record::Sample(lrnprof_format::Sample {
+                        time: Timestamp(i),
+                        pid: Pid(1),
+                        tid: Tid((r % 3) as u32),
+                        cpu: None,
+                        kind: SampleKind::CpuTime,
+                        weight: next(),
+                        regs: if r & 8 == 0 {
+                            Regs::X86_64(RegsX86_64 {
+                                ip: next() & 0xffff_ffff,
+                                sp,
+                                bp: next(),
+                            })
+                        } else {
+                            Regs::Aarch64(RegsAarch64 {
+                                pc: next(),
+                                sp,
+                                fp: next(),
+                                lr: next(),
+                            })
+                        },
+                        stack: StackSnapshot {
+                            start: sp,
+                            bytes: stack,
+                        },
+                        kernel_callchain: (0..next() % 8).map(|_| next()).collect(),
+                        frames: if r & 64 == 0 {
+                            Vec::new()
+                        } else {
+                            vec![next(), next()]
+                        },
+                    })
+                }
+            };
+            records.push(record);
+        }
+        let mut out = Vec::new();
+        let mut w =
+            TraceWriter::new(&mut out, &TraceHeader::example(), WriterOptions::default()).unwrap();
+        for r in &records {
+            w.write(r).unwrap();
+        }
+        w.finish().unwrap();
+        let path =
+            std::env::temp_dir().join(format!("lrnprof-an-garbage-{}.lpt", std::process::id()));
+        std::fs::write(&path, out).unwrap();
+        for format in [
+            OutputFormat::Pprof,
+            OutputFormat::Folded,
+            OutputFormat::Speedscope,
+        ] {
+            let options = AnalyzeOptions {
+                keep_sequences: true,
+                ..Default::default()
+            };
+            let profile = analyze(&path, &options, &NoProgress).unwrap();
+            assert!(profile.stats.samples > 0);
+            format.writer().write(&profile, &mut Vec::new()).unwrap();
+        }
         std::fs::remove_file(&path).unwrap();
     }
 }

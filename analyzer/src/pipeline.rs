@@ -293,7 +293,7 @@ impl Prepared {
             Some(m) if self.images[m.image as usize].key.kind != ImageKind::Anonymous => {
                 let addr = match &self.images[m.image as usize].data {
                     Some(d) => avma.wrapping_sub(d.bias(m)),
-                    None => avma - m.start + m.file_offset,
+                    None => (avma - m.start).wrapping_add(m.file_offset),
                 };
                 FrameKey {
                     image: m.image,

@@ -81,7 +81,7 @@ impl ProcessTimeline {
             if m.end > end {
                 out.push(Mapping {
                     start: end,
-                    file_offset: m.file_offset + (end - m.start),
+                    file_offset: m.file_offset.wrapping_add(end - m.start),
                     ..m
                 });
             }
@@ -193,7 +193,7 @@ impl Timeline {
                 self.presymbolized_samples += u64::from(presymbolized);
                 let t = self.threads.entry((pid, tid)).or_default();
                 t.samples += 1;
-                t.weight += weight;
+                t.weight = t.weight.saturating_add(weight);
                 t.stack_bytes += stack_bytes;
                 self.processes.entry(pid).or_default().snapshot(time);
             }

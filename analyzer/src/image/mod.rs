@@ -148,10 +148,10 @@ impl ImageData {
             })
             .copied();
         let svma = match seg {
-            Some(s) => s.svma + (mapping.file_offset - s.file_offset),
+            Some(s) => s.svma.wrapping_add(mapping.file_offset - s.file_offset),
             // No program headers (embedded sections only): assume the usual
             // layout where file offsets equal SVMAs, relative to base.
-            None => self.base_svma + mapping.file_offset,
+            None => self.base_svma.wrapping_add(mapping.file_offset),
         };
         mapping.start.wrapping_sub(svma)
     }

@@ -81,7 +81,7 @@ pub(crate) fn encode(profile: &Profile) -> Vec<u8> {
     for loc in &profile.locations {
         if let Some(i) = loc.image {
             let i = i as usize;
-            limits[i] = limits[i].max(loc.address + 1);
+            limits[i] = limits[i].max(loc.address.saturating_add(1));
             has_lines[i] |= loc.lines.iter().any(|l| l.line.is_some());
             has_inline[i] |= loc.lines.len() > 1;
             all_known[i] &= !loc.unknown;

@@ -109,7 +109,9 @@ impl ProfileWriter for SpeedscopeWriter {
                 name: thread.label(),
                 unit: "nanoseconds",
                 start_value,
-                end_value: start_value + weights.iter().sum::<u64>(),
+                end_value: weights
+                    .iter()
+                    .fold(start_value, |a, &w| a.saturating_add(w)),
                 samples,
                 weights,
             });

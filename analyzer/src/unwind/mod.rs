@@ -70,7 +70,10 @@ impl ModuleCache {
         if let Some(module) = modules.get(&key) {
             return Some(module.clone());
         }
-        let range = |name: &str| data.section(name).map(|s| s.svma..s.svma + s.size);
+        let range = |name: &str| {
+            data.section(name)
+                .map(|s| s.svma..s.svma.saturating_add(s.size))
+        };
         let bytes = |name: &str| {
             data.section(name)
                 .filter(|s| !s.bytes.is_empty())
@@ -92,12 +95,17 @@ impl ModuleCache {
             text_segment_svma: range("__TEXT"),
             text_segment: bytes("__TEXT"),
         };
-        let module = Module::new(
-            image.key.path.clone(),
-            m.start..m.end,
-            bias.wrapping_add(data.base_svma),
-            info,
-        );
+        // Section ranges may come from an untrusted trace: should framehop
+        // panic on them, the image is unwound without its data.
+        let module = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            Module::new(
+                image.key.path.clone(),
+                m.start..m.end,
+                bias.wrapping_add(data.base_svma),
+                info,
+            )
+        }))
+        .ok()?;
         modules.insert(key, module.clone());
         Some(module)
     }
