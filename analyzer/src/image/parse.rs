@@ -113,29 +113,57 @@ pub(crate) fn parse_file(bytes: Arc<Vec<u8>>) -> Result<ParsedFile, String> {
             );
         }
     }
-    let mut symbols: Vec<Symbol> = obj
+    // (symbol, end of its section)
+    let mut symbols: Vec<(Symbol, u64)> = obj
         .symbols()
         .chain(obj.dynamic_symbols())
         .filter(|s| s.kind() == SymbolKind::Text && s.is_definition() && s.address() != 0)
         .filter_map(|s| {
-            Some(Symbol {
-                svma: s.address(),
-                size: s.size(),
-                name: s.name().ok()?.to_string(),
+            let section = s.section_index().and_then(|i| obj.section_by_index(i).ok());
+            let end = section.as_ref().map_or(u64::MAX, |sec| {
+                sec.address().saturating_add(sec.size().max(1))
+            });
+            // Only symbols inside their section: Mach-O's
+            // `__mh_execute_header` marks the header, before `__text`, and
+            // would otherwise cover every address of a stripped binary.
+            if section.is_some_and(|sec| s.address() < sec.address() || s.address() >= end) {
+                return None;
+            }
+            let mut name = s.name().ok()?;
+            if macho {
+                // Mach-O C symbols carry a leading underscore.
+                name = name.strip_prefix('_').unwrap_or(name);
+            }
+            (!name.is_empty()).then(|| {
+                let sym = Symbol {
+                    svma: s.address(),
+                    size: s.size(),
+                    name: name.to_string(),
+                };
+                (sym, end)
             })
         })
-        .filter(|s| !s.name.is_empty())
         .collect();
-    if macho {
-        for s in &mut symbols {
-            // Mach-O C symbols carry a leading underscore.
-            if let Some(n) = s.name.strip_prefix('_') {
-                s.name = n.to_string();
-            }
-        }
-    }
     symbols.sort();
-    symbols.dedup_by(|a, b| a.svma == b.svma);
+    symbols.dedup_by(|a, b| a.0.svma == b.0.svma);
+    // Symbols without a size (Mach-O) reach the next symbol or the end of
+    // their section, not beyond.
+    let next: Vec<u64> = symbols
+        .iter()
+        .skip(1)
+        .map(|s| s.0.svma)
+        .chain([u64::MAX])
+        .collect();
+    let symbols: Vec<Symbol> = symbols
+        .into_iter()
+        .zip(next)
+        .map(|((mut sym, end), next)| {
+            if sym.size == 0 && end != u64::MAX {
+                sym.size = next.min(end) - sym.svma;
+            }
+            sym
+        })
+        .collect();
     data.symbols = symbols;
     let build_id = match obj.build_id() {
         Ok(Some(id)) => Some(id.to_vec()),
