@@ -45,7 +45,9 @@ pub(crate) struct AttrSettings {
     /// Bytes of user stack per sample (already a valid size).
     pub stack_size: u32,
     pub callchain: bool,
-    /// Launch mode: start disabled, enable at the child's `execve`.
+    /// Launch mode: enable at the child's `execve`. Events always start
+    /// disabled; when attaching they are enabled once all are open, so
+    /// no ring fills while the rest are being opened.
     pub enable_on_exec: bool,
     /// Ask for build ids in MMAP2 records (Linux 5.12+).
     pub build_id: bool,
@@ -97,7 +99,8 @@ impl AttrSettings {
 
     /// The attribute.
     pub fn attr(&self) -> PerfEventAttr {
-        let mut flags = flag::INHERIT
+        let mut flags = flag::DISABLED
+            | flag::INHERIT
             | flag::EXCLUDE_KERNEL
             | flag::EXCLUDE_HV
             | flag::MMAP
@@ -112,7 +115,7 @@ impl AttrSettings {
             flags |= flag::EXCLUDE_CALLCHAIN_KERNEL;
         }
         if self.enable_on_exec {
-            flags |= flag::DISABLED | flag::ENABLE_ON_EXEC;
+            flags |= flag::ENABLE_ON_EXEC;
         }
         if self.build_id {
             flags |= flag::BUILD_ID;
@@ -284,10 +287,8 @@ mod tests {
             ..settings()
         }
         .attr();
-        assert_eq!(
-            b.flags & (flag::DISABLED | flag::ENABLE_ON_EXEC | flag::BUILD_ID),
-            0
-        );
+        assert_eq!(b.flags & (flag::ENABLE_ON_EXEC | flag::BUILD_ID), 0);
+        assert_ne!(b.flags & flag::DISABLED, 0, "enabled once all are open");
         assert_eq!(b.sample_type & sample::CALLCHAIN, 0);
     }
 

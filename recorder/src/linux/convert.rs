@@ -99,14 +99,14 @@ pub(crate) struct Converter {
     /// Records older than this may be released.
     released_before: u64,
     last_time: u64,
-    threads: HashSet<(u32, u32)>,
     names: HashMap<u32, String>,
     launched_root: Option<u32>,
     regions: HashMap<u32, Regions>,
     images: Images,
     /// Records that could not be parsed.
-    pub(crate) malformed: u64,
+    malformed: u64,
     pids_seen: HashSet<u32>,
+    priority: Option<super::sys::PriorityGuard>,
 }
 
 impl Converter {
@@ -125,13 +125,13 @@ impl Converter {
             seq: 0,
             released_before: 0,
             last_time: 0,
-            threads: HashSet::new(),
             names: HashMap::new(),
             launched_root: None,
             regions: HashMap::new(),
             images: Images::new(embed),
             malformed: 0,
             pids_seen: HashSet::new(),
+            priority: None,
         }
     }
 
@@ -201,7 +201,6 @@ impl Converter {
     }
 
     fn thread(&mut self, t: u64, pid: u32, tid: u32, event: ThreadEvent, name: Option<String>) {
-        self.threads.insert((pid, tid));
         if let Some(n) = &name {
             self.names.insert(tid, n.clone());
         }
@@ -384,7 +383,6 @@ impl Converter {
             let keep = end.saturating_sub(sp).min(live.len() as u64) as usize;
             live = &live[..keep];
         }
-        self.threads.insert((s.pid, s.tid));
         self.pids_seen.insert(s.pid);
         if self.images.embedding() {
             // Return addresses are somewhere in the stack copy: any word
@@ -434,8 +432,10 @@ impl Convert for Converter {
     type Raw = RawMsg;
 
     fn on_writer_thread(&mut self) {
-        // Falling behind blocks the draining thread; keep up with the target.
-        let _ = super::sys::raise_thread_priority();
+        // Falling behind blocks the draining thread; keep up with the
+        // target. Start from normal: threads inherit their creator's policy.
+        super::sys::normal_thread_priority();
+        self.priority = super::sys::raise_thread_priority();
     }
 
     fn convert(&mut self, raw: RawMsg, out: &mut Vec<Record>) -> Result<(), RecordError> {
@@ -462,7 +462,16 @@ impl Convert for Converter {
     }
 
     fn finish(&mut self, out: &mut Vec<Record>) -> Result<(), RecordError> {
+        // Sampling is over: embedding (reading and compressing sections)
+        // runs at normal priority.
+        self.priority = None;
         self.release(u64::MAX, out);
+        if self.malformed > 0 {
+            eprintln!(
+                "lrnprof-rec: warning: {} perf records could not be parsed and were skipped",
+                self.malformed
+            );
+        }
         let blobs = self.images.embedded_blobs(&self.pids_seen);
         out.extend(blobs.into_iter().map(Record::Blob));
         Ok(())

@@ -131,11 +131,16 @@ pub(crate) fn record(options: &RecordOptions) -> Result<RecordSummary, RecordErr
         }
     }
     let out = OutputFile::create(&options.out)?;
+    sys::raise_fd_limit();
     let stop = StopWatch::start(options.duration)?;
     let mut launched = match &options.target {
         TargetSpec::Command(cmd) => Some(launch::spawn_waiting(cmd)?),
         TargetSpec::Pid(_) => None,
     };
+    // Before attaching (opening events for thousands of busy threads must
+    // not wait for CPU) but after the fork, so a launched command keeps
+    // its normal priority.
+    let priority = sys::raise_thread_priority();
     let pid = match (&options.target, &launched) {
         (_, Some(l)) => l.pid,
         (TargetSpec::Pid(p), None) => *p,
@@ -163,6 +168,12 @@ pub(crate) fn record(options: &RecordOptions) -> Result<RecordSummary, RecordErr
     let (mut events, settings) = open_first(pid, settings, page_size, plan.pages)?;
     if launched.is_none() {
         attach_all_threads(&mut events, pid)?;
+        for fd in events.all_fds() {
+            sys::perf_enable(fd).map_err(|e| RecordError::Sys {
+                what: "enabling the sampling events".into(),
+                source: e,
+            })?;
+        }
     }
     // Only now, so a startup error stays the only line printed.
     if plan.stack_limited {
@@ -228,8 +239,6 @@ pub(crate) fn record(options: &RecordOptions) -> Result<RecordSummary, RecordErr
         launched: command,
     }));
     let status = StatusLine::start(options.status_line, sink.stats(), stop.started());
-    // After the fork, so a launched command keeps its normal priority.
-    let old_nice = sys::raise_thread_priority();
     let outcome = sent.and_then(|()| {
         sample_loop(
             &mut events,
@@ -245,9 +254,7 @@ pub(crate) fn record(options: &RecordOptions) -> Result<RecordSummary, RecordErr
         let _ = sys::perf_disable(fd);
     }
     let drained = drain_all(&mut events, &layout, &sender);
-    if let Some(nice) = old_nice {
-        sys::restore_thread_priority(nice);
-    }
+    drop(priority);
     drop(status);
     let end = sys::monotonic_ns();
     drop(sender);
@@ -339,6 +346,13 @@ fn attach_all_threads(events: &mut Events, pid: u32) -> Result<(), RecordError> 
                 Ok(()) => {}
                 // The thread exited meanwhile.
                 Err(e) if e.raw_os_error() == Some(libc::ESRCH) => {}
+                Err(e) if e.raw_os_error() == Some(libc::EMFILE) => {
+                    return Err(RecordError::Unsupported(format!(
+                        "too many threads to attach to ({} so far, one file per thread and CPU): \
+                         raise the open-file limit (ulimit -n)",
+                        events.tids.len()
+                    )))
+                }
                 Err(e) if matches!(e.raw_os_error(), Some(libc::EACCES | libc::EPERM)) => {
                     return Err(permission_denied(pid))
                 }

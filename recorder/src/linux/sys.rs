@@ -43,6 +43,7 @@ pub(crate) struct PerfEventAttr {
 pub(crate) const PERF_ATTR_SIZE: u32 = 128;
 const _: () = assert!(std::mem::size_of::<PerfEventAttr>() == PERF_ATTR_SIZE as usize);
 
+const PERF_EVENT_IOC_ENABLE: libc::c_ulong = 0x2400;
 const PERF_EVENT_IOC_DISABLE: libc::c_ulong = 0x2401;
 const PERF_EVENT_IOC_SET_OUTPUT: libc::c_ulong = 0x2405;
 const PERF_FLAG_FD_CLOEXEC: libc::c_ulong = 1 << 3;
@@ -75,6 +76,11 @@ fn ioctl(fd: &OwnedFd, request: libc::c_ulong, arg: libc::c_ulong) -> io::Result
         return Err(io::Error::last_os_error());
     }
     Ok(())
+}
+
+/// Start sampling (also the copies inherited by threads created since).
+pub(crate) fn perf_enable(fd: &OwnedFd) -> io::Result<()> {
+    ioctl(fd, PERF_EVENT_IOC_ENABLE, 0)
 }
 
 /// Stop counting/sampling.
@@ -211,31 +217,86 @@ pub(crate) fn monotonic_ns() -> u64 {
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
-/// How much the recorder's own threads are favoured over the target's:
-/// with many busy target threads on few CPUs, a recorder at the default
-/// priority gets too little CPU to drain the ring buffers in time.
-const RECORDER_NICE: i32 = -10;
-
-/// Raise the calling thread's priority (Linux nice values are per thread).
-/// Returns the previous nice value if it was changed; `None` if not
-/// permitted (no root / `CAP_SYS_NICE`) or already high enough.
-pub(crate) fn raise_thread_priority() -> Option<i32> {
-    // Safety: getpriority/setpriority take plain integers; on Linux
-    // PRIO_PROCESS with who = 0 means the calling thread.
+/// Raise the soft limit of open files to the hard limit: attaching opens
+/// one event per (thread, CPU).
+pub(crate) fn raise_fd_limit() {
+    // Safety: getrlimit/setrlimit read and write a valid rlimit struct.
     unsafe {
-        *libc::__errno_location() = 0;
-        let before = libc::getpriority(libc::PRIO_PROCESS, 0);
-        if *libc::__errno_location() != 0 || before <= RECORDER_NICE {
-            return None;
+        let mut lim = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 && lim.rlim_cur < lim.rlim_max {
+            lim.rlim_cur = lim.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
         }
-        (libc::setpriority(libc::PRIO_PROCESS, 0, RECORDER_NICE) == 0).then_some(before)
     }
 }
 
-/// Put the calling thread's nice value back.
-pub(crate) fn restore_thread_priority(nice: i32) {
+/// Nice value of the recorder's threads when real-time scheduling is
+/// not permitted.
+const RECORDER_NICE: i32 = -10;
+
+/// A thread's scheduling, restored when dropped.
+pub(crate) struct PriorityGuard {
+    policy: i32,
+    param: libc::sched_param,
+    nice: i32,
+}
+
+impl Drop for PriorityGuard {
+    fn drop(&mut self) {
+        // Safety: restores values read from this same thread; plain
+        // integers and a valid sched_param.
+        unsafe {
+            libc::sched_setscheduler(0, self.policy, &self.param);
+            libc::setpriority(libc::PRIO_PROCESS, 0, self.nice);
+        }
+    }
+}
+
+/// Favour the calling thread over the target's threads: with many busy
+/// target threads on few CPUs, a recorder at normal priority gets too
+/// little CPU to drain the ring buffers in time. Real-time (SCHED_FIFO,
+/// lowest priority) where permitted, else nice -10; Linux applies both
+/// per thread. The recorder's threads sleep in poll or on a channel
+/// between bursts, so they never hog a CPU. `None` if neither is
+/// permitted.
+pub(crate) fn raise_thread_priority() -> Option<PriorityGuard> {
+    // Safety: the scheduling calls take plain integers and valid
+    // sched_param structs; pid 0 means the calling thread on Linux.
+    unsafe {
+        let policy = libc::sched_getscheduler(0);
+        let mut param: libc::sched_param = std::mem::zeroed();
+        libc::sched_getparam(0, &mut param);
+        *libc::__errno_location() = 0;
+        let nice = libc::getpriority(libc::PRIO_PROCESS, 0);
+        if policy < 0 || *libc::__errno_location() != 0 {
+            return None;
+        }
+        let guard = PriorityGuard {
+            policy,
+            param,
+            nice,
+        };
+        let fifo = libc::sched_param { sched_priority: 1 };
+        if libc::sched_setscheduler(0, libc::SCHED_FIFO, &fifo) == 0 {
+            return Some(guard);
+        }
+        (nice > RECORDER_NICE && libc::setpriority(libc::PRIO_PROCESS, 0, RECORDER_NICE) == 0)
+            .then_some(guard)
+    }
+}
+
+/// Put the calling thread back to normal scheduling (threads inherit the
+/// policy of the thread that created them).
+pub(crate) fn normal_thread_priority() {
     // Safety: as above.
-    unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, nice) };
+    unsafe {
+        let param: libc::sched_param = std::mem::zeroed();
+        libc::sched_setscheduler(0, libc::SCHED_OTHER, &param);
+        libc::setpriority(libc::PRIO_PROCESS, 0, 0);
+    }
 }
 
 /// The number of configured CPUs.
