@@ -344,3 +344,136 @@ fn run<C: Convert>(
         blob_file_bytes,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use lrnprof_format::{
+        Blob, BlobKind, BuildId, ImageKind, ImageMapRecord, LostRecord, ThreadEvent, ThreadRecord,
+        TraceReader,
+    };
+
+    fn temp_path(name: &str) -> PathBuf {
+        std::env::temp_dir().join(format!("lrnprof-sink-{}-{name}", std::process::id()))
+    }
+
+    #[test]
+    fn an_output_file_not_kept_is_removed() {
+        let path = temp_path("dropped.lpt");
+        drop(OutputFile::create(&path).unwrap());
+        assert!(!path.exists());
+        let bad = temp_path("no-such-dir/x.lpt");
+        assert!(matches!(
+            OutputFile::create(&bad),
+            Err(RecordError::Output { .. })
+        ));
+    }
+
+    fn thread(tid: u32) -> Record {
+        Record::Thread(ThreadRecord {
+            time: Timestamp(u64::from(tid)),
+            pid: Pid(1),
+            tid: Tid(tid),
+            event: ThreadEvent::Start,
+            name: None,
+        })
+    }
+
+    #[test]
+    fn the_writer_counts_and_finishes_the_trace() {
+        let path = temp_path("finished.lpt");
+        let sink = Sink::start(
+            OutputFile::create(&path).unwrap(),
+            &TraceHeader::example(),
+            Identity,
+            4,
+        )
+        .unwrap();
+        let tx = sink.sender();
+        tx.send(thread(1)).unwrap();
+        tx.send(thread(2)).unwrap();
+        tx.send(thread(2)).unwrap();
+        tx.send(Record::ImageMap(ImageMapRecord {
+            time: Timestamp(3),
+            pid: Pid(1),
+            start: 0x1000,
+            end: 0x2000,
+            file_offset: 0,
+            path: "/bin/x".into(),
+            build_id: None,
+            kind: ImageKind::File,
+            executable: true,
+        }))
+        .unwrap();
+        tx.send(Record::Lost(LostRecord {
+            time: Timestamp(4),
+            pid: None,
+            tid: None,
+            count: 5,
+        }))
+        .unwrap();
+        tx.send(Record::Blob(Blob {
+            build_id: BuildId(vec![1]),
+            kind: BlobKind::Image,
+            compressed: false,
+            offset: 0,
+            total_len: 4,
+            data: vec![1, 2, 3, 4],
+        }))
+        .unwrap();
+        let totals = sink.finish(Timestamp(10)).unwrap();
+        assert_eq!(totals.summary.threads, 2);
+        assert_eq!(totals.summary.images, 1);
+        assert_eq!(totals.summary.lost, 5);
+        assert_eq!(totals.summary.end_time, Timestamp(10));
+        assert_eq!(totals.trace_bytes, std::fs::metadata(&path).unwrap().len());
+        let reader = TraceReader::open(&path).unwrap();
+        assert!(reader.report().finished);
+        let records: Vec<Record> = reader.records().map(Result::unwrap).collect();
+        assert_eq!(records.len(), 7);
+        assert_eq!(records.last(), Some(&Record::Summary(totals.summary)));
+        let _ = std::fs::remove_file(&path);
+    }
+
+    /// Blobs pushed by the converter at the end go in blocks of their own,
+    /// so the summary can say what embedding added.
+    struct WithBlob;
+
+    impl Convert for WithBlob {
+        type Raw = Record;
+
+        fn convert(&mut self, raw: Record, out: &mut Vec<Record>) -> Result<(), RecordError> {
+            out.push(raw);
+            Ok(())
+        }
+
+        fn finish(&mut self, out: &mut Vec<Record>) -> Result<(), RecordError> {
+            out.push(Record::Blob(Blob {
+                build_id: BuildId(vec![2]),
+                kind: BlobKind::Image,
+                compressed: false,
+                offset: 0,
+                total_len: 3000,
+                data: (0..3000u32).map(|i| (i * 7919 % 251) as u8).collect(),
+            }));
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn embedded_bytes_are_measured_in_the_file() {
+        let path = temp_path("blobs.lpt");
+        let sink = Sink::start(
+            OutputFile::create(&path).unwrap(),
+            &TraceHeader::example(),
+            WithBlob,
+            4,
+        )
+        .unwrap();
+        sink.sender().send(thread(1)).unwrap();
+        let totals = sink.finish(Timestamp(10)).unwrap();
+        assert!(totals.blob_file_bytes > 0);
+        assert!(totals.blob_file_bytes < totals.trace_bytes);
+        let _ = std::fs::remove_file(&path);
+    }
+}
