@@ -108,6 +108,7 @@ pub(crate) fn parse_layout(text: &str) -> (Vec<super::Segment>, Vec<(String, u64
                             file_offset,
                             file_size,
                             svma,
+                            executable: None,
                         });
                     }
                 }
@@ -138,12 +139,14 @@ mod layout_tests {
                 crate::image::Segment {
                     file_offset: 0,
                     file_size: 0x628,
-                    svma: 0
+                    svma: 0,
+                    executable: None,
                 },
                 crate::image::Segment {
                     file_offset: 0x1000,
                     file_size: 0x1c5,
-                    svma: 0x1000
+                    svma: 0x1000,
+                    executable: None,
                 },
             ]
         );

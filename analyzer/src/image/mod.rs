@@ -70,6 +70,9 @@ pub(crate) struct Segment {
     pub file_offset: u64,
     pub file_size: u64,
     pub svma: u64,
+    /// Whether the segment is executable, when known (not from an
+    /// embedded layout table).
+    pub executable: Option<bool>,
 }
 
 /// A function symbol from `.symtab`, `.dynsym` or the Mach-O symtab.
@@ -137,23 +140,119 @@ impl ImageData {
 
     /// AVMA minus SVMA for `mapping` (an image mapped at `mapping.start` from
     /// file offset `mapping.file_offset`).
+    ///
+    /// The segment a mapping holds is one whose file bytes overlap the
+    /// mapping's. Linkers such as lld pack segments into shared pages (the
+    /// text segment at file offset 0x3b4 and SVMA 0x103b4, mapped from file
+    /// offset 0), so several may overlap: for an executable mapping, take the
+    /// one holding `.text` if known, else the last one (text follows the
+    /// read-only headers); for others the first.
     pub fn bias(&self, mapping: &Mapping) -> u64 {
-        let seg = self
-            .segments
-            .iter()
-            .find(|s| {
-                s.file_size > 0
-                    && mapping.file_offset >= s.file_offset
-                    && mapping.file_offset - s.file_offset < s.file_size
-            })
-            .copied();
+        let len = mapping.end.saturating_sub(mapping.start);
+        let map_end = mapping.file_offset.saturating_add(len);
+        let overlaps = |s: &&Segment| {
+            s.file_size > 0
+                && s.file_offset < map_end
+                && mapping.file_offset < s.file_offset.saturating_add(s.file_size)
+        };
+        let mut candidates = self.segments.iter().filter(overlaps);
+        let seg = if mapping.executable {
+            let text = self.section(".text").map(|t| t.svma);
+            let all: Vec<&Segment> = candidates.collect();
+            let flagged = all.iter().find(|s| s.executable == Some(true));
+            let holds_text =
+                text.and_then(|t| all.iter().find(|s| t >= s.svma && t - s.svma < s.file_size));
+            let last = all.iter().rev().find(|s| s.executable != Some(false));
+            flagged.or(holds_text).or(last).copied().copied()
+        } else {
+            candidates.next().copied()
+        };
         let svma = match seg {
-            Some(s) => s.svma.wrapping_add(mapping.file_offset - s.file_offset),
+            // The SVMA of the mapping's first byte (before the segment's
+            // start if the segment begins inside the mapped page).
+            Some(s) if mapping.file_offset >= s.file_offset => {
+                s.svma.wrapping_add(mapping.file_offset - s.file_offset)
+            }
+            Some(s) => s.svma.wrapping_sub(s.file_offset - mapping.file_offset),
             // No program headers (embedded sections only): assume the usual
             // layout where file offsets equal SVMAs, relative to base.
             None => self.base_svma.wrapping_add(mapping.file_offset),
         };
         mapping.start.wrapping_sub(svma)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn seg(file_offset: u64, file_size: u64, svma: u64) -> Segment {
+        Segment {
+            file_offset,
+            file_size,
+            svma,
+            executable: None,
+        }
+    }
+
+    fn mapping(start: u64, end: u64, file_offset: u64, executable: bool) -> Mapping {
+        Mapping {
+            start,
+            end,
+            file_offset,
+            image: 0,
+            executable,
+        }
+    }
+
+    #[test]
+    fn bias_of_gnu_ld_layout() {
+        // Text at file offset 0x1000, SVMA 0x1000, mapped from offset 0x1000.
+        let d = ImageData {
+            segments: vec![seg(0, 0x628, 0), seg(0x1000, 0x1c5, 0x1000)],
+            ..Default::default()
+        };
+        let slide = 0x5555_0000_0000;
+        assert_eq!(
+            d.bias(&mapping(slide + 0x1000, slide + 0x2000, 0x1000, true)),
+            slide
+        );
+        assert_eq!(d.bias(&mapping(slide, slide + 0x1000, 0, false)), slide);
+    }
+
+    #[test]
+    fn bias_of_lld_packed_layout() {
+        // lld: text at file offset 0x3b4 but SVMA 0x103b4, sharing the
+        // first page with the headers; the kernel maps offset 0 at the
+        // page of 0x10000.
+        let mut d = ImageData {
+            segments: vec![
+                seg(0, 0x3b4, 0),
+                seg(0x3b4, 0x74, 0x103b4),
+                seg(0x428, 0x10, 0x20428),
+            ],
+            ..Default::default()
+        };
+        let slide = 0x7000_0000_0000;
+        let text = mapping(slide + 0x10000, slide + 0x11000, 0, true);
+        assert_eq!(d.bias(&mapping(slide, slide + 0x1000, 0, false)), slide);
+        // From program headers: the executable flag decides.
+        d.segments[1].executable = Some(true);
+        d.segments[2].executable = Some(false);
+        assert_eq!(d.bias(&text), slide);
+        // From an embedded layout (no flags): the segment holding .text.
+        for s in &mut d.segments {
+            s.executable = None;
+        }
+        d.sections.insert(
+            ".text".into(),
+            Section {
+                svma: 0x103b4,
+                size: 0x74,
+                bytes: SectionBytes::whole(Arc::new(Vec::new())),
+            },
+        );
+        assert_eq!(d.bias(&text), slide);
     }
 }
 

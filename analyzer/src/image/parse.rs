@@ -76,10 +76,18 @@ pub(crate) fn parse_file(bytes: Arc<Vec<u8>>) -> Result<ParsedFile, String> {
             }
         }
         if file_size > 0 {
+            let executable = match seg.flags() {
+                object::SegmentFlags::Elf { p_flags } => Some(p_flags & object::elf::PF_X != 0),
+                object::SegmentFlags::MachO { initprot, .. } => {
+                    Some(initprot & object::macho::VM_PROT_EXECUTE != 0)
+                }
+                _ => None,
+            };
             data.segments.push(Segment {
                 file_offset,
                 file_size,
                 svma: seg.address(),
+                executable,
             });
         }
     }
