@@ -47,8 +47,11 @@ const NATIVE_REGS: regs::ArchRegs = regs::AARCH64;
 const MAX_RING_PAGES: usize = 4096;
 /// Smallest we accept when the locked-memory limit is low.
 const MIN_RING_PAGES: usize = 8;
-/// Messages the writer thread may lag behind.
-const CHANNEL_CAPACITY: usize = 64;
+/// Messages the writer thread may lag behind; with chunks of at most
+/// [`MAX_CHUNK`] this bounds the memory in flight.
+const CHANNEL_CAPACITY: usize = 32;
+/// Bytes of records per message at most (one record may exceed it).
+const MAX_CHUNK: usize = 1 << 20;
 /// Longest wait between drains.
 const POLL_INTERVAL: Duration = Duration::from_millis(100);
 
@@ -380,9 +383,12 @@ fn drain_all(
     for (_, ring) in events.leaders.iter_mut().flatten() {
         scratch.clear();
         if ring.drain(&mut scratch) > 0 {
-            let mut chunk = Vec::with_capacity(scratch.len().min(1 << 20));
-            ring::compact_samples(layout, &scratch, &mut chunk);
-            sender.send(RawMsg::Chunk(chunk))?;
+            let mut pos = 0;
+            while pos < scratch.len() {
+                let mut chunk = Vec::with_capacity((scratch.len() - pos).min(MAX_CHUNK));
+                pos += ring::compact_samples(layout, &scratch[pos..], &mut chunk, MAX_CHUNK);
+                sender.send(RawMsg::Chunk(chunk))?;
+            }
             any = true;
         }
     }

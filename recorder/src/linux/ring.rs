@@ -25,9 +25,15 @@ pub(crate) fn copy_wrapped(data: &[u8], tail: u64, head: u64, out: &mut Vec<u8>)
 /// sample but fills only `dyn_size`. The result is again valid perf
 /// records (with `size == dyn_size`), so the writer thread's parser reads
 /// both. This is the only work the draining thread does per record: a few
-/// fixed-offset reads and one copy.
-pub(crate) fn compact_samples(layout: &Layout, src: &[u8], out: &mut Vec<u8>) {
+/// fixed-offset reads and one copy. Stops after the record that brings
+/// `out` to `max` bytes or more; returns the bytes of `src` consumed.
+pub(crate) fn compact_samples(layout: &Layout, src: &[u8], out: &mut Vec<u8>, max: usize) -> usize {
+    let mut consumed = 0;
     for (k, _misc, rec) in split_records(src) {
+        if out.len() >= max {
+            break;
+        }
+        consumed += rec.len();
         match (k == kind::SAMPLE)
             .then(|| stack_field(layout, rec))
             .flatten()
@@ -46,6 +52,11 @@ pub(crate) fn compact_samples(layout: &Layout, src: &[u8], out: &mut Vec<u8>) {
             _ => out.extend_from_slice(rec),
         }
     }
+    if consumed < src.len() && out.len() < max {
+        // A malformed header: nothing after it can be split into records.
+        consumed = src.len();
+    }
+    consumed
 }
 
 /// Offset of a sample's `STACK_USER` size field in `rec`, the size and
@@ -153,7 +164,7 @@ mod tests {
         src.extend(&other);
 
         let mut out = Vec::new();
-        compact_samples(&layout, &src, &mut out);
+        assert_eq!(compact_samples(&layout, &src, &mut out, usize::MAX), src.len());
         assert_eq!(out.len(), src.len() - 16);
         let recs: Vec<_> = split_records(&out).collect();
         assert_eq!(recs.len(), 2);
@@ -164,5 +175,13 @@ mod tests {
         assert_eq!(s.callchain, [0x401000]);
         let expect: Vec<u8> = [0xaau64, 0xbb].iter().flat_map(|x| x.to_ne_bytes()).collect();
         assert_eq!(s.stack, &expect[..]);
+
+        // With a small limit, one record per call.
+        let mut first = Vec::new();
+        let n = compact_samples(&layout, &src, &mut first, 1);
+        assert_eq!(n, rec.len());
+        let mut second = Vec::new();
+        assert_eq!(compact_samples(&layout, &src[n..], &mut second, 1), other.len());
+        assert_eq!(second, other);
     }
 }
