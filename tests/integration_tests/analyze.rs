@@ -988,3 +988,28 @@ fn aarch64_linux_trace_unwinds_through_elf_cfi_at_a_slid_address() {
     let i = info(&trace, &[]);
     assert!(root_pct(&i) >= 99.0, "{i}");
 }
+
+#[test]
+fn jit_frames_are_named_from_the_perf_map() {
+    require_perf!();
+    if std::env::consts::ARCH != "x86_64" {
+        eprintln!("skipping: the JIT fixture is x86_64 machine code");
+        return;
+    }
+    let dir = scratch_dir("an-jit");
+    let exe = build_c(&["an_jit.c"], NO_FP, &dir, "an_jit");
+    let trace = record(&dir, "jit", &[], &exe, &["800"]);
+    let pid = String::from_utf8(ok(&["info", trace.to_str().unwrap(), "--json"]).stdout).unwrap();
+    let pid = json_number(&pid, "pid") as u32;
+    let map = PathBuf::from(format!("/tmp/perf-{pid}.map"));
+    let f = folded(&trace, &[]);
+    let _ = std::fs::remove_file(&map);
+    assert!(calls(&f, "", "call_jit", "jit_loop") > 20, "{f:?}");
+    assert!(calls(&f, "", "main", "call_jit") > 20, "{f:?}");
+    let rooted: u64 = f
+        .iter()
+        .filter(|(s, _)| s[1] == "_start")
+        .map(|(_, c)| c)
+        .sum();
+    assert!(rooted as f64 >= 0.99 * total(&f) as f64, "{f:?}");
+}
