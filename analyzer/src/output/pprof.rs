@@ -169,11 +169,78 @@ mod tests {
     use super::*;
     use crate::output::testing::{check_expected, profile};
 
+    /// Render an encoded profile as text, one field per line, nested
+    /// messages indented, strings quoted: what a reviewer can diff.
+    fn render(buf: &[u8], path: &str, depth: usize, out: &mut String) {
+        // Which length-delimited fields are messages, strings or packed.
+        let kind = |field: u64| -> &str {
+            match (path, field) {
+                ("profile", 1 | 11) => "ValueType",
+                ("profile", 2) => "Sample",
+                ("profile", 3) => "Mapping",
+                ("profile", 4) => "Location",
+                ("profile", 5) => "Function",
+                ("profile", 6) => "string",
+                ("Sample", 3) => "Label",
+                ("Location", 4) => "Line",
+                _ => "packed",
+            }
+        };
+        let varint = |buf: &[u8], at: &mut usize| {
+            let mut v = 0u64;
+            let mut shift = 0;
+            loop {
+                let b = buf[*at];
+                *at += 1;
+                v |= u64::from(b & 0x7f) << shift;
+                shift += 7;
+                if b < 0x80 {
+                    return v;
+                }
+            }
+        };
+        let mut at = 0;
+        while at < buf.len() {
+            let key = varint(buf, &mut at);
+            let (field, wire) = (key >> 3, key & 7);
+            let pad = "  ".repeat(depth);
+            if wire == 0 {
+                let v = varint(buf, &mut at);
+                out.push_str(&format!("{pad}{field}: {v}\n"));
+                continue;
+            }
+            assert_eq!(wire, 2, "unexpected wire type");
+            let len = varint(buf, &mut at) as usize;
+            let body = &buf[at..at + len];
+            at += len;
+            match kind(field) {
+                "string" => out.push_str(&format!(
+                    "{pad}{field}: {:?}\n",
+                    String::from_utf8_lossy(body)
+                )),
+                "packed" => {
+                    let mut i = 0;
+                    let mut vals = Vec::new();
+                    while i < body.len() {
+                        vals.push(varint(body, &mut i).to_string());
+                    }
+                    out.push_str(&format!("{pad}{field}: [{}]\n", vals.join(", ")));
+                }
+                message => {
+                    out.push_str(&format!("{pad}{field} {message} {{\n"));
+                    render(body, message, depth + 1, out);
+                    out.push_str(&format!("{pad}}}\n"));
+                }
+            }
+        }
+    }
+
     #[test]
     fn expected_output() {
-        // The uncompressed protobuf is compared: `protoc --decode_raw`
-        // shows it to a reviewer.
-        check_expected("small.pb", &encode(&profile()));
+        // The uncompressed protobuf, rendered as text.
+        let mut text = String::new();
+        render(&encode(&profile()), "profile", 0, &mut text);
+        check_expected("small.pprof.txt", text.as_bytes());
     }
 
     #[test]
