@@ -387,14 +387,13 @@ impl Converter {
         if self.images.embedding() {
             // Return addresses are somewhere in the stack copy: any word
             // pointing into an image marks it as needed for unwinding.
-            self.images.touch(s.pid, regs.ip());
-            for &a in &s.callchain {
-                self.images.touch(s.pid, a);
-            }
-            for w in live.chunks_exact(8) {
-                self.images
-                    .touch(s.pid, u64::from_ne_bytes(w.try_into().expect("8 bytes")));
-            }
+            let words = live
+                .chunks_exact(8)
+                .map(|w| u64::from_ne_bytes(w.try_into().expect("8 bytes")));
+            let addrs = std::iter::once(regs.ip())
+                .chain(s.callchain.iter().copied())
+                .chain(words);
+            self.images.touch(s.pid, addrs);
         }
         self.push(
             s.time,

@@ -26,6 +26,15 @@ pub(crate) struct SeenImage {
     pub kind: ImageKind,
 }
 
+/// An image's range in one process, for [`Images::touch`].
+struct TouchRange {
+    start: u64,
+    end: u64,
+    id: BuildId,
+    /// Whether `id` is already in the touched set.
+    touched: bool,
+}
+
 /// Image book-keeping for the converter.
 pub(crate) struct Images {
     embed: EmbedLevel,
@@ -39,7 +48,7 @@ pub(crate) struct Images {
     vdso: HashMap<BuildId, Vec<u8>>,
     /// Per process: image ranges sorted by start, with their build ids,
     /// to find the images samples touch. Rebuilt when marked dirty.
-    touch_index: HashMap<u32, Vec<(u64, u64, BuildId)>>,
+    touch_index: HashMap<u32, Vec<TouchRange>>,
     dirty_index: HashSet<u32>,
     touched: HashSet<BuildId>,
     open_files: usize,
@@ -98,28 +107,49 @@ impl Images {
             .collect()
     }
 
-    /// Note that process `pid` refers to `addr`: the image holding it is
-    /// embedded at the end.
-    pub fn touch(&mut self, pid: u32, addr: u64) {
+    /// Note that process `pid` refers to each of `addrs`: the images
+    /// holding them are embedded at the end. Called with every word of
+    /// every stack copy, so it avoids hashing per address.
+    pub fn touch(&mut self, pid: u32, addrs: impl IntoIterator<Item = u64>) {
         if self.dirty_index.remove(&pid) {
-            let mut v: Vec<(u64, u64, BuildId)> = self
+            let mut ranges: Vec<TouchRange> = self
                 .process_images
                 .get(&pid)
                 .into_iter()
                 .flatten()
-                .filter_map(|m| Some((m.start, m.end, m.build_id.clone()?)))
+                .filter_map(|m| {
+                    Some(TouchRange {
+                        start: m.start,
+                        end: m.end,
+                        touched: self.touched.contains(m.build_id.as_ref()?),
+                        id: m.build_id.clone()?,
+                    })
+                })
                 .collect();
-            v.sort_by_key(|r| r.0);
-            self.touch_index.insert(pid, v);
+            ranges.sort_by_key(|r| r.start);
+            self.touch_index.insert(pid, ranges);
         }
-        let Some(ranges) = self.touch_index.get(&pid) else {
+        let Some(ranges) = self.touch_index.get_mut(&pid) else {
             return;
         };
-        let i = ranges.partition_point(|r| r.0 <= addr);
-        if i > 0 {
-            let (_, end, id) = &ranges[i - 1];
-            if addr < *end && !self.touched.contains(id) {
-                self.touched.insert(id.clone());
+        let (Some(lo), Some(hi)) = (
+            ranges.first().map(|r| r.start),
+            ranges.iter().map(|r| r.end).max(),
+        ) else {
+            return;
+        };
+        for addr in addrs {
+            if addr < lo || addr >= hi {
+                continue;
+            }
+            let i = ranges.partition_point(|r| r.start <= addr);
+            if i == 0 {
+                continue;
+            }
+            let r = &mut ranges[i - 1];
+            if addr < r.end && !r.touched {
+                r.touched = true;
+                self.touched.insert(r.id.clone());
             }
         }
     }
@@ -360,13 +390,12 @@ mod tests {
         let mut images = Images::new(EmbedLevel::Symbols);
         images.remember(&map(1, 0x1000, 0x2000, 1));
         images.remember(&map(1, 0x5000, 0x6000, 2));
-        images.touch(1, 0x5fff);
-        images.touch(1, 0x3000); // between images
-        images.touch(2, 0x1000); // another process
+        images.touch(1, [0x5fff, 0x3000]); // in the second image; between images
+        images.touch(2, [0x1000]); // another process
         assert_eq!(images.touched, HashSet::from([BuildId(vec![2])]));
         // A new mapping over the first replaces it.
         images.remember(&map(1, 0x1000, 0x2000, 3));
-        images.touch(1, 0x1800);
+        images.touch(1, [0x1800]);
         assert!(images.touched.contains(&BuildId(vec![3])));
         assert!(!images.touched.contains(&BuildId(vec![1])));
     }
