@@ -261,10 +261,10 @@ pub(crate) fn record(options: &RecordOptions) -> Result<RecordSummary, RecordErr
     drop(status);
     let end = sys::monotonic_ns();
     drop(sender);
-    let totals = sink.finish(Timestamp(end));
+    // A failed writer (disk full) is the root cause of any sending error.
+    let totals = sink.finish(Timestamp(end))?;
     let (reason, target_exit) = outcome?;
     drained?;
-    let totals = totals?;
     Ok(RecordSummary::new(
         &options.out,
         &totals,
