@@ -12,7 +12,7 @@ use crate::profile::{
     hex, Function, ImageInfo, Location, LocationLine, ProcessInfo, Profile, SequenceEntry, Stack,
     Stats, ThreadProfile,
 };
-use crate::symbolicate::{FrameLine, JitMap, Symbolizer};
+use crate::symbolicate::{DwarfSections, FrameLine, JitMap, Symbolizer};
 use crate::timeline::chunk_blocks;
 use crate::unwind::ArchCache;
 use lrnprof_format::{Record, Sample, TraceReader};
@@ -259,6 +259,16 @@ fn symbolicate(
         .iter()
         .flat_map(|(img, idx)| idx.chunks(per_chunk).map(move |c| (*img, c)))
         .collect();
+    // DWARF copied once per image, shared by that image's chunks.
+    let dwarf: HashMap<u32, DwarfSections> = groups
+        .par_iter()
+        .filter(|(img, _)| *img != NO_IMAGE)
+        .filter_map(|(img, _)| {
+            let data = images[*img as usize].data.as_ref()?;
+            let sections = std::panic::catch_unwind(|| DwarfSections::new(data)).ok()??;
+            Some((*img, sections))
+        })
+        .collect();
     let total = work.len() as u64;
     let done = std::sync::atomic::AtomicU64::new(0);
     let results: Vec<Vec<(usize, Resolved)>> = work
@@ -286,8 +296,10 @@ fn symbolicate(
                     std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or_default()
                 };
                 let symbolizer = image.data.as_ref().and_then(|d| {
-                    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| Symbolizer::new(d)))
-                        .ok()
+                    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        Symbolizer::new(d, dwarf.get(img))
+                    }))
+                    .ok()
                 });
                 idx.iter()
                     .map(|&i| {

@@ -26,6 +26,36 @@ pub struct FrameLine {
 
 type Reader = EndianArcSlice<RunTimeEndian>;
 
+/// An image's DWARF sections, copied once into shared buffers so that every
+/// worker's [`Symbolizer`] can read them.
+pub(crate) struct DwarfSections {
+    sections: Vec<(gimli::SectionId, Arc<[u8]>)>,
+    endian: RunTimeEndian,
+}
+
+impl DwarfSections {
+    /// `None` if the image has no DWARF.
+    pub fn new(data: &ImageData) -> Option<DwarfSections> {
+        if !data.has_dwarf() {
+            return None;
+        }
+        let endian = if data.little_endian {
+            RunTimeEndian::Little
+        } else {
+            RunTimeEndian::Big
+        };
+        let mut sections = Vec::new();
+        // Dwarf::load asks for each section it knows once: record them.
+        let _ = gimli::Dwarf::load(|id| -> Result<(), gimli::Error> {
+            if let Some(s) = data.section(id.name()) {
+                sections.push((id, Arc::from(&s.bytes[..])));
+            }
+            Ok(())
+        });
+        Some(DwarfSections { sections, endian })
+    }
+}
+
 /// Symbolicates addresses of one image. Not shared between threads: build
 /// one per worker and image.
 pub(crate) struct Symbolizer<'a> {
@@ -34,26 +64,20 @@ pub(crate) struct Symbolizer<'a> {
 }
 
 impl<'a> Symbolizer<'a> {
-    pub fn new(data: &'a ImageData) -> Symbolizer<'a> {
-        let dwarf = if data.has_dwarf() {
-            let endian = if data.little_endian {
-                RunTimeEndian::Little
-            } else {
-                RunTimeEndian::Big
-            };
+    pub fn new(data: &'a ImageData, sections: Option<&DwarfSections>) -> Symbolizer<'a> {
+        let dwarf = sections.and_then(|d| {
             let loaded = gimli::Dwarf::load(|id| -> Result<Reader, gimli::Error> {
-                let bytes: Arc<[u8]> = match data.section(id.name()) {
-                    Some(s) => Arc::from(&s.bytes[..]),
-                    None => Arc::from(&[][..]),
-                };
-                Ok(EndianArcSlice::new(bytes, endian))
+                let bytes = d
+                    .sections
+                    .iter()
+                    .find(|(sid, _)| *sid == id)
+                    .map_or_else(|| Arc::from(&[][..]), |(_, b)| b.clone());
+                Ok(EndianArcSlice::new(bytes, d.endian))
             });
             loaded
                 .ok()
                 .and_then(|d| addr2line::Context::from_dwarf(d).ok())
-        } else {
-            None
-        };
+        });
         Symbolizer { data, dwarf }
     }
 
