@@ -277,7 +277,8 @@ fn main() -> ExitCode {
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("lrnprof-analyze: error: {e:#}");
+            // Library errors are complete one-line messages: no cause chain.
+            eprintln!("lrnprof-analyze: error: {e}");
             ExitCode::FAILURE
         }
     }
