@@ -169,6 +169,9 @@ pub(crate) fn record(options: &RecordOptions) -> Result<RecordSummary, RecordErr
         wakeup_bytes: (plan.pages * page_size / 4) as u32,
     };
     let (mut events, settings) = open_first(pid, settings, page_size, plan.pages)?;
+    // Before any event is enabled: the existing threads and images are
+    // recorded at this time, and every sample must come after them.
+    let start_time = sys::monotonic_ns();
     if launched.is_none() {
         attach_all_threads(&mut events, pid)?;
         for fd in events.all_fds() {
@@ -186,7 +189,6 @@ pub(crate) fn record(options: &RecordOptions) -> Result<RecordSummary, RecordErr
             plan.stack_size
         );
     }
-    let start_time = sys::monotonic_ns();
     if let Some(l) = launched.as_mut() {
         l.release()?;
     }
