@@ -776,3 +776,111 @@ fn pointer_authentication_bits_on_saved_return_addresses_are_stripped() {
     assert_single_stack(&analyze_folded(&trace, &[]), &EXPECTED);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A hand-made `__eh_frame` at SVMA `svma` for the fixture built with
+/// `-fomit-frame-pointer` (ld64.lld 14 writes a broken one): one CIE
+/// (CFA = sp, return address in x30) and one FDE per function.
+fn eh_frame_for_omit_fp(fx: &Fixture, svma: u64) -> Vec<u8> {
+    // DW_CFA_advance_loc 4; DW_CFA_def_cfa_offset N;
+    // DW_CFA_offset x30 at CFA-8; DW_CFA_offset x29 at CFA-16.
+    let push_frame = |size: u8| vec![0x44, 0x0e, size, 0x9e, 0x01, 0x9d, 0x02];
+    let functions = [
+        ("leaf", Vec::new()),       // frameless: nothing moves
+        ("middle", push_frame(16)), // stp x29, x30, [sp, #-16]!
+        ("outer", push_frame(16)),  // stp x29, x30, [sp, #-16]!
+        // sub sp, sp, #32; stp x29, x30, [sp, #16]
+        ("start", vec![0x44, 0x0e, 32, 0x44, 0x9e, 0x01, 0x9d, 0x02]),
+    ];
+    let mut out = Vec::new();
+    #[rustfmt::skip]
+    let cie: Vec<u8> = vec![
+        0, 0, 0, 0,       // CIE id
+        1,                // version
+        b'z', b'R', 0,    // augmentation
+        1,                // code alignment factor
+        0x78,             // data alignment factor: -8
+        30,               // return address register: x30
+        1,                // augmentation data length
+        0x1b,             // FDE pointers: pc-relative sdata4
+        0x0c, 31, 0,      // DW_CFA_def_cfa sp, 0
+        0, 0, 0,          // DW_CFA_nop padding to a multiple of 4
+    ];
+    out.extend_from_slice(&(cie.len() as u32).to_le_bytes());
+    out.extend_from_slice(&cie);
+    let ends: Vec<u64> = {
+        let mut starts: Vec<u64> = functions.iter().map(|(n, _)| fx.function(n)).collect();
+        starts.sort_unstable();
+        starts
+    };
+    for (name, instructions) in functions {
+        let start = fx.function(name);
+        let end = ends
+            .iter()
+            .copied()
+            .find(|&a| a > start)
+            .unwrap_or(fx.code.0 + fx.code.1.len() as u64);
+        let fde_start = out.len();
+        let mut body = Vec::new();
+        // CIE pointer: from this field back to the CIE at offset 0.
+        body.extend_from_slice(&((fde_start + 4) as u32).to_le_bytes());
+        let pc_field = svma + (fde_start + 8) as u64;
+        body.extend_from_slice(&((start.wrapping_sub(pc_field)) as u32).to_le_bytes());
+        body.extend_from_slice(&((end - start) as u32).to_le_bytes());
+        body.push(0); // augmentation data length
+        body.extend_from_slice(&instructions);
+        while (body.len() + 4) % 4 != 0 {
+            body.push(0); // DW_CFA_nop
+        }
+        out.extend_from_slice(&(body.len() as u32).to_le_bytes());
+        out.extend_from_slice(&body);
+    }
+    out.extend_from_slice(&0u32.to_le_bytes()); // terminator
+    out
+}
+
+#[test]
+fn embedded_eh_frame_unwinds_code_without_frame_pointers() {
+    let dir = scratch_dir("macos-eh-frame");
+    let Some(bin) = build_fixture(&dir, ARM64, "callchain_nofp", &["-fomit-frame-pointer"]) else {
+        return;
+    };
+    let fx = Fixture::load(&bin);
+    // With -fomit-frame-pointer the functions save fp and lr but never
+    // point fp at them: only the CFI can link the frames. The stack is as
+    // in `sample_in_leaf`, but no saved fp means anything.
+    let (regs, mut stack) = sample_in_leaf(&fx);
+    for word in [0, 2, 6] {
+        stack.bytes[word * 8..word * 8 + 8].fill(0);
+    }
+    let Regs::Aarch64(mut regs) = regs else {
+        unreachable!()
+    };
+    regs.fp = 0;
+    let eh_svma = fx.text.0 + 0x2000;
+    // Named as in the image, as the recorder embeds it (and as the format
+    // specifies): the analyzer must find it under that name.
+    let blobs = vec![
+        section_blob(&fx, "__TEXT", fx.text.0, fx.header_and_load_commands()),
+        section_blob(
+            &fx,
+            "__eh_frame",
+            eh_svma,
+            eh_frame_for_omit_fp(&fx, eh_svma),
+        ),
+    ];
+    let trace = dir.join("eh_frame.lpt");
+    write_trace_of(
+        &fx,
+        &trace,
+        ImageKind::SharedCache,
+        "/System/Library/lrnprof-test/libcallchain.dylib",
+        blobs,
+        (Regs::Aarch64(regs), stack),
+    );
+    assert_frames_at_offsets(
+        &analyze_folded(&trace, &["--offline"]),
+        &fx,
+        "libcallchain.dylib",
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
