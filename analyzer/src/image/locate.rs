@@ -3,7 +3,7 @@
 //! is used only if its build id matches the one recorded.
 
 use super::elfsym::{parse_elf64_symbols, parse_layout, EMBEDDED_LAYOUT};
-use super::parse::{parse_file, ParsedFile};
+use super::parse::{parse_file, wanted_name, ParsedFile};
 use super::{short_name, ImageData, LoadedImage, Section, SectionBytes, Source};
 use crate::blobs::BlobStore;
 use crate::timeline::ImageKey;
@@ -360,9 +360,17 @@ fn merge_debug(into: &mut ImageData, from: ImageData) {
 fn merge_embedded(into: &mut ImageData, id: &BuildId, blobs: &BlobStore) -> (bool, bool) {
     let mut gave_unwind = false;
     let mut gave_symbols = false;
-    for (name, svma) in blobs.section_names(id) {
-        let Some((_, bytes)) = blobs.section(id, &name) else {
+    for (blob_name, svma) in blobs.section_names(id) {
+        let Some((_, bytes)) = blobs.section(id, &blob_name) else {
             continue;
+        };
+        // Mach-O sections travel under their own names (`__eh_frame`);
+        // the analyzer uses ELF-style ones (`.eh_frame`).
+        let name = match blob_name.strip_prefix("__") {
+            Some(_) if blob_name != "__TEXT" => {
+                wanted_name(&blob_name, true).unwrap_or_else(|| blob_name.clone())
+            }
+            _ => blob_name.clone(),
         };
         let have = into
             .sections

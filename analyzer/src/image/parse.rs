@@ -16,7 +16,7 @@ pub(crate) struct ParsedFile {
 
 /// The ELF-style name the analyzer uses for a section, or `None` for
 /// sections it never needs.
-fn wanted_name(name: &str, macho: bool) -> Option<String> {
+pub(crate) fn wanted_name(name: &str, macho: bool) -> Option<String> {
     if macho {
         return match name {
             "__text" => Some(".text".into()),
