@@ -847,3 +847,72 @@ fn many_busy_threads_lose_nothing_at_1khz() {
     assert!(names.iter().any(|n| n == "worker-48"), "{names:?}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn duration_stops_recording_and_leaves_the_command_running() {
+    require_perf!();
+    let dir = scratch_dir("rec-duration");
+    let out = dir.join("t.lpt");
+    let marker = dir.join("done");
+    let script = format!("sleep 2; touch {}", marker.display());
+    // The command inherits the recorder's stdout and stderr, so wait for
+    // the recorder's exit, not for its pipes to close.
+    let log = dir.join("stderr.txt");
+    let started = Instant::now();
+    let status = Command::new(lrnprof_rec())
+        .arg("--out")
+        .arg(&out)
+        .args(["--duration", "0.5", "--", "sh", "-c", &script])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .status()
+        .unwrap();
+    let stderr = std::fs::read_to_string(&log).unwrap();
+    assert!(status.success(), "{stderr}");
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "waited for the command"
+    );
+    assert!(stderr.contains("duration reached"), "{stderr}");
+    let (reader, records) = load(&out);
+    assert!(reader.report().finished);
+    assert!(!records.iter().any(|r| matches!(r, Record::Process(p)
+        if matches!(p.event, ProcessEvent::Exit { .. }))));
+    // The command was not killed: it finishes its work.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !marker.exists() {
+        assert!(Instant::now() < deadline, "the command did not finish");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn frequency_above_the_kernel_maximum_is_clamped() {
+    require_perf!();
+    let max: u32 = std::fs::read_to_string("/proc/sys/kernel/perf_event_max_sample_rate")
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let dir = scratch_dir("rec-freq");
+    let out = dir.join("t.lpt");
+    let too_high = (max + 1).to_string();
+    let result = rec(&[
+        os("--out"),
+        out.as_os_str(),
+        os("--freq"),
+        os(&too_high),
+        os("--embed"),
+        os("none"),
+        os("--"),
+        os("true"),
+    ]);
+    let stderr = String::from_utf8_lossy(&result.stderr);
+    assert!(result.status.success(), "{stderr}");
+    assert!(stderr.contains("perf_event_max_sample_rate"), "{stderr}");
+    let (reader, _) = load(&out);
+    assert_eq!(reader.header().sampling.frequency_hz, max);
+    let _ = std::fs::remove_dir_all(&dir);
+}
