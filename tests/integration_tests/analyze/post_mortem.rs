@@ -1,0 +1,216 @@
+//! Traces analyzed where the binaries are gone: embedded data (`pack`,
+//! `lrnprof-rec --embed`), `--offline`, refused mismatched files, `strip`,
+//! and `--symbols` directories.
+
+use super::*;
+
+/// Record an_inline living with its library in `dir/app`, analyze it, pack
+/// it (with and without DWARF) and delete `dir/app`. Returns (trace,
+/// packed, packed with debug info, folded before, folded --no-inline
+/// before).
+fn packed_post_mortem(dir: &Path) -> (PathBuf, PathBuf, PathBuf, String, String) {
+    let app = dir.join("app");
+    std::fs::create_dir_all(&app).unwrap();
+    let exe = build_inline_fixture(&app, NO_FP);
+    let trace = record(dir, "pm", embed_none(), &exe, &["800"]);
+    let before = folded_text(&trace, &[]);
+    let before_no_inline = folded_text(&trace, &["--no-inline"]);
+    assert!(before.contains("hot_outer;mix_step") && before.contains("lib_entry;lib_leaf"));
+    let packed = dir.join("packed.lpt");
+    let packed_debug = dir.join("packed-debug.lpt");
+    let t = trace.to_str().unwrap();
+    ok(&["pack", t, "-o", packed.to_str().unwrap()]);
+    ok(&["pack", t, "--debug", "-o", packed_debug.to_str().unwrap()]);
+    std::fs::remove_dir_all(&app).unwrap();
+    (trace, packed, packed_debug, before, before_no_inline)
+}
+
+#[test]
+fn packed_trace_analyzes_after_the_binaries_are_gone() {
+    require_perf!();
+    let dir = scratch_dir("an-postmortem");
+    let (trace, packed, packed_debug, before, before_no_inline) = packed_post_mortem(&dir);
+
+    // Unpacked, the executable and its library are now unknown.
+    let lost = folded_text(&trace, &["--no-inline"]);
+    assert_ne!(lost, before_no_inline);
+    assert!(
+        lost.contains("an_inline+0x") || lost.contains("libanlib.so+0x"),
+        "{lost}"
+    );
+
+    // Symbol tables and unwind sections: the same stacks (without inline
+    // frames, which need DWARF).
+    assert_eq!(folded_text(&packed, &["--no-inline"]), before_no_inline);
+    // With DWARF embedded: inline frames too, and file:line in speedscope.
+    assert_eq!(folded_text(&packed_debug, &[]), before);
+    let p = packed_debug.to_str().unwrap();
+    let json = String::from_utf8(ok(&[p, "--format", "speedscope", "-o", "-"]).stdout).unwrap();
+    assert!(
+        json.contains(r#""name":"mix_step","file":""#) && json.contains("an_inline.c"),
+        "{json}"
+    );
+    let i = info(&packed_debug, &[]);
+    assert!(i.contains("embedded in trace"), "{i}");
+}
+
+#[test]
+fn recorder_embedded_debug_data_suffices() {
+    require_perf!();
+    if !recorder_embeds() {
+        eprintln!("skipping: this lrnprof-rec has no --embed option");
+        return;
+    }
+    let dir = scratch_dir("an-embed-debug");
+    let app = dir.join("app");
+    std::fs::create_dir_all(&app).unwrap();
+    let exe = build_inline_fixture(&app, NO_FP);
+    let trace = record(&dir, "ed", &["--embed", "debug"], &exe, &["800"]);
+    let before = folded_text(&trace, &[]);
+    assert!(before.contains("hot_outer;mix_step"), "{before}");
+    std::fs::remove_dir_all(&app).unwrap();
+    assert_eq!(folded_text(&trace, &[]), before);
+    let p = trace.to_str().unwrap();
+    let json = String::from_utf8(ok(&[p, "--format", "speedscope", "-o", "-"]).stdout).unwrap();
+    assert!(json.contains("an_inline.c"), "no file names: {json}");
+}
+
+#[test]
+fn offline_uses_only_embedded_data() {
+    require_perf!();
+    let dir = scratch_dir("an-offline");
+    let (_, packed, packed_debug, before, _) = packed_post_mortem(&dir);
+    // libc, ld.so and the vDSO are still here, but --offline must not read
+    // them: everything comes from the trace, with the same result.
+    assert_eq!(folded_text(&packed_debug, &["--offline"]), before);
+    let i = info(&packed_debug, &["--offline"]);
+    assert!(
+        !i.contains("\"unwind_data\": \"/"),
+        "a local file was used: {i}"
+    );
+    // Without DWARF in the trace, offline libc names come from its symbol
+    // tables: still every frame known.
+    let out = ok(&[
+        packed.to_str().unwrap(),
+        "--offline",
+        "--format",
+        "folded",
+        "-o",
+        "-",
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("0.0% unknown frames"), "{stderr}");
+}
+
+#[test]
+fn local_file_with_another_build_id_is_not_used() {
+    require_perf!();
+    let dir = scratch_dir("an-mismatch");
+    let (_, _, packed_debug, before, _) = packed_post_mortem(&dir);
+    // Same path, different program: another build id.
+    let app = dir.join("app");
+    std::fs::create_dir_all(&app).unwrap();
+    build_inline_fixture(&app, &["-O1", "-g"]);
+    let out = ok(&[
+        packed_debug.to_str().unwrap(),
+        "--format",
+        "folded",
+        "-o",
+        "-",
+    ]);
+    assert_eq!(String::from_utf8(out.stdout).unwrap(), before);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("not using") && stderr.contains("differs from the recorded"),
+        "{stderr}"
+    );
+    let i = info(&packed_debug, &[]);
+    assert!(i.contains("differs from the recorded"), "{i}");
+}
+
+#[test]
+fn stripped_trace_has_no_stack_bytes_and_the_same_stacks() {
+    require_perf!();
+    let dir = scratch_dir("an-strip");
+    let (_, _, packed_debug, before, _) = packed_post_mortem(&dir);
+    let stripped = dir.join("stripped.lpt");
+    ok(&[
+        "strip",
+        packed_debug.to_str().unwrap(),
+        "-o",
+        stripped.to_str().unwrap(),
+    ]);
+    let reader = TraceReader::open(&stripped).unwrap();
+    let mut samples = 0;
+    for r in reader.records() {
+        if let lrnprof_format::Record::Sample(s) = r.unwrap() {
+            samples += 1;
+            assert!(
+                s.stack.bytes.is_empty(),
+                "stack bytes left in a stripped sample"
+            );
+            assert!(s.kernel_callchain.is_empty());
+            assert!(!s.frames.is_empty());
+        }
+    }
+    assert!(samples > 0);
+    assert_eq!(folded_text(&stripped, &["--offline"]), before);
+}
+
+#[test]
+fn symbols_dir_with_build_id_layout_names_a_stripped_binary() {
+    require_perf!();
+    let dir = scratch_dir("an-symbols");
+    let exe = build_inline_fixture(&dir, NO_FP);
+    // Keep the DWARF in DIR/.build-id/xx/rest.debug, strip the binary.
+    let syms = dir.join("syms");
+    let debug = dir.join("an_inline.debug");
+    let run = |args: &[&str]| {
+        let out = Command::new(args[0])
+            .args(&args[1..])
+            .output()
+            .expect("running binutils");
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        out
+    };
+    run(&[
+        "objcopy",
+        "--only-keep-debug",
+        exe.to_str().unwrap(),
+        debug.to_str().unwrap(),
+    ]);
+    run(&["strip", "--strip-debug", exe.to_str().unwrap()]);
+    let notes = run(&["readelf", "-n", exe.to_str().unwrap()]);
+    let notes = String::from_utf8_lossy(&notes.stdout);
+    let id = notes
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("Build ID: "))
+        .expect("the fixture has a build id")
+        .trim()
+        .to_string();
+    let sub = syms.join(".build-id").join(&id[..2]);
+    std::fs::create_dir_all(&sub).unwrap();
+    std::fs::rename(&debug, sub.join(format!("{}.debug", &id[2..]))).unwrap();
+
+    let trace = record(&dir, "sy", embed_none(), &exe, &["600"]);
+    let without = folded_text(&trace, &[]);
+    assert!(!without.contains("mix_step"), "{without}");
+    let with = folded_text(&trace, &["--symbols", syms.to_str().unwrap()]);
+    assert!(with.contains("hot_outer;mix_step"), "{with}");
+    let i = info(&trace, &["--symbols", syms.to_str().unwrap()]);
+    assert!(i.contains(".build-id"), "{i}");
+    // A symbols directory that does not exist is a clear error.
+    let bad = analyze(&[
+        trace.to_str().unwrap(),
+        "--symbols",
+        "/no/such/dir",
+        "-o",
+        "-",
+    ]);
+    assert!(!bad.status.success());
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("symbols directory"));
+}
