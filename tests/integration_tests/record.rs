@@ -916,3 +916,42 @@ fn frequency_above_the_kernel_maximum_is_clamped() {
     assert_eq!(reader.header().sampling.frequency_hz, max);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn jit_regions_and_perf_maps_are_recorded() {
+    require_perf!();
+    let dir = scratch_dir("rec-jit");
+    let exe = build_c(&["rec_jit.c"], &["-O2", "-g"], &dir, "rec_jit");
+    let out = dir.join("t.lpt");
+    let result = launch(&out, &[], &exe, &["300"]);
+    let (reader, records) = load(&out);
+    let pid = root_pid(&reader);
+    let map_file = PathBuf::from(format!("/tmp/perf-{}.map", pid.0));
+    let map_text = std::fs::read_to_string(&map_file);
+    let _ = std::fs::remove_file(&map_file);
+    assert!(
+        result.status.success(),
+        "{}",
+        String::from_utf8_lossy(&result.stderr)
+    );
+    assert_complete(&reader, &records);
+    let map_text = map_text.expect("the fixture wrote its perf map");
+    let jit_start = u64::from_str_radix(map_text.split(' ').next().unwrap(), 16).unwrap();
+    assert!(
+        images(&records).iter().any(|m| m.pid == pid
+            && m.kind == ImageKind::Anonymous
+            && (m.start..m.end).contains(&jit_start)),
+        "the anonymous executable region"
+    );
+    let embedded = records
+        .iter()
+        .find_map(|r| match r {
+            Record::Blob(b) if b.kind == lrnprof_format::BlobKind::JitMap { pid } => {
+                Some(b.data.clone())
+            }
+            _ => None,
+        })
+        .expect("the perf map embedded");
+    assert_eq!(String::from_utf8(embedded).unwrap(), map_text);
+    let _ = std::fs::remove_dir_all(&dir);
+}
