@@ -955,3 +955,60 @@ fn jit_regions_and_perf_maps_are_recorded() {
     assert_eq!(String::from_utf8(embedded).unwrap(), map_text);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn images_inside_a_changed_root_are_found_through_proc() {
+    require_perf!();
+    // A chroot stands in for a container: the program's path inside its
+    // root (/fx) does not exist on the host.
+    let is_root = Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|o| o.stdout.starts_with(b"0\n"));
+    let has_chroot = Command::new("chroot").arg("--help").output().is_ok();
+    if !is_root || !has_chroot {
+        eprintln!("skipping: needs root and chroot");
+        return;
+    }
+    let dir = scratch_dir("rec-chroot");
+    let root = dir.join("root");
+    std::fs::create_dir_all(&root).unwrap();
+    // Static, so the root needs no libraries.
+    let exe = build_c(
+        &["rec_threads.c"],
+        &["-O2", "-g", "-static", "-pthread"],
+        &root,
+        "fx",
+    );
+    let id = build_id(&exe);
+    let out = dir.join("t.lpt");
+    let result = rec(&[
+        os("--out"),
+        out.as_os_str(),
+        os("--"),
+        os("chroot"),
+        root.as_os_str(),
+        os("/fx"),
+        os("300"),
+    ]);
+    assert_eq!(
+        result.status.code(),
+        Some(7),
+        "{}",
+        String::from_utf8_lossy(&result.stderr)
+    );
+    let (reader, records) = load(&out);
+    assert_complete(&reader, &records);
+    let fx = images(&records)
+        .into_iter()
+        .find(|m| m.path == "/fx")
+        .expect("the program mapped at its path inside the root");
+    assert_eq!(fx.build_id.as_ref().unwrap().0, id);
+    assert!(
+        section_blobs(&records, &id)
+            .iter()
+            .any(|b| b.0 == ".symtab"),
+        "the program's symbols embedded from inside its root"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
