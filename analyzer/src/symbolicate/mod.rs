@@ -4,8 +4,10 @@
 
 mod demangle;
 mod jitmap;
+mod resolve;
 
 pub(crate) use jitmap::JitMap;
+pub(crate) use resolve::{symbolicate, Resolved};
 
 use crate::image::ImageData;
 use gimli::EndianArcSlice;
