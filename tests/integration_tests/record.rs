@@ -1012,3 +1012,36 @@ fn images_inside_a_changed_root_are_found_through_proc() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn a_program_deleted_while_recorded_is_still_embedded() {
+    require_perf!();
+    let dir = scratch_dir("rec-deleted");
+    let exe = build_c(&["rec_threads.c"], NO_FP, &dir, "rec_threads");
+    let id = build_id(&exe);
+    let out = dir.join("t.lpt");
+    let recorder = Command::new(lrnprof_rec())
+        .arg("--out")
+        .arg(&out)
+        .arg("--")
+        .arg(&exe)
+        .arg("1500")
+        .stdin(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    std::fs::remove_file(&exe).unwrap();
+    let result = recorder.wait_with_output().unwrap();
+    assert_eq!(
+        result.status.code(),
+        Some(7),
+        "{}",
+        String::from_utf8_lossy(&result.stderr)
+    );
+    let (reader, records) = load(&out);
+    assert_complete(&reader, &records);
+    let blobs = section_blobs(&records, &id);
+    assert!(blobs.iter().any(|b| b.0 == ".symtab"), "{blobs:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -287,13 +287,15 @@ impl Images {
     }
 
     /// Where to read an image's file from here: through the process's root
-    /// (containers), or its mapping if the file was deleted.
+    /// (containers), or through its mapping if the file was deleted.
     fn host_path(&self, pid: u32, start: u64, end: u64, path: &str) -> Option<std::path::PathBuf> {
+        // The mapping itself reaches the file even once it is deleted.
+        let mapping: std::path::PathBuf = format!("/proc/{pid}/map_files/{start:x}-{end:x}").into();
         let candidates = [
-            path.strip_suffix(" (deleted)")
-                .map(|_| format!("/proc/{pid}/map_files/{start:x}-{end:x}").into()),
+            path.strip_suffix(" (deleted)").map(|_| mapping.clone()),
             Some(procfs::root_path(pid, path)),
             Some(std::path::PathBuf::from(path)),
+            Some(mapping),
         ];
         candidates.into_iter().flatten().find(|p| p.exists())
     }
