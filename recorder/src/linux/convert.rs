@@ -177,7 +177,12 @@ impl Converter {
             }),
         );
         for &tid in &init.tids {
-            let name = procfs::thread_name(pid, tid);
+            // A launched command may not have exec'd yet (its name would
+            // still be the recorder's): use the name exec will give it.
+            let name = match &init.launched {
+                Some(cmd) => cmd.first().map(|c| exec_comm(c)),
+                None => procfs::thread_name(pid, tid),
+            };
             self.thread(t, pid, tid, ThreadEvent::Existing, name);
         }
         if init.launched.is_none() {
@@ -416,6 +421,17 @@ impl Converter {
     }
 }
 
+/// The thread name the kernel gives a program at exec: its file name, cut
+/// to 15 bytes (`TASK_COMM_LEN` - 1).
+fn exec_comm(program: &str) -> String {
+    let base = program.rsplit('/').next().unwrap_or(program);
+    let mut end = base.len().min(15);
+    while !base.is_char_boundary(end) {
+        end -= 1;
+    }
+    base[..end].to_string()
+}
+
 fn process_exit(time: u64, pid: u32, code: Option<i32>) -> Record {
     Record::Process(ProcessRecord {
         time: Timestamp(time),
@@ -480,6 +496,13 @@ impl Convert for Converter {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn exec_names_are_cut_like_the_kernel_does() {
+        assert_eq!(exec_comm("/usr/bin/python3"), "python3");
+        assert_eq!(exec_comm("a-very-long-program-name"), "a-very-long-pro");
+        assert_eq!(exec_comm("./x"), "x");
+    }
 
     fn converter() -> Converter {
         Converter::new(
