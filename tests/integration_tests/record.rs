@@ -853,12 +853,17 @@ fn duration_stops_recording_and_leaves_the_command_running() {
     require_perf!();
     let dir = scratch_dir("rec-duration");
     let out = dir.join("t.lpt");
-    let marker = dir.join("done");
-    let script = format!("sleep 2; touch {}", marker.display());
+    let go = dir.join("go");
+    let done = dir.join("done");
+    // The command cannot finish before the test says so.
+    let script = format!(
+        "while [ ! -e {} ]; do sleep 0.05; done; touch {}",
+        go.display(),
+        done.display()
+    );
     // The command inherits the recorder's stdout and stderr, so wait for
     // the recorder's exit, not for its pipes to close.
     let log = dir.join("stderr.txt");
-    let started = Instant::now();
     let status = Command::new(lrnprof_rec())
         .arg("--out")
         .arg(&out)
@@ -870,18 +875,16 @@ fn duration_stops_recording_and_leaves_the_command_running() {
         .unwrap();
     let stderr = std::fs::read_to_string(&log).unwrap();
     assert!(status.success(), "{stderr}");
-    assert!(
-        started.elapsed() < Duration::from_secs(2),
-        "waited for the command"
-    );
     assert!(stderr.contains("duration reached"), "{stderr}");
+    assert!(!done.exists(), "the command finished before it was told to");
     let (reader, records) = load(&out);
     assert!(reader.report().finished);
     assert!(!records.iter().any(|r| matches!(r, Record::Process(p)
         if matches!(p.event, ProcessEvent::Exit { .. }))));
-    // The command was not killed: it finishes its work.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !marker.exists() {
+    // The command was not killed: told to, it finishes.
+    std::fs::write(&go, "").unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !done.exists() {
         assert!(Instant::now() < deadline, "the command did not finish");
         std::thread::sleep(Duration::from_millis(50));
     }
