@@ -93,8 +93,8 @@ pub fn every_kind() -> Vec<Record> {
         Record::Sample(Sample {
             regs: Regs::Aarch64(RegsAarch64 {
                 pc: 0x1_0000_4000,
-                sp: 0x16f_dff0_00,
-                fp: 0x16f_dff0_40,
+                sp: 0x1_6fdf_f000,
+                fp: 0x1_6fdf_f040,
                 lr: 0x1_0000_3ff0,
             }),
             frames: vec![0x1_0000_4000, 0x1_0000_3ff0],
