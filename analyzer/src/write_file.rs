@@ -28,6 +28,16 @@ pub fn write_atomically(
         let mut lock = BufWriter::new(stdout.lock());
         return f(&mut lock).and_then(|_| lock.flush()).map_err(err);
     }
+    // A device or FIFO (`-o /dev/null`, a named pipe) is written in place:
+    // renaming a temporary file over it would replace the device itself.
+    if std::fs::metadata(path).is_ok_and(|m| !m.is_file() && !m.is_dir()) {
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .open(path)
+            .map_err(err)?;
+        let mut w = BufWriter::new(file);
+        return f(&mut w).and_then(|_| w.flush()).map_err(err);
+    }
     let mut tmp_name = path.file_name().unwrap_or_default().to_os_string();
     tmp_name.push(format!(".tmp{}", std::process::id()));
     let tmp = path.with_file_name(tmp_name);
@@ -72,5 +82,15 @@ mod tests {
         write_atomically(&path, |w| w.write_all(b"whole")).unwrap();
         assert_eq!(std::fs::read(&path).unwrap(), b"whole");
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn devices_are_written_in_place_not_replaced() {
+        use std::os::unix::fs::FileTypeExt;
+        let null = Path::new("/dev/null");
+        write_atomically(null, |w| w.write_all(b"discarded")).unwrap();
+        let meta = std::fs::metadata(null).unwrap();
+        assert!(meta.file_type().is_char_device(), "/dev/null was replaced");
     }
 }
