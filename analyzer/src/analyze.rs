@@ -313,6 +313,7 @@ fn build_profile<D: AsRef<[u8]>>(
             samples: agg.thread_samples[i].0,
             weight: agg.thread_samples[i].1,
             root_samples: 0,
+            idle_ticks: t.idle_ticks,
         })
         .collect();
     stats.stack_bytes = timeline.threads.values().map(|t| t.stack_bytes).sum();

@@ -51,6 +51,8 @@ pub struct ThreadInfo {
     pub samples: u64,
     /// Samples that unwound to the root.
     pub root_samples: u64,
+    /// Sampling ticks at which the thread was idle and not sampled (macOS).
+    pub idle_ticks: u64,
 }
 
 impl TraceInfo {
@@ -84,6 +86,7 @@ impl TraceInfo {
                     name: t.name.clone(),
                     samples: t.trace_samples,
                     root_samples: t.root_samples,
+                    idle_ticks: t.idle_ticks,
                 })
                 .collect(),
             images: profile.images.clone(),
@@ -154,9 +157,14 @@ impl TraceInfo {
             } else {
                 100.0 * t.root_samples as f64 / t.samples as f64
             };
+            let idle = if t.idle_ticks == 0 {
+                String::new()
+            } else {
+                format!("  (idle at {} ticks, not sampled)", t.idle_ticks)
+            };
             let _ = writeln!(
                 s,
-                "  {:>7} {:>7} {:>8} {:>5.1}%  {}",
+                "  {:>7} {:>7} {:>8} {:>5.1}%  {}{idle}",
                 t.pid,
                 t.tid,
                 t.samples,

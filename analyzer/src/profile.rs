@@ -61,6 +61,8 @@ pub struct ThreadProfile {
     pub weight: u64,
     /// Kept samples that unwound to the thread's root.
     pub root_samples: u64,
+    /// Sampling ticks at which the thread was idle and not sampled (macOS).
+    pub idle_ticks: u64,
 }
 
 impl ThreadProfile {

@@ -121,6 +121,8 @@ pub(crate) struct ThreadTimeline {
     pub samples: u64,
     pub weight: u64,
     pub stack_bytes: u64,
+    /// Sampling ticks at which the thread was found idle (`Idle` records).
+    pub idle_ticks: u64,
 }
 
 /// Everything but the samples' stacks.
@@ -247,6 +249,10 @@ impl Timeline {
                     .unmap(u.start, u.end);
             }
             Record::Lost(l) => self.lost += l.count,
+            Record::Idle(i) => {
+                let th = self.threads.entry((i.pid, i.tid)).or_default();
+                th.idle_ticks = th.idle_ticks.saturating_add(i.ticks);
+            }
             Record::Blob(b) => self.blobs.add(b),
             Record::Summary(s) => self.summary = Some(s),
             Record::Sample(_) => unreachable!("samples are turned into Item::Sample"),

@@ -55,9 +55,9 @@ pub use error::FormatError;
 pub use raw::{BlockHeader, BlockKind, Codec, MAGIC, OLDEST_READABLE_VERSION, VERSION};
 pub use read::{BlockInfo, ReadReport, SkippedRange, TraceReader};
 pub use records::{
-    Blob, BlobKind, ImageKind, ImageMapRecord, ImageUnmapRecord, LostRecord, ProcessEvent,
-    ProcessRecord, Record, Regs, RegsAarch64, RegsX86_64, Sample, SampleKind, StackSnapshot,
-    Summary, ThreadEvent, ThreadRecord,
+    Blob, BlobKind, IdleRecord, ImageKind, ImageMapRecord, ImageUnmapRecord, LostRecord,
+    ProcessEvent, ProcessRecord, Record, Regs, RegsAarch64, RegsX86_64, Sample, SampleKind,
+    StackSnapshot, Summary, ThreadEvent, ThreadRecord,
 };
 pub use stack::MAX_STACK_LEN;
 pub use types::{

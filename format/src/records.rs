@@ -24,6 +24,8 @@ pub enum Record {
     Blob(Blob),
     /// Totals written when recording ended cleanly.
     Summary(Summary),
+    /// A thread was found not running at sampling ticks (and was not stopped).
+    Idle(IdleRecord),
 }
 
 impl Record {
@@ -36,6 +38,7 @@ impl Record {
             Record::ImageUnmap(r) => Some(r.time),
             Record::Sample(r) => Some(r.time),
             Record::Lost(r) => Some(r.time),
+            Record::Idle(r) => Some(r.time),
             Record::Blob(_) | Record::Summary(_) => None,
         }
     }
@@ -274,6 +277,24 @@ pub struct LostRecord {
     pub tid: Option<Tid>,
     /// How many samples or events were dropped.
     pub count: u64,
+}
+
+/// Sampling ticks at which a thread was found idle.
+///
+/// Backends that sample from outside (macOS) skip threads that used no CPU
+/// time since their last sample, without stopping them. Rather than a
+/// record per tick, a thread's idle ticks are summed and written when it is
+/// next sampled, when it exits, and when recording ends.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IdleRecord {
+    /// When the last of the counted ticks happened.
+    pub time: Timestamp,
+    /// The process.
+    pub pid: Pid,
+    /// The thread.
+    pub tid: Tid,
+    /// Ticks at which the thread was idle since its previous idle record.
+    pub ticks: u64,
 }
 
 /// What an embedded [`Blob`] holds.

@@ -80,6 +80,7 @@ pub(crate) mod testing {
                     samples: 4,
                     weight: 4_000_000,
                     root_samples: 4,
+                    idle_ticks: 0,
                 },
                 ThreadProfile {
                     pid: Pid(1),
@@ -89,6 +90,7 @@ pub(crate) mod testing {
                     samples: 1,
                     weight: 1_000_000,
                     root_samples: 0,
+                    idle_ticks: 0,
                 },
             ],
             processes: vec![],

@@ -51,6 +51,21 @@ pub fn sample(time: u64, tid: u32, depth: usize) -> Sample {
 
 /// One record of each kind, in time order.
 pub fn every_kind() -> Vec<Record> {
+    let mut records = every_kind_in_committed_v1();
+    let summary = records.pop().expect("a summary");
+    records.push(Record::Idle(IdleRecord {
+        time: Timestamp(12),
+        pid: Pid(100),
+        tid: Tid(100),
+        ticks: 250,
+    }));
+    records.push(summary);
+    records
+}
+
+/// The records of every kind that `tests/data/v1.lpt` holds: the format
+/// gained `Idle` records before its first release, after that file was made.
+pub fn every_kind_in_committed_v1() -> Vec<Record> {
     vec![
         Record::Process(ProcessRecord {
             time: Timestamp(1),

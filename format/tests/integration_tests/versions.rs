@@ -16,7 +16,7 @@ fn data_path(name: &str) -> PathBuf {
 }
 
 fn v1_records() -> Vec<Record> {
-    let mut records = every_kind();
+    let mut records = every_kind_in_committed_v1();
     let summary = records.pop().unwrap();
     records.extend(many_samples(40));
     records.push(summary);

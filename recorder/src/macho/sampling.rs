@@ -13,7 +13,8 @@ use super::images::{Images, TaskMemory};
 use super::strip_pac;
 use crate::error::RecordError;
 use lrnprof_format::{
-    Pid, Record, Regs, Sample, SampleKind, StackSnapshot, ThreadEvent, ThreadRecord, Tid, Timestamp,
+    IdleRecord, Pid, Record, Regs, Sample, SampleKind, StackSnapshot, ThreadEvent, ThreadRecord,
+    Tid, Timestamp,
 };
 use std::collections::HashMap;
 
@@ -57,6 +58,8 @@ struct ThreadEntry {
     seen_round: u64,
     /// Its name when last looked at.
     name: Option<String>,
+    /// Rounds at which it was idle since its last `Idle` record.
+    idle_ticks: u64,
 }
 
 /// Every this many rounds, thread names are read again: programs often
@@ -187,6 +190,7 @@ impl ThreadSampler {
                             stack_region: None,
                             seen_round: round,
                             name,
+                            idle_ticks: 0,
                         },
                     );
                     // No earlier reading: charge at most one period.
@@ -195,10 +199,15 @@ impl ThreadSampler {
             };
             if weight == 0 {
                 // Did not run since its last sample: nothing to charge, and
-                // no reason to stop it.
+                // no reason to stop it. Idle ticks are summed per thread and
+                // written when it next runs, exits, or recording ends.
                 self.counts.idle += 1;
+                if let Some(entry) = self.threads.get_mut(&id) {
+                    entry.idle_ticks += 1;
+                }
                 continue;
             }
+            self.take_idle(id, Timestamp(task.now_ns()), out);
             match self.sample(task, thread, id, weight) {
                 Some(sample) => {
                     self.counts.samples += 1;
@@ -218,6 +227,7 @@ impl ThreadSampler {
             .collect();
         exited.sort_unstable();
         for id in exited {
+            self.take_idle(id, time, out);
             self.threads.remove(&id);
             out.push(Record::Thread(ThreadRecord {
                 time,
@@ -228,6 +238,30 @@ impl ThreadSampler {
             }));
         }
         Ok(true)
+    }
+
+    /// Write the `Idle` record of thread `id` if it has idle ticks pending.
+    fn take_idle(&mut self, id: u64, time: Timestamp, out: &mut Vec<Record>) {
+        if let Some(entry) = self.threads.get_mut(&id) {
+            if entry.idle_ticks > 0 {
+                out.push(Record::Idle(IdleRecord {
+                    time,
+                    pid: self.pid,
+                    tid: Tid(id as u32),
+                    ticks: std::mem::take(&mut entry.idle_ticks),
+                }));
+            }
+        }
+    }
+
+    /// Write the pending `Idle` records of every thread, in thread id order:
+    /// called once sampling stops.
+    pub fn flush_idle(&mut self, time: Timestamp, out: &mut Vec<Record>) {
+        let mut ids: Vec<u64> = self.threads.keys().copied().collect();
+        ids.sort_unstable();
+        for id in ids {
+            self.take_idle(id, time, out);
+        }
     }
 
     /// Stop the thread, read its registers and live stack, let it go.
@@ -528,6 +562,58 @@ mod tests {
         assert_eq!((samples[0].tid, samples[0].weight), (Tid(1), 300_000));
         assert_eq!(*task.stopped.borrow(), vec![1]);
         assert_eq!(s.counts.idle, 1);
+    }
+
+    fn idle(out: &[Record]) -> Vec<(u32, u64)> {
+        out.iter()
+            .filter_map(|r| match r {
+                Record::Idle(i) => Some((i.tid.0, i.ticks)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn idle_ticks_are_summed_and_written_when_the_thread_runs_exits_or_recording_ends() {
+        let mut task = Fake::new(vec![thread(1, 5), thread(2, 5), thread(3, 5)]);
+        let mut s = sampler(65536);
+        s.round(&task, &mut Vec::new()).unwrap();
+        // Three rounds in which nobody runs: no records, nobody stopped.
+        task.stopped.borrow_mut().clear();
+        for _ in 0..3 {
+            let mut out = Vec::new();
+            s.round(&task, &mut out).unwrap();
+            assert!(idle(&out).is_empty() && samples(&out).is_empty(), "{out:?}");
+        }
+        assert!(task.stopped.borrow().is_empty());
+        // Thread 1 runs: its idle ticks come first, then its sample.
+        task.threads[0].cpu_ns += 1000;
+        let mut out = Vec::new();
+        s.round(&task, &mut out).unwrap();
+        assert_eq!(idle(&out), vec![(1, 3)]);
+        let idle_at = out
+            .iter()
+            .position(|r| matches!(r, Record::Idle(_)))
+            .unwrap();
+        let sample_at = out
+            .iter()
+            .position(|r| matches!(r, Record::Sample(_)))
+            .unwrap();
+        assert!(idle_at < sample_at);
+        // Thread 2 exits: its ticks are written before its exit.
+        task.threads.remove(1);
+        let mut out = Vec::new();
+        s.round(&task, &mut out).unwrap();
+        assert_eq!(idle(&out), vec![(2, 4)]);
+        assert_eq!(thread_events(&out), vec![(2, ThreadEvent::Exit, None)]);
+        assert_time_ordered(&out);
+        // Recording ends: thread 3's ticks (5 rounds) and thread 1's (1 round).
+        let mut out = Vec::new();
+        s.flush_idle(Timestamp(u64::MAX), &mut out);
+        assert_eq!(idle(&out), vec![(1, 1), (3, 5)]);
+        let mut out = Vec::new();
+        s.flush_idle(Timestamp(u64::MAX), &mut out);
+        assert!(out.is_empty());
     }
 
     #[test]

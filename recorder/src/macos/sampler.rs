@@ -7,7 +7,7 @@ use crate::embed::EmbedLevel;
 use crate::error::RecordError;
 use crate::macho::{FileToEmbed, Images, TaskMemory, TaskThreads, ThreadSampler};
 use crate::sink::SinkSender;
-use lrnprof_format::{Pid, Record, Regs};
+use lrnprof_format::{Pid, Record, Regs, Timestamp};
 use mach2::mach_types::thread_act_t;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -143,6 +143,11 @@ impl Sampler {
             } else {
                 next = now;
             }
+        }
+        self.rounds
+            .flush_idle(Timestamp(self.task.now_ns()), &mut out);
+        for r in out.drain(..) {
+            sink.send(r)?;
         }
         Ok(SamplerTotals {
             files: self.rounds.images.take_files(),
