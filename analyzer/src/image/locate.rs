@@ -337,10 +337,7 @@ fn look_for_debug_file(key: &ImageKey, found: &mut Found, opts: &LocateOptions) 
 fn merge_debug(into: &mut ImageData, from: ImageData) {
     for (name, sec) in from.sections {
         if name.starts_with(".debug_") && !sec.bytes.is_empty() {
-            let replace = into
-                .sections
-                .get(&name)
-                .map_or(true, |s| s.bytes.is_empty());
+            let replace = into.sections.get(&name).is_none_or(|s| s.bytes.is_empty());
             if replace {
                 into.sections.insert(name, sec);
             }

@@ -40,7 +40,7 @@ pub fn sample(time: u64, tid: u32, depth: usize) -> Sample {
             start: top - depth as u64,
             bytes,
         },
-        kernel_callchain: if tid % 2 == 0 {
+        kernel_callchain: if tid.is_multiple_of(2) {
             vec![0x40_1000, 0x40_2000]
         } else {
             vec![]

@@ -153,7 +153,7 @@ impl ThreadSampler {
             let weight = match self.threads.get_mut(&id) {
                 Some(entry) => {
                     entry.seen_round = round;
-                    if round % NAME_CHECK_ROUNDS == 0 {
+                    if round.is_multiple_of(NAME_CHECK_ROUNDS) {
                         let name = task.thread_name(thread);
                         if name.is_some() && name != entry.name {
                             entry.name = name.clone();
