@@ -29,6 +29,25 @@ pub fn scratch_dir(test: &str) -> PathBuf {
     dir
 }
 
+/// Remove a [`scratch_dir`] at the end of a test that passed (one that
+/// fails leaves its directory behind to look at).
+pub fn remove_scratch_dir(dir: &Path) {
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// Whether this process runs as root (`id -u` says 0).
+pub fn is_root() -> bool {
+    Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|o| o.stdout.starts_with(b"0\n"))
+}
+
+/// Whether `program --help` can be run here (the program is installed).
+pub fn has_program(program: &str) -> bool {
+    Command::new(program).arg("--help").output().is_ok()
+}
+
 /// Compile C `sources` (file names in `tests/fixtures/`) with `cc` and
 /// `flags` into `dir/output`; panics with cc's message if it fails.
 pub fn build_c(sources: &[&str], flags: &[&str], dir: &Path, output: &str) -> PathBuf {
@@ -112,7 +131,7 @@ pub fn perf_unavailable() -> Option<String> {
                 .args(["--", "true"])
                 .output()
                 .expect("running lrnprof-rec");
-            let _ = std::fs::remove_dir_all(&dir);
+            remove_scratch_dir(&dir);
             if out.status.success() {
                 return None;
             }

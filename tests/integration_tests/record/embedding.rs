@@ -1,0 +1,220 @@
+//! Image data embedded in the trace (`--embed`): unwind and symbol
+//! sections, offline analysis without the binaries, programs deleted while
+//! recorded or living in another root, and JIT perf maps.
+
+use super::support::{
+    assert_complete, assert_exit_code, assert_success, build_id, build_threads, images, launch,
+    load, load_complete, os, rec, rec_command, root_pid, section_blobs,
+};
+use lrnprof_format::{ImageKind, Record};
+use lrnprof_tests::{
+    build_c, has_program, is_root, lrnprof_analyze, remove_scratch_dir, require_perf, scratch_dir,
+};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+#[test]
+fn embedding_carries_unwind_and_symbol_sections() {
+    use object::{Object, ObjectSection};
+    require_perf!();
+    let dir = scratch_dir("rec-embed");
+    let exe = build_threads(&dir);
+    let id = build_id(&exe);
+    let data = std::fs::read(&exe).unwrap();
+    let file = object::File::parse(&*data).unwrap();
+
+    let out = dir.join("symbols.lpt");
+    let result = launch(&out, &[], &exe, &["300"]);
+    let stderr = String::from_utf8_lossy(&result.stderr);
+    assert!(stderr.contains("embedded image data"), "{stderr}");
+    let (_, records) = load_complete(&out);
+    let blobs = section_blobs(&records, &id);
+    for name in [
+        ".eh_frame",
+        ".eh_frame_hdr",
+        ".symtab",
+        ".strtab",
+        ".lrnprof.layout",
+    ] {
+        assert!(blobs.iter().any(|b| b.0 == name), "{name} not embedded");
+    }
+    for (name, svma, bytes, compressed) in &blobs {
+        if let Some(section) = file.section_by_name(name) {
+            assert_eq!(*svma, section.address(), "{name}");
+            assert_eq!(&bytes[..], section.data().unwrap(), "{name}");
+            assert!(!compressed);
+        }
+    }
+    assert!(!blobs.iter().any(|b| b.0.starts_with(".debug_info")));
+    // Each image once, however many processes and mappings it had.
+    let eh_frames = blobs.iter().filter(|b| b.0 == ".eh_frame").count();
+    assert_eq!(eh_frames, 1);
+
+    let out = dir.join("debug.lpt");
+    assert_exit_code(&launch(&out, &["--embed", "debug"], &exe, &["300"]), 7);
+    let (_, records) = load(&out);
+    let debug_info = section_blobs(&records, &id)
+        .into_iter()
+        .find(|b| b.0 == ".debug_info")
+        .expect(".debug_info embedded at --embed debug");
+    assert!(debug_info.3, "DWARF blobs are compressed");
+
+    let out = dir.join("none.lpt");
+    assert_exit_code(&launch(&out, &["--embed", "none"], &exe, &["300"]), 7);
+    let (_, records) = load(&out);
+    assert!(!records.iter().any(|r| matches!(r, Record::Blob(_))));
+    remove_scratch_dir(&dir);
+}
+
+/// `lrnprof-analyze --offline` (no local files) on `trace`: folded stacks.
+fn analyze_offline(trace: &Path) -> String {
+    let result = Command::new(lrnprof_analyze())
+        .arg(trace)
+        .args(["--offline", "--format", "folded", "--output", "-"])
+        .output()
+        .expect("running lrnprof-analyze");
+    assert_success(&result);
+    String::from_utf8(result.stdout).unwrap()
+}
+
+/// Samples per folded line containing `needle`.
+fn folded_count(folded: &str, needle: &str) -> u64 {
+    folded
+        .lines()
+        .filter(|l| l.contains(needle))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum()
+}
+
+#[test]
+fn embedded_trace_is_analyzed_without_the_binaries() {
+    require_perf!();
+    let dir = scratch_dir("rec-selfcontained");
+    let exe = build_threads(&dir);
+    let out = dir.join("t.lpt");
+    assert_exit_code(&launch(&out, &[], &exe, &["1500"]), 7);
+    let bare = dir.join("bare.lpt");
+    assert_exit_code(&launch(&bare, &["--embed", "none"], &exe, &["300"]), 7);
+    // As on another machine: the fixture is gone.
+    std::fs::remove_file(&exe).unwrap();
+    let folded = analyze_offline(&out);
+    let one = folded_count(&folded, "parent_one;leaf_work");
+    let two = folded_count(&folded, "parent_two;leaf_work");
+    assert!(one > 0 && two > 0, "{folded}");
+    // leaf_work does twice the work under parent_two.
+    let ratio = two as f64 / one as f64;
+    assert!((1.2..3.5).contains(&ratio), "ratio {ratio}: {folded}");
+    let bare = analyze_offline(&bare);
+    assert!(
+        !bare.contains("leaf_work"),
+        "symbols without embedding: {bare}"
+    );
+    remove_scratch_dir(&dir);
+}
+
+#[test]
+fn jit_regions_and_perf_maps_are_recorded() {
+    require_perf!();
+    let dir = scratch_dir("rec-jit");
+    let exe = build_c(&["rec_jit.c"], &["-O2", "-g"], &dir, "rec_jit");
+    let out = dir.join("t.lpt");
+    let result = launch(&out, &[], &exe, &["300"]);
+    let (reader, records) = load(&out);
+    let pid = root_pid(&reader);
+    let map_file = PathBuf::from(format!("/tmp/perf-{}.map", pid.0));
+    let map_text = std::fs::read_to_string(&map_file);
+    let _ = std::fs::remove_file(&map_file);
+    assert_success(&result);
+    assert_complete(&reader, &records);
+    let map_text = map_text.expect("the fixture wrote its perf map");
+    let jit_start = u64::from_str_radix(map_text.split(' ').next().unwrap(), 16).unwrap();
+    assert!(
+        images(&records).iter().any(|m| m.pid == pid
+            && m.kind == ImageKind::Anonymous
+            && (m.start..m.end).contains(&jit_start)),
+        "the anonymous executable region"
+    );
+    let embedded = records
+        .iter()
+        .find_map(|r| match r {
+            Record::Blob(b) if b.kind == lrnprof_format::BlobKind::JitMap { pid } => {
+                Some(b.data.clone())
+            }
+            _ => None,
+        })
+        .expect("the perf map embedded");
+    assert_eq!(String::from_utf8(embedded).unwrap(), map_text);
+    remove_scratch_dir(&dir);
+}
+
+#[test]
+fn images_inside_a_changed_root_are_found_through_proc() {
+    require_perf!();
+    // A chroot stands in for a container: the program's path inside its
+    // root (/fx) does not exist on the host.
+    if !is_root() || !has_program("chroot") {
+        eprintln!("skipping: needs root and chroot");
+        return;
+    }
+    let dir = scratch_dir("rec-chroot");
+    let root = dir.join("root");
+    std::fs::create_dir_all(&root).unwrap();
+    // Static, so the root needs no libraries.
+    let exe = build_c(
+        &["rec_threads.c"],
+        &["-O2", "-g", "-static", "-pthread"],
+        &root,
+        "fx",
+    );
+    let id = build_id(&exe);
+    let out = dir.join("t.lpt");
+    let result = rec(&[
+        os("--out"),
+        out.as_os_str(),
+        os("--"),
+        os("chroot"),
+        root.as_os_str(),
+        os("/fx"),
+        os("300"),
+    ]);
+    assert_exit_code(&result, 7);
+    let (_, records) = load_complete(&out);
+    let fx = images(&records)
+        .into_iter()
+        .find(|m| m.path == "/fx")
+        .expect("the program mapped at its path inside the root");
+    assert_eq!(fx.build_id.as_ref().unwrap().0, id);
+    assert!(
+        section_blobs(&records, &id)
+            .iter()
+            .any(|b| b.0 == ".symtab"),
+        "the program's symbols embedded from inside its root"
+    );
+    remove_scratch_dir(&dir);
+}
+
+#[test]
+fn a_program_deleted_while_recorded_is_still_embedded() {
+    require_perf!();
+    let dir = scratch_dir("rec-deleted");
+    let exe = build_threads(&dir);
+    let id = build_id(&exe);
+    let out = dir.join("t.lpt");
+    let recorder = rec_command(&out)
+        .arg("--")
+        .arg(&exe)
+        .arg("1500")
+        .stdin(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    std::fs::remove_file(&exe).unwrap();
+    let result = recorder.wait_with_output().unwrap();
+    assert_exit_code(&result, 7);
+    let (_, records) = load_complete(&out);
+    let blobs = section_blobs(&records, &id);
+    assert!(blobs.iter().any(|b| b.0 == ".symtab"), "{blobs:?}");
+    remove_scratch_dir(&dir);
+}

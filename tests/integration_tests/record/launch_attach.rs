@@ -1,0 +1,330 @@
+//! Recording by launching and by attaching: threads, images (including
+//! ones mapped mid-run), deep stacks, thread churn, fork and exec.
+
+use super::support::{
+    assert_complete, assert_exit_code, assert_samples_plausible, assert_success,
+    assert_time_ordered, build_id, build_threads, images, launch, load, load_complete, os, rec,
+    root_pid, samples, stack_holds_address_in, symbol_avma, thread_names, NO_FP,
+};
+use lrnprof_format::{ImageKind, Pid, ProcessEvent, Record, Sample, Target, ThreadEvent};
+use lrnprof_tests::{build_c, is_root, remove_scratch_dir, require_perf, scratch_dir};
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+#[test]
+fn launch_records_named_threads_images_and_samples() {
+    require_perf!();
+    let dir = scratch_dir("rec-launch");
+    let exe = build_threads(&dir);
+    let out = dir.join("t.lpt");
+    let result = launch(&out, &[], &exe, &["600"]);
+    let stderr = String::from_utf8_lossy(&result.stderr);
+    assert_eq!(
+        result.status.code(),
+        Some(7),
+        "exit status passed on: {stderr}"
+    );
+    assert!(
+        stderr.contains("samples") && stderr.contains("bytes/sample"),
+        "{stderr}"
+    );
+
+    let (reader, records) = load_complete(&out);
+    assert_time_ordered(&records);
+    assert_samples_plausible(&records);
+    let pid = root_pid(&reader);
+    let names = thread_names(&records);
+    assert!(names.iter().any(|n| n == "worker-a"), "{names:?}");
+    assert!(names.iter().any(|n| n == "worker-b"), "{names:?}");
+
+    let maps = images(&records);
+    let main_map = maps
+        .iter()
+        .find(|m| Path::new(&m.path) == exe)
+        .expect("the fixture's image");
+    assert_eq!(main_map.build_id.as_ref().unwrap().0, build_id(&exe));
+    assert!(maps
+        .iter()
+        .any(|m| m.kind == ImageKind::Vdso && m.build_id.is_some()));
+    assert!(maps
+        .iter()
+        .any(|m| m.path.contains("libc.so") && m.build_id.is_some()));
+
+    let all = samples(&records);
+    // CPU time only: a loaded machine gives the workers less of it.
+    assert!(all.len() >= 10, "only {} samples", all.len());
+    let worker_tids: Vec<u32> = all
+        .iter()
+        .map(|s| s.tid.0)
+        .filter(|&t| t != pid.0)
+        .collect();
+    assert!(
+        !worker_tids.is_empty(),
+        "no samples from the worker threads"
+    );
+    // The leaf runs in the fixture's code, called from parent_one/parent_two.
+    let leaf = symbol_avma(&records, pid, &exe, "leaf_work");
+    assert!(all.iter().filter(|s| leaf.contains(&s.regs.ip())).count() * 2 > all.len());
+    assert!(
+        matches!(&reader.header().target, Target::Launch { command, .. } if command[1] == "600")
+    );
+    remove_scratch_dir(&dir);
+}
+
+#[test]
+fn attach_by_pid_records_existing_threads_and_images() {
+    require_perf!();
+    let dir = scratch_dir("rec-attach");
+    let exe = build_threads(&dir);
+    let mut child = Command::new(&exe).arg("20000").spawn().unwrap();
+    let pid = child.id();
+    // Wait until both workers have named themselves.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let names: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/task"))
+            .map(|d| {
+                d.filter_map(|e| std::fs::read_to_string(e.ok()?.path().join("comm")).ok())
+                    .collect()
+            })
+            .unwrap_or_default();
+        if names.iter().filter(|n| n.starts_with("worker-")).count() == 2 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "fixture threads never got named");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = dir.join("t.lpt");
+    let result = rec(&[
+        os("--pid"),
+        os(&pid.to_string()),
+        os("--duration"),
+        os("1"),
+        os("--out"),
+        out.as_os_str(),
+    ]);
+    let _ = child.kill();
+    let _ = child.wait();
+    assert_success(&result);
+    let (reader, records) = load_complete(&out);
+    assert_time_ordered(&records);
+    assert_samples_plausible(&records);
+    assert_eq!(
+        reader.header().target,
+        Target::Attach {
+            pids: vec![Pid(pid)]
+        }
+    );
+    let existing: Vec<String> = records
+        .iter()
+        .filter_map(|r| match r {
+            Record::Thread(t) if t.event == ThreadEvent::Existing => t.name.clone(),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(existing.len(), 3, "{existing:?}");
+    assert!(existing.contains(&"worker-a".to_string()), "{existing:?}");
+    let start = reader.header().start_time;
+    let exe_map = images(&records)
+        .into_iter()
+        .find(|m| Path::new(&m.path) == exe)
+        .expect("the fixture's image from /proc/PID/maps");
+    assert_eq!(exe_map.time, start);
+    assert_eq!(exe_map.build_id.as_ref().unwrap().0, build_id(&exe));
+    let n = samples(&records).len();
+    // CPU time only: a loaded machine gives the workers less of it.
+    assert!(n >= 10, "only {n} samples in 1 s of two busy threads");
+    remove_scratch_dir(&dir);
+}
+
+#[test]
+fn dlopened_library_appears_mid_run() {
+    require_perf!();
+    let dir = scratch_dir("rec-dlopen");
+    let plugin = build_c(
+        &["rec_plugin.c"],
+        &["-O2", "-g", "-shared", "-fPIC", "-Wl,--build-id"],
+        &dir,
+        "librec_plugin.so",
+    );
+    let exe = build_c(
+        &["rec_dlopen.c"],
+        &["-O2", "-g", "-ldl"],
+        &dir,
+        "rec_dlopen",
+    );
+    let out = dir.join("t.lpt");
+    let result = launch(&out, &[], &exe, &["600", plugin.to_str().unwrap()]);
+    assert_exit_code(&result, 0);
+    let (_, records) = load_complete(&out);
+    assert_samples_plausible(&records);
+    let plugin_map = images(&records)
+        .into_iter()
+        .find(|m| Path::new(&m.path) == plugin && m.executable)
+        .expect("the dlopened library");
+    assert_eq!(plugin_map.build_id.as_ref().unwrap().0, build_id(&plugin));
+    let first_sample = samples(&records)[0].time;
+    assert!(plugin_map.time > first_sample, "mapped mid-run");
+    let in_plugin = samples(&records)
+        .iter()
+        .filter(|s| (plugin_map.start..plugin_map.end).contains(&s.regs.ip()))
+        .count();
+    assert!(in_plugin > 0, "no sample inside the dlopened library");
+    remove_scratch_dir(&dir);
+}
+
+/// The share of samples in `leaf` whose stack copy reaches back to a
+/// return address into `main`.
+fn share_reaching_main(out: &Path, exe: &Path, leaf: &str) -> f64 {
+    let (reader, records) = load_complete(out);
+    let pid = root_pid(&reader);
+    let leaf = symbol_avma(&records, pid, exe, leaf);
+    let main = symbol_avma(&records, pid, exe, "main");
+    let in_leaf: Vec<&Sample> = samples(&records)
+        .into_iter()
+        .filter(|s| leaf.contains(&s.regs.ip()))
+        .collect();
+    assert!(
+        in_leaf.len() >= 10,
+        "only {} samples in the leaf",
+        in_leaf.len()
+    );
+    let reaching = in_leaf
+        .iter()
+        .filter(|s| stack_holds_address_in(s, &main))
+        .count();
+    reaching as f64 / in_leaf.len() as f64
+}
+
+#[test]
+fn deep_recursion_is_copied_back_to_main() {
+    require_perf!();
+    let dir = scratch_dir("rec-deep");
+    let exe = build_c(&["rec_deep.c"], NO_FP, &dir, "rec_deep");
+    let out = dir.join("default.lpt");
+    assert!(launch(&out, &[], &exe, &["400", "300"]).status.success());
+    let share = share_reaching_main(&out, &exe, "deep_leaf");
+    assert!(share > 0.99, "only {share} of deep samples reach main");
+    // perf's default 8 KiB copy could not.
+    let out8 = dir.join("8k.lpt");
+    assert!(
+        launch(&out8, &["--stack-size", "8192"], &exe, &["300", "300"])
+            .status
+            .success()
+    );
+    assert_eq!(share_reaching_main(&out8, &exe, "deep_leaf"), 0.0);
+    remove_scratch_dir(&dir);
+}
+
+#[test]
+fn large_stack_frame_is_copied_back_to_main() {
+    require_perf!();
+    let dir = scratch_dir("rec-bigframe");
+    let exe = build_c(&["rec_bigframe.c"], NO_FP, &dir, "rec_bigframe");
+    let out = dir.join("t.lpt");
+    assert!(launch(&out, &[], &exe, &["400"]).status.success());
+    let share = share_reaching_main(&out, &exe, "frame_leaf");
+    assert!(share > 0.99, "only {share} of samples reach main");
+    remove_scratch_dir(&dir);
+}
+
+#[test]
+fn thread_churn_fork_and_exec_leave_a_finished_trace() {
+    require_perf!();
+    let dir = scratch_dir("rec-churn");
+    let churn = build_c(&["rec_churn.c"], NO_FP, &dir, "rec_churn");
+    let threads = build_threads(&dir);
+    let out = dir.join("t.lpt");
+    let result = launch(
+        &out,
+        &[],
+        &churn,
+        &["1000", "exec", threads.to_str().unwrap(), "300"],
+    );
+    // The exec'd program's exit status is the command's.
+    assert_exit_code(&result, 7);
+    let (reader, records) = load_complete(&out);
+    assert_time_ordered(&records);
+    assert_samples_plausible(&records);
+    let pid = root_pid(&reader);
+
+    let started = records
+        .iter()
+        .filter(|r| matches!(r, Record::Thread(t) if t.event == ThreadEvent::Start && t.pid == pid))
+        .count();
+    assert!(started >= 1000 + 2, "only {started} thread starts");
+    let exited = records
+        .iter()
+        .filter(|r| matches!(r, Record::Thread(t) if t.event == ThreadEvent::Exit))
+        .count();
+    assert!(exited >= 1000, "only {exited} thread exits");
+
+    let child = records
+        .iter()
+        .find_map(|r| match r {
+            Record::Process(p) if p.event == ProcessEvent::Fork => Some(p.clone()),
+            _ => None,
+        })
+        .expect("the forked child");
+    assert_eq!(child.parent, Some(pid));
+    assert!(
+        samples(&records).iter().any(|s| s.pid == child.pid),
+        "no samples from the forked child"
+    );
+
+    let exec_time = records
+        .iter()
+        .find_map(|r| match r {
+            Record::Process(p)
+                if p.event == ProcessEvent::Exec
+                    && p.pid == pid
+                    && p.time > reader.header().start_time
+                    && p.executable.as_deref() == threads.to_str() =>
+            {
+                Some(p.time)
+            }
+            _ => None,
+        })
+        .expect("the exec of rec_threads");
+    assert!(
+        images(&records)
+            .iter()
+            .any(|m| m.pid == pid && Path::new(&m.path) == threads && m.time >= exec_time),
+        "the exec'd program's image"
+    );
+    let exit = records
+        .iter()
+        .find_map(|r| match r {
+            Record::Process(p) if p.pid == pid => match p.event {
+                ProcessEvent::Exit { code } => Some(code),
+                _ => None,
+            },
+            _ => None,
+        })
+        .expect("the command's exit");
+    assert_eq!(exit, Some(7));
+    remove_scratch_dir(&dir);
+}
+
+#[test]
+fn many_busy_threads_lose_nothing_at_1khz() {
+    require_perf!();
+    // Without root the recorder cannot run above the target's priority,
+    // and 48 busy threads on a small machine starve it.
+    if !is_root() {
+        eprintln!("skipping: needs root (CAP_SYS_NICE) to favour the recorder's threads");
+        return;
+    }
+    let dir = scratch_dir("rec-many");
+    let exe = build_threads(&dir);
+    let out = dir.join("t.lpt");
+    let result = launch(&out, &["--embed", "none"], &exe, &["1000", "48"]);
+    assert_exit_code(&result, 7);
+    let (reader, records) = load(&out);
+    // Includes: no Lost records and a summary saying 0 lost.
+    assert_complete(&reader, &records);
+    assert_samples_plausible(&records);
+    let names = thread_names(&records);
+    assert!(names.iter().any(|n| n == "worker-48"), "{names:?}");
+    remove_scratch_dir(&dir);
+}

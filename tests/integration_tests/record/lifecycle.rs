@@ -1,0 +1,233 @@
+//! How a recording starts and ends: startup errors and permissions,
+//! `--duration`, `--freq` clamping, and the recorder killed or signalled.
+
+use super::support::{
+    assert_exit_code, assert_samples_plausible, build_threads, load, os, rec, rec_command,
+    root_pid, samples, wait_for_size,
+};
+use lrnprof_format::{ProcessEvent, Record, Target};
+use lrnprof_tests::{
+    has_program, is_root, lrnprof_rec, remove_scratch_dir, require_perf, scratch_dir,
+};
+use std::ffi::OsStr;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+#[test]
+fn sigkilled_recorder_leaves_a_readable_unfinished_trace() {
+    require_perf!();
+    let dir = scratch_dir("rec-sigkill");
+    let exe = build_threads(&dir);
+    let out = dir.join("t.lpt");
+    let mut recorder = rec_command(&out)
+        .arg("--")
+        .arg(&exe)
+        .arg("30000")
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    // The header is written at once; wait for the first whole block too.
+    wait_for_size(&out, 2048, Duration::from_secs(20));
+    std::thread::sleep(Duration::from_millis(1500));
+    recorder.kill().unwrap();
+    recorder.wait().unwrap();
+    let (reader, records) = load(&out);
+    // The fixture survives its recorder; stop it.
+    let Target::Launch { pid, .. } = reader.header().target else {
+        panic!("launched")
+    };
+    let _ = Command::new("kill").arg(pid.0.to_string()).status();
+    assert!(
+        !reader.report().finished,
+        "a killed recorder wrote a footer"
+    );
+    assert!(!records.iter().any(|r| matches!(r, Record::Summary(_))));
+    assert!(!samples(&records).is_empty(), "no whole block was readable");
+    assert_samples_plausible(&records);
+    remove_scratch_dir(&dir);
+}
+
+#[test]
+fn sigterm_reaches_the_launched_command() {
+    require_perf!();
+    let dir = scratch_dir("rec-sigterm");
+    let out = dir.join("t.lpt");
+    let recorder = rec_command(&out)
+        .args(["--", "sleep", "30"])
+        .stdin(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_for_size(&out, 0, Duration::from_secs(10));
+    std::thread::sleep(Duration::from_millis(300));
+    let status = Command::new("kill")
+        .args(["-TERM", &recorder.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let result = recorder.wait_with_output().unwrap();
+    // sleep died of SIGTERM: 128 + 15, like a shell reports it.
+    assert_exit_code(&result, 143);
+    let (reader, records) = load(&out);
+    assert!(reader.report().finished);
+    assert!(records.iter().any(|r| matches!(r, Record::Process(p)
+        if p.event == (ProcessEvent::Exit { code: Some(143) }))));
+    remove_scratch_dir(&dir);
+}
+
+/// Run the recorder expecting failure: a one-line error mentioning
+/// `expect`, a non-zero exit, and no trace file.
+fn assert_fails_cleanly(args: &[&OsStr], out: &Path, expect: &str) {
+    let result = rec(args);
+    let stderr = String::from_utf8_lossy(&result.stderr);
+    assert!(!result.status.success(), "succeeded: {stderr}");
+    assert!(stderr.contains(expect), "expected {expect:?} in {stderr:?}");
+    assert_eq!(stderr.trim().lines().count(), 1, "not one line: {stderr:?}");
+    assert!(!out.exists(), "a trace file was left behind");
+}
+
+#[test]
+fn startup_errors_are_one_line_and_leave_no_file() {
+    if !cfg!(target_os = "linux") {
+        return;
+    }
+    let dir = scratch_dir("rec-errors");
+    let out = dir.join("t.lpt");
+    let o = out.as_os_str();
+    // Pids above pid_max (at most 2^22) never exist.
+    assert_fails_cleanly(
+        &[os("--pid"), os("99999999"), os("--out"), o],
+        &out,
+        "no process with pid 99999999",
+    );
+    assert_fails_cleanly(
+        &[os("--out"), o, os("--"), os("lrnprof-no-such-command")],
+        &out,
+        "command not found: lrnprof-no-such-command",
+    );
+    let not_exec = dir.join("data.txt");
+    std::fs::write(&not_exec, "not a program").unwrap();
+    assert_fails_cleanly(
+        &[os("--out"), o, os("--"), not_exec.as_os_str()],
+        &out,
+        "cannot execute",
+    );
+    let bad_out: PathBuf = dir.join("no-such-dir/t.lpt");
+    assert_fails_cleanly(
+        &[os("--out"), bad_out.as_os_str(), os("--"), os("true")],
+        &bad_out,
+        "cannot write trace file",
+    );
+    assert_fails_cleanly(&[os("--out"), o], &out, "give --pid PID or a command");
+    remove_scratch_dir(&dir);
+}
+
+#[test]
+fn another_users_process_is_refused_with_advice() {
+    // Needs root to run the recorder as an unprivileged user.
+    if !cfg!(target_os = "linux") || !is_root() || !has_program("runuser") {
+        eprintln!("skipping: needs root and runuser to act as the user nobody");
+        return;
+    }
+    let dir = scratch_dir("rec-perm");
+    let rec_copy = dir.join("lrnprof-rec");
+    std::fs::copy(lrnprof_rec(), &rec_copy).unwrap();
+    let _ = Command::new("chmod")
+        .arg("-R")
+        .arg("a+rwx")
+        .arg(&dir)
+        .status();
+    let mut victim = Command::new("sleep").arg("30").spawn().unwrap();
+    let out = dir.join("t.lpt");
+    let result = Command::new("runuser")
+        .args(["-u", "nobody", "--"])
+        .arg(&rec_copy)
+        .arg("--pid")
+        .arg(victim.id().to_string())
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .unwrap();
+    let _ = victim.kill();
+    let _ = victim.wait();
+    let stderr = String::from_utf8_lossy(&result.stderr);
+    assert_eq!(result.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("not permitted to record pid"), "{stderr}");
+    assert!(stderr.contains("belongs to uid 0"), "{stderr}");
+    assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+    assert!(!out.exists());
+    remove_scratch_dir(&dir);
+}
+
+#[test]
+fn duration_stops_recording_and_leaves_the_command_running() {
+    require_perf!();
+    let dir = scratch_dir("rec-duration");
+    let out = dir.join("t.lpt");
+    let go = dir.join("go");
+    let done = dir.join("done");
+    // The command cannot finish before the test says so.
+    let script = format!(
+        "while [ ! -e {} ]; do sleep 0.05; done; touch {}",
+        go.display(),
+        done.display()
+    );
+    // The command inherits the recorder's stdout and stderr, so wait for
+    // the recorder's exit, not for its pipes to close.
+    let log = dir.join("stderr.txt");
+    let status = rec_command(&out)
+        .args(["--duration", "0.5", "--", "sh", "-c", &script])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .status()
+        .unwrap();
+    let stderr = std::fs::read_to_string(&log).unwrap();
+    assert!(status.success(), "{stderr}");
+    assert!(stderr.contains("duration reached"), "{stderr}");
+    assert!(!done.exists(), "the command finished before it was told to");
+    let (reader, records) = load(&out);
+    assert!(reader.report().finished);
+    // The launched shell did not exit (its `sleep` children do).
+    let shell = root_pid(&reader);
+    assert!(!records.iter().any(|r| matches!(r, Record::Process(p)
+        if p.pid == shell && matches!(p.event, ProcessEvent::Exit { .. }))));
+    // The command was not killed: told to, it finishes.
+    std::fs::write(&go, "").unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !done.exists() {
+        assert!(Instant::now() < deadline, "the command did not finish");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    remove_scratch_dir(&dir);
+}
+
+#[test]
+fn frequency_above_the_kernel_maximum_is_clamped() {
+    require_perf!();
+    let max: u32 = std::fs::read_to_string("/proc/sys/kernel/perf_event_max_sample_rate")
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let dir = scratch_dir("rec-freq");
+    let out = dir.join("t.lpt");
+    let too_high = (max + 1).to_string();
+    let result = rec(&[
+        os("--out"),
+        out.as_os_str(),
+        os("--freq"),
+        os(&too_high),
+        os("--embed"),
+        os("none"),
+        os("--"),
+        os("true"),
+    ]);
+    let stderr = String::from_utf8_lossy(&result.stderr);
+    assert!(result.status.success(), "{stderr}");
+    assert!(stderr.contains("perf_event_max_sample_rate"), "{stderr}");
+    let (reader, _) = load(&out);
+    assert_eq!(reader.header().sampling.frequency_hz, max);
+    remove_scratch_dir(&dir);
+}

@@ -1,0 +1,267 @@
+//! Helpers of the recorder tests: running `lrnprof-rec`, reading its
+//! traces back with `TraceReader`, and the checks most tests make of them.
+
+use lrnprof_format::{ImageMapRecord, Pid, Record, Sample, Summary, Target, TraceReader};
+use lrnprof_tests::{build_c, lrnprof_rec};
+use object::{Object, ObjectSegment, ObjectSymbol};
+use std::ffi::OsStr;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+/// Flags that make unwinding depend on DWARF CFI.
+pub(super) const NO_FP: &[&str] = &["-O2", "-g", "-fomit-frame-pointer", "-pthread"];
+
+/// Build the `rec_threads` fixture (named worker threads, exit status 7)
+/// into `dir` with [`NO_FP`].
+pub(super) fn build_threads(dir: &Path) -> PathBuf {
+    build_c(&["rec_threads.c"], NO_FP, dir, "rec_threads")
+}
+
+/// Run `lrnprof-rec args` to completion, stdin closed.
+pub(super) fn rec(args: &[&OsStr]) -> Output {
+    Command::new(lrnprof_rec())
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("running lrnprof-rec")
+}
+
+/// `lrnprof-rec --out OUT`, for tests that spawn it themselves.
+pub(super) fn rec_command(out: &Path) -> Command {
+    let mut command = Command::new(lrnprof_rec());
+    command.arg("--out").arg(out);
+    command
+}
+
+pub(super) fn os(s: &str) -> &OsStr {
+    OsStr::new(s)
+}
+
+/// Record `program args` by launching it.
+pub(super) fn launch(out: &Path, extra: &[&str], program: &Path, args: &[&str]) -> Output {
+    let mut a: Vec<&OsStr> = vec![os("--out"), out.as_os_str()];
+    a.extend(extra.iter().map(|s| os(s)));
+    a.push(os("--"));
+    a.push(program.as_os_str());
+    a.extend(args.iter().map(|s| os(s)));
+    rec(&a)
+}
+
+/// The recorder exited with `code` (the launched command's status, passed
+/// on); its stderr is shown if not.
+pub(super) fn assert_exit_code(result: &Output, code: i32) {
+    assert_eq!(
+        result.status.code(),
+        Some(code),
+        "{}",
+        String::from_utf8_lossy(&result.stderr)
+    );
+}
+
+/// The recorder succeeded; its stderr is shown if not.
+pub(super) fn assert_success(result: &Output) {
+    assert!(
+        result.status.success(),
+        "{}",
+        String::from_utf8_lossy(&result.stderr)
+    );
+}
+
+/// Every record of a trace, which must decode without errors.
+pub(super) fn load(path: &Path) -> (TraceReader<Vec<u8>>, Vec<Record>) {
+    let reader = TraceReader::open(path).expect("opening the trace");
+    let records = reader
+        .records()
+        .collect::<Result<Vec<_>, _>>()
+        .expect("decoding every block");
+    (reader, records)
+}
+
+/// [`load`] a trace that must be [complete](assert_complete).
+pub(super) fn load_complete(path: &Path) -> (TraceReader<Vec<u8>>, Vec<Record>) {
+    let (reader, records) = load(path);
+    assert_complete(&reader, &records);
+    (reader, records)
+}
+
+pub(super) fn samples(records: &[Record]) -> Vec<&Sample> {
+    records
+        .iter()
+        .filter_map(|r| match r {
+            Record::Sample(s) => Some(s),
+            _ => None,
+        })
+        .collect()
+}
+
+pub(super) fn images(records: &[Record]) -> Vec<&ImageMapRecord> {
+    records
+        .iter()
+        .filter_map(|r| match r {
+            Record::ImageMap(m) => Some(m),
+            _ => None,
+        })
+        .collect()
+}
+
+fn summary(records: &[Record]) -> &Summary {
+    records
+        .iter()
+        .find_map(|r| match r {
+            Record::Summary(s) => Some(s),
+            _ => None,
+        })
+        .expect("a Summary record")
+}
+
+/// The trace was finished cleanly, lost nothing, and its summary matches
+/// its records.
+pub(super) fn assert_complete(reader: &TraceReader<Vec<u8>>, records: &[Record]) {
+    assert!(reader.report().finished, "{:?}", reader.report());
+    let s = summary(records);
+    assert_eq!(s.samples, samples(records).len() as u64);
+    assert_eq!(s.images, images(records).len() as u64);
+    assert_eq!(s.lost, 0, "samples were lost at 1 kHz");
+    assert!(!records.iter().any(|r| matches!(r, Record::Lost(_))));
+}
+
+/// Records are in time order (records without a time excepted).
+pub(super) fn assert_time_ordered(records: &[Record]) {
+    let times: Vec<u64> = records
+        .iter()
+        .filter_map(|r| r.time())
+        .map(|t| t.0)
+        .collect();
+    assert!(
+        times.windows(2).all(|w| w[0] <= w[1]),
+        "records out of time order"
+    );
+}
+
+/// Every sample's instruction pointer lies in an executable image of its
+/// process mapped no later than the sample, its stack copy starts at its
+/// stack pointer, and almost all copies have bytes.
+pub(super) fn assert_samples_plausible(records: &[Record]) {
+    let maps = images(records);
+    for s in samples(records) {
+        assert!(
+            maps.iter().any(|m| m.pid == s.pid
+                && m.executable
+                && m.time <= s.time
+                && (m.start..m.end).contains(&s.regs.ip())),
+            "sample ip {:#x} of pid {} is in no image",
+            s.regs.ip(),
+            s.pid.0
+        );
+        assert_eq!(s.stack.start, s.regs.sp());
+        assert!(s.stack.bytes.len() <= 65528);
+        assert!(s.weight > 0);
+    }
+    // The kernel copies stacks in interrupt context and cannot fault pages
+    // in: a sample on a stack page not yet touched (a new thread) has no
+    // bytes. That must stay rare.
+    let all = samples(records);
+    let empty = all.iter().filter(|s| s.stack.bytes.is_empty()).count();
+    assert!(
+        empty * 20 <= all.len(),
+        "{empty} of {} stack copies empty",
+        all.len()
+    );
+}
+
+/// The GNU build id of an ELF file.
+pub(super) fn build_id(path: &Path) -> Vec<u8> {
+    let data = std::fs::read(path).unwrap();
+    let file = object::File::parse(&*data).unwrap();
+    file.build_id()
+        .unwrap()
+        .expect("fixture has a build id")
+        .to_vec()
+}
+
+/// AVMA range of `symbol` of `exe` in process `pid`, from the trace's
+/// mapping of `exe` (bias from the segment containing the symbol).
+pub(super) fn symbol_avma(
+    records: &[Record],
+    pid: Pid,
+    exe: &Path,
+    symbol: &str,
+) -> std::ops::Range<u64> {
+    let data = std::fs::read(exe).unwrap();
+    let file = object::File::parse(&*data).unwrap();
+    let sym = file
+        .symbols()
+        .find(|s| s.name() == Ok(symbol))
+        .unwrap_or_else(|| panic!("{symbol} not in {}", exe.display()));
+    let seg = file
+        .segments()
+        .find(|s| (s.address()..s.address() + s.size()).contains(&sym.address()))
+        .expect("a segment holding the symbol");
+    let (seg_offset, _) = seg.file_range();
+    let map = images(records)
+        .into_iter()
+        .find(|m| {
+            m.pid == pid
+                && Path::new(&m.path) == exe
+                && (m.file_offset..m.file_offset + (m.end - m.start)).contains(&seg_offset)
+        })
+        .expect("the executable's text mapping");
+    let bias = (map.start - map.file_offset).wrapping_sub(seg.address() - seg_offset);
+    let start = sym.address().wrapping_add(bias);
+    start..start + sym.size().max(1)
+}
+
+/// Whether a stack copy holds a word pointing into `range` (e.g. a return
+/// address into main).
+pub(super) fn stack_holds_address_in(s: &Sample, range: &std::ops::Range<u64>) -> bool {
+    s.stack
+        .bytes
+        .chunks_exact(8)
+        .any(|w| range.contains(&u64::from_le_bytes(w.try_into().unwrap())))
+}
+
+/// The launched command's pid, or the first attached one.
+pub(super) fn root_pid(reader: &TraceReader<Vec<u8>>) -> Pid {
+    match &reader.header().target {
+        Target::Launch { pid, .. } => *pid,
+        Target::Attach { pids } => pids[0],
+    }
+}
+
+pub(super) fn thread_names(records: &[Record]) -> Vec<String> {
+    records
+        .iter()
+        .filter_map(|r| match r {
+            Record::Thread(t) => t.name.clone(),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The blobs of image `id` as (section name, svma, data, compressed).
+pub(super) fn section_blobs(records: &[Record], id: &[u8]) -> Vec<(String, u64, Vec<u8>, bool)> {
+    records
+        .iter()
+        .filter_map(|r| match r {
+            Record::Blob(b) if b.build_id.0 == id => match &b.kind {
+                lrnprof_format::BlobKind::Section { name, svma } => {
+                    assert_eq!(b.offset, 0, "small sections are not split");
+                    assert_eq!(b.total_len, b.data.len() as u64);
+                    Some((name.clone(), *svma, b.data.clone(), b.compressed))
+                }
+                _ => None,
+            },
+            _ => None,
+        })
+        .collect()
+}
+
+/// Wait until `path` is larger than `len` bytes.
+pub(super) fn wait_for_size(path: &Path, len: u64, within: Duration) {
+    let deadline = Instant::now() + within;
+    while std::fs::metadata(path).map_or(0, |m| m.len()) <= len {
+        assert!(Instant::now() < deadline, "{} never grew", path.display());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
