@@ -250,7 +250,7 @@ impl Converter {
         let stale = self
             .regions
             .get(&pid)
-            .map_or(true, |r| r.read_at.elapsed() >= REGIONS_REFRESH);
+            .is_none_or(|r| r.read_at.elapsed() >= REGIONS_REFRESH);
         if stale {
             match procfs::read_maps(pid) {
                 Ok(maps) => self.set_regions(pid, &maps),
@@ -392,13 +392,8 @@ impl Converter {
         if self.images.embedding() {
             // Return addresses are somewhere in the stack copy: any word
             // pointing into an image marks it as needed for unwinding.
-            let words = live
-                .chunks_exact(8)
-                .map(|w| u64::from_ne_bytes(w.try_into().expect("8 bytes")));
-            let addrs = std::iter::once(regs.ip())
-                .chain(s.callchain.iter().copied())
-                .chain(words);
-            self.images.touch(s.pid, addrs);
+            self.images
+                .touch_sample(s.pid, s.tid, regs.ip(), &s.callchain, sp, live);
         }
         self.push(
             s.time,

@@ -51,8 +51,15 @@ pub(crate) struct Images {
     touch_index: HashMap<u32, Vec<TouchRange>>,
     dirty_index: HashSet<u32>,
     touched: HashSet<BuildId>,
+    /// Each thread's previous stack copy (start AVMA, bytes), so only the
+    /// words that changed are looked up.
+    prev_stacks: HashMap<(u32, u32), (u64, Vec<u8>)>,
     open_files: usize,
 }
+
+/// Keep at most this many threads' previous stack copies (64 KiB each at
+/// most); past it they are forgotten and the next copies scanned whole.
+const MAX_PREV_STACKS: usize = 4096;
 
 impl Images {
     /// No images yet; embed at `embed` when asked.
@@ -66,6 +73,7 @@ impl Images {
             touch_index: HashMap::new(),
             dirty_index: HashSet::new(),
             touched: HashSet::new(),
+            prev_stacks: HashMap::new(),
             open_files: 0,
         }
     }
@@ -107,9 +115,43 @@ impl Images {
             .collect()
     }
 
+    /// Note the images a sample of thread `tid` refers to: its instruction
+    /// pointer, its callchain, and the words of its stack copy (`stack`,
+    /// starting at AVMA `sp`). Only words that changed since the thread's
+    /// previous copy are looked up: an unchanged word was looked up when it
+    /// first appeared, and every copy is scanned whole again after the
+    /// process's images change. Consecutive copies share most of their
+    /// words, so this is most of the recorder's per-sample work saved.
+    pub fn touch_sample(
+        &mut self,
+        pid: u32,
+        tid: u32,
+        ip: u64,
+        callchain: &[u64],
+        sp: u64,
+        stack: &[u8],
+    ) {
+        if self.dirty_index.contains(&pid) {
+            self.prev_stacks.retain(|&(p, _), _| p != pid);
+        }
+        let prev = self.prev_stacks.remove(&(pid, tid));
+        let words = changed_words(sp, stack, prev.as_ref());
+        let addrs = std::iter::once(ip)
+            .chain(callchain.iter().copied())
+            .chain(words);
+        self.touch(pid, addrs);
+        let mut bytes = prev.map(|(_, b)| b).unwrap_or_default();
+        bytes.clear();
+        bytes.extend_from_slice(stack);
+        if self.prev_stacks.len() >= MAX_PREV_STACKS {
+            self.prev_stacks.clear();
+        }
+        self.prev_stacks.insert((pid, tid), (sp, bytes));
+    }
+
     /// Note that process `pid` refers to each of `addrs`: the images
-    /// holding them are embedded at the end. Called with every word of
-    /// every stack copy, so it avoids hashing per address.
+    /// holding them are embedded at the end. Only images not yet touched
+    /// are looked up, without hashing per address.
     pub fn touch(&mut self, pid: u32, addrs: impl IntoIterator<Item = u64>) {
         if self.dirty_index.remove(&pid) {
             let mut ranges: Vec<TouchRange> = self
@@ -118,11 +160,12 @@ impl Images {
                 .into_iter()
                 .flatten()
                 .filter_map(|m| {
-                    Some(TouchRange {
+                    let id = m.build_id.as_ref()?;
+                    (!self.touched.contains(id)).then(|| TouchRange {
                         start: m.start,
                         end: m.end,
-                        touched: self.touched.contains(m.build_id.as_ref()?),
-                        id: m.build_id.clone()?,
+                        touched: false,
+                        id: id.clone(),
                     })
                 })
                 .collect();
@@ -138,6 +181,7 @@ impl Images {
         ) else {
             return;
         };
+        let mut newly_touched = false;
         for addr in addrs {
             if addr < lo || addr >= hi {
                 continue;
@@ -149,8 +193,14 @@ impl Images {
             let r = &mut ranges[i - 1];
             if addr < r.end && !r.touched {
                 r.touched = true;
+                newly_touched = true;
                 self.touched.insert(r.id.clone());
             }
+        }
+        // The index keeps only images not touched yet, so words pointing
+        // into images already known cost nothing more than the bounds test.
+        if newly_touched {
+            ranges.retain(|r| !r.touched);
         }
     }
 
@@ -360,6 +410,26 @@ pub(crate) fn image_kind(path: &str) -> ImageKind {
     }
 }
 
+/// The words of `stack` (starting at AVMA `sp`) that differ from the
+/// previous copy `prev` at the same address, as native-endian values.
+fn changed_words<'a>(
+    sp: u64,
+    stack: &'a [u8],
+    prev: Option<&'a (u64, Vec<u8>)>,
+) -> impl Iterator<Item = u64> + 'a {
+    stack.chunks_exact(8).enumerate().filter_map(move |(i, w)| {
+        let addr = sp.wrapping_add(8 * i as u64);
+        let same = prev.is_some_and(|(start, bytes)| {
+            addr.checked_sub(*start)
+                .filter(|off| off.is_multiple_of(8))
+                .and_then(|off| usize::try_from(off).ok())
+                .and_then(|off| bytes.get(off..off + 8))
+                .is_some_and(|p| p == w)
+        });
+        (!same).then(|| u64::from_ne_bytes(w.try_into().expect("8 bytes")))
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -400,6 +470,37 @@ mod tests {
         images.touch(1, [0x1800]);
         assert!(images.touched.contains(&BuildId(vec![3])));
         assert!(!images.touched.contains(&BuildId(vec![1])));
+    }
+
+    #[test]
+    fn only_changed_stack_words_are_looked_up_until_the_images_change() {
+        let mut images = Images::new(EmbedLevel::Symbols);
+        images.remember(&map(1, 0x1000, 0x2000, 1));
+        let words = |w: &[u64]| w.iter().flat_map(|x| x.to_ne_bytes()).collect::<Vec<u8>>();
+        // First copy: a word into image 1 is found.
+        images.touch_sample(1, 7, 0, &[], 0x8000, &words(&[0x1234, 0x9999]));
+        assert!(images.touched.contains(&BuildId(vec![1])));
+        // Image 2 is mapped where an unchanged word of the next copy
+        // already pointed: the images changed, so the copy is scanned whole.
+        images.remember(&map(1, 0x9000, 0xa000, 2));
+        images.touch_sample(1, 7, 0, &[], 0x8000, &words(&[0x1234, 0x9999]));
+        assert!(images.touched.contains(&BuildId(vec![2])));
+        // Words equal to the previous copy's at the same address are skipped,
+        // changed and new words are looked up (here, one sp lower).
+        images.remember(&map(1, 0xb000, 0xc000, 3));
+        images.touch_sample(1, 7, 0, &[], 0x8000, &words(&[0x1234, 0x9999]));
+        images.remember(&map(1, 0xd000, 0xe000, 4));
+        images.touch_sample(1, 7, 0, &[], 0x8000, &words(&[0x1234, 0x9999]));
+        assert!(!images.touched.contains(&BuildId(vec![3])));
+        images.touch_sample(1, 7, 0, &[], 0x7ff8, &words(&[0xb010, 0x1234, 0x9999]));
+        assert!(images.touched.contains(&BuildId(vec![3])));
+        assert!(!images.touched.contains(&BuildId(vec![4])));
+        // changed_words itself: only the differing, aligned words.
+        let prev = (0x100u64, words(&[1, 2, 3]));
+        let changed: Vec<u64> = changed_words(0xf8, &words(&[9, 1, 5, 3]), Some(&prev)).collect();
+        assert_eq!(changed, vec![9, 5]);
+        let misaligned: Vec<u64> = changed_words(0x104, &words(&[1, 2]), Some(&prev)).collect();
+        assert_eq!(misaligned, vec![1, 2]);
     }
 
     #[test]
