@@ -24,6 +24,8 @@
 #![deny(missing_docs)]
 
 mod analyze;
+#[doc(hidden)]
+pub mod bench;
 mod blobs;
 mod error;
 mod image;

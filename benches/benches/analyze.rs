@@ -7,13 +7,16 @@
 //! bench binary's directory (`cargo build --release -p lrnprof-recorder`) or
 //! in `LRNPROF_REC`. Without them it prints why and measures nothing.
 //!
-//! The analyzer's public API analyzes whole traces, so the figure is the
-//! time per sample of `analyze` (decode + unwind + symbolicate each unique
-//! address once + aggregate). Isolated "unwind one sample" and "symbolicate
-//! one address, cold and warm" benches need the analyzer to export its
-//! unwinder and symbolicator.
+//! `analyze_deep_work` times whole analyses per sample (decode + unwind +
+//! symbolicate each unique address once + aggregate). `unwind_one_sample`
+//! and `symbolicate_one_address` time the inner steps on the same trace
+//! through the analyzer's benchmark hooks (`lrnprof_analyzer::bench`):
+//! unwinding one 300-frame sample with a warm per-worker cache, and
+//! looking up one address cold (the image's DWARF loaded first, as for the
+//! first address of an image) and warm.
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use lrnprof_analyzer::bench::BenchTrace;
 use lrnprof_analyzer::{analyze, AnalyzeOptions, NoProgress};
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -104,7 +107,57 @@ fn analyze_trace(c: &mut Criterion) {
         });
     }
     g.finish();
+    inner_steps(c, &trace);
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Unwinding one sample and symbolicating one address, cycling through the
+/// trace's samples and distinct addresses.
+fn inner_steps(c: &mut Criterion, trace: &Path) {
+    let bench = match BenchTrace::open(trace) {
+        Ok(b) if b.sample_count() > 0 && b.address_count() > 0 => b,
+        Ok(_) => {
+            eprintln!("inner-step benches skipped: the trace has no samples or addresses");
+            return;
+        }
+        Err(e) => {
+            eprintln!("inner-step benches skipped: {e}");
+            return;
+        }
+    };
+    let mut g = c.benchmark_group("unwind_one_sample");
+    g.throughput(Throughput::Elements(1));
+    let mut cache = bench.unwind_cache();
+    let mut i = 0;
+    g.bench_function("deep_work_300_frames", |b| {
+        b.iter(|| {
+            i += 1;
+            bench.unwind_sample(&mut cache, i)
+        })
+    });
+    g.finish();
+
+    let mut g = c.benchmark_group("symbolicate_one_address");
+    g.throughput(Throughput::Elements(1));
+    g.sample_size(10);
+    let mut i = 0;
+    g.bench_function("cold", |b| {
+        b.iter(|| {
+            i += 1;
+            bench.symbolicate_cold(i)
+        })
+    });
+    g.sample_size(100);
+    bench.with_warm_symbolizers(|lookup| {
+        let mut i = 0;
+        g.bench_function("warm", |b| {
+            b.iter(|| {
+                i += 1;
+                lookup(i)
+            })
+        });
+    });
+    g.finish();
 }
 
 criterion_group!(benches, analyze_trace);
