@@ -423,6 +423,19 @@ fn merge_embedded(into: &mut ImageData, id: &BuildId, blobs: &BlobStore) -> (boo
         }
         syms.sort();
         syms.dedup_by(|a, b| a.svma == b.svma);
+        // Sections as the layout table gave them: the same bounds as a
+        // local file's symbols get.
+        let ends: Vec<u64> = syms
+            .iter()
+            .map(|s| {
+                into.sections
+                    .values()
+                    .filter(|sec| sec.size > 0)
+                    .find(|sec| sec.svma <= s.svma && s.svma - sec.svma < sec.size)
+                    .map_or(u64::MAX, |sec| sec.svma + sec.size)
+            })
+            .collect();
+        super::bound_sizeless(&mut syms, &ends);
         gave_symbols |= !syms.is_empty();
         into.symbols = syms;
     }

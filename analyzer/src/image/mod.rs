@@ -84,6 +84,23 @@ pub(crate) struct Symbol {
     pub name: String,
 }
 
+/// Give each symbol without a size (ELF `_init`, Mach-O symbols) one that
+/// reaches the next symbol or the end of its section, whichever is first,
+/// so a lookup never names an address of a later section (`.plt`) after
+/// it. `symbols` are sorted by address; `section_ends[i]` is the end SVMA
+/// of the section holding `symbols[i]`, `u64::MAX` if unknown (the symbol
+/// then stays unbounded, as before).
+pub(crate) fn bound_sizeless(symbols: &mut [Symbol], section_ends: &[u64]) {
+    for i in 0..symbols.len() {
+        let end = section_ends.get(i).copied().unwrap_or(u64::MAX);
+        if symbols[i].size != 0 || end == u64::MAX {
+            continue;
+        }
+        let next = symbols.get(i + 1).map_or(u64::MAX, |s| s.svma);
+        symbols[i].size = next.min(end).saturating_sub(symbols[i].svma);
+    }
+}
+
 /// Where an image's unwind or symbol data came from.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Source {
@@ -184,6 +201,28 @@ impl ImageData {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn sizeless_symbols_end_at_the_next_symbol_or_their_section() {
+        let sym = |svma, size| Symbol {
+            svma,
+            size,
+            name: format!("f{svma:x}"),
+        };
+        // `_init` at 0x1000 has no size and its section `.init` ends at
+        // 0x1020; `.plt` follows at 0x1020 and has no symbols; `main` has
+        // a size; the last one's section is unknown.
+        let mut syms = vec![
+            sym(0x1000, 0),
+            sym(0x1100, 0x40),
+            sym(0x1200, 0),
+            sym(0x5000, 0),
+        ];
+        bound_sizeless(&mut syms, &[0x1020, 0x2000, 0x2000, u64::MAX]);
+        let sizes: Vec<u64> = syms.iter().map(|s| s.size).collect();
+        assert_eq!(sizes, vec![0x20, 0x40, 0xe00, 0]);
+    }
+
     use super::*;
 
     fn seg(file_offset: u64, file_size: u64, svma: u64) -> Segment {

@@ -154,24 +154,8 @@ pub(crate) fn parse_file(bytes: Arc<Vec<u8>>) -> Result<ParsedFile, String> {
         .collect();
     symbols.sort();
     symbols.dedup_by(|a, b| a.0.svma == b.0.svma);
-    // Symbols without a size (Mach-O) reach the next symbol or the end of
-    // their section, not beyond.
-    let next: Vec<u64> = symbols
-        .iter()
-        .skip(1)
-        .map(|s| s.0.svma)
-        .chain([u64::MAX])
-        .collect();
-    let symbols: Vec<Symbol> = symbols
-        .into_iter()
-        .zip(next)
-        .map(|((mut sym, end), next)| {
-            if sym.size == 0 && end != u64::MAX {
-                sym.size = next.min(end) - sym.svma;
-            }
-            sym
-        })
-        .collect();
+    let (mut symbols, ends): (Vec<Symbol>, Vec<u64>) = symbols.into_iter().unzip();
+    super::bound_sizeless(&mut symbols, &ends);
     data.symbols = symbols;
     let build_id = match obj.build_id() {
         Ok(Some(id)) => Some(id.to_vec()),
