@@ -442,7 +442,7 @@ mod tests {
 
     /// A pre-unwound trace: one address range holds liba.so, then is
     /// unmapped and reused by libb.so; plus a JIT frame and a frame outside
-    /// every image.
+    /// every image, and idle ticks of the thread.
     fn synthetic_trace(path: &Path) {
         let records = vec![
             Record::Thread(ThreadRecord {
@@ -453,6 +453,12 @@ mod tests {
                 name: Some("main".into()),
             }),
             map(2, "/nonexistent/liba.so", 1),
+            Record::Idle(IdleRecord {
+                time: Timestamp(3),
+                pid: Pid(1),
+                tid: Tid(1),
+                ticks: 7,
+            }),
             sample(10, vec![0x10100, 0x10200]),
             Record::ImageUnmap(ImageUnmapRecord {
                 time: Timestamp(20),
@@ -482,10 +488,15 @@ mod tests {
                 data: b"5000 100 jitted_fn\n".to_vec(),
             }),
         ];
+        write_trace_file(path, &records);
+    }
+
+    /// Write `records` as a finished trace at `path`.
+    fn write_trace_file(path: &Path, records: &[Record]) {
         let mut out = Vec::new();
         let mut w =
             TraceWriter::new(&mut out, &TraceHeader::example(), WriterOptions::default()).unwrap();
-        for r in &records {
+        for r in records {
             w.write(r).unwrap();
         }
         w.finish().unwrap();
@@ -540,6 +551,15 @@ mod tests {
         ));
         let profile = analyze(&path, &options, &NoProgress).unwrap();
         assert_eq!(profile.stats.samples, 4);
+        // Idle ticks are counted per thread, shown by info, not sampled.
+        assert_eq!(profile.threads[0].idle_ticks, 7);
+        let info = crate::info::TraceInfo::new(&profile);
+        assert_eq!(info.threads[0].idle_ticks, 7);
+        assert!(
+            info.to_text().contains("idle at 7 ticks"),
+            "{}",
+            info.to_text()
+        );
         assert_eq!(profile.stats.unknown_frames, 5, "{:?}", profile.locations);
         assert!(
             profile.warnings.iter().any(|w| w.contains("liba.so (01)")),
@@ -624,16 +644,9 @@ mod tests {
             };
             records.push(record);
         }
-        let mut out = Vec::new();
-        let mut w =
-            TraceWriter::new(&mut out, &TraceHeader::example(), WriterOptions::default()).unwrap();
-        for r in &records {
-            w.write(r).unwrap();
-        }
-        w.finish().unwrap();
         let path =
             std::env::temp_dir().join(format!("lrnprof-an-garbage-{}.lpt", std::process::id()));
-        std::fs::write(&path, out).unwrap();
+        write_trace_file(&path, &records);
         for format in [
             OutputFormat::Pprof,
             OutputFormat::Folded,

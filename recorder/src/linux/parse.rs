@@ -418,10 +418,11 @@ fn parse_sample<'a>(layout: &Layout, c: &mut Cursor<'a>) -> Result<SampleRecord<
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    const LAYOUT: Layout = Layout {
+    /// The layout the recorder asks for, shared with the ring buffer tests.
+    pub(crate) const LAYOUT: Layout = Layout {
         sample_type: sample::TID
             | sample::TIME
             | sample::CPU

@@ -192,17 +192,8 @@ mod tests {
     /// might) yields errors or nothing, never a panic.
     #[test]
     fn random_bytes_never_panic() {
-        use crate::linux::parse::parse_record;
-        let layout = Layout {
-            sample_type: sample::TID
-                | sample::TIME
-                | sample::CPU
-                | sample::PERIOD
-                | sample::CALLCHAIN
-                | sample::REGS_USER
-                | sample::STACK_USER,
-            user_regs: 3,
-        };
+        use crate::linux::parse::{parse_record, tests::LAYOUT};
+        let layout = LAYOUT;
         let mut seed = 0x9e37_79b9_7f4a_7c15u64;
         let mut next = move || {
             seed ^= seed << 13;
