@@ -8,18 +8,51 @@
 //! or symbolicates while sampling; `lrnprof-analyze` does that later,
 //! possibly on another machine.
 //!
-//! Call [`record`] with [`RecordOptions`]; it returns when the target exits,
-//! the duration passes, or the process gets SIGINT / SIGTERM, and the trace
-//! is then finished. The caller must be allowed to trace the target (see
+//! Call [`record`] with [`RecordOptions`], a [`StopToken`] and a
+//! [`Reporter`]. It returns when the target exits, the duration passes, or
+//! the caller stops it through the token, and the trace is then finished.
+//! The caller must be allowed to trace the target (see
 //! [`RecordError::PermissionDenied`]).
 //!
+//! The library has no process-wide side effects: it installs no signal
+//! handler, prints nothing and draws nothing. Status and warnings go to the
+//! [`Reporter`]; what to do on Ctrl-C is the caller's choice, made through
+//! the [`StopToken`] (stop, pass a signal on to a launched command, kill
+//! it). Attaching to a process with many threads opens one file per thread
+//! and CPU: a caller may want to raise its open-file limit first, as
+//! `lrnprof-rec` does.
+//!
 //! ```no_run
-//! use lrnprof_recorder::{record, RecordOptions, TargetSpec};
-//! let summary = record(&RecordOptions {
-//!     target: TargetSpec::Command(vec!["./server".into(), "--port".into(), "8080".into()]),
-//!     out: "server.lpt".into(),
-//!     ..Default::default()
-//! })?;
+//! use lrnprof_recorder::{
+//!     record, RecordOptions, RecordStatus, RecordWarning, Reporter, StopToken, TargetSpec,
+//! };
+//! use std::time::Duration;
+//!
+//! struct Log;
+//! impl Reporter for Log {
+//!     fn status(&self, status: &RecordStatus) {
+//!         eprintln!("recording: {status}");
+//!     }
+//!     fn warning(&self, warning: &RecordWarning) {
+//!         eprintln!("warning: {warning}");
+//!     }
+//! }
+//!
+//! let token = StopToken::new();
+//! let stopper = token.clone();
+//! std::thread::spawn(move || {
+//!     std::thread::sleep(Duration::from_secs(10)); // or: wait for the user
+//!     stopper.stop();
+//! });
+//! let summary = record(
+//!     &RecordOptions {
+//!         target: TargetSpec::Command(vec!["./server".into(), "--port".into(), "8080".into()]),
+//!         out: "server.lpt".into(),
+//!         ..Default::default()
+//!     },
+//!     &token,
+//!     &Log,
+//! )?;
 //! eprintln!("{summary}");
 //! # Ok::<(), lrnprof_recorder::RecordError>(())
 //! ```
@@ -30,13 +63,14 @@
 //! target OS, and exposes the same function:
 //!
 //! ```text
-//! pub(crate) fn record(options: &RecordOptions) -> Result<RecordSummary, RecordError>
+//! pub(crate) fn record(options: &RecordOptions, stop: &StopToken, reporter: &dyn Reporter)
+//!     -> Result<RecordSummary, RecordError>
 //! ```
 //!
 //! Backends share the writer thread (`sink`: a bounded channel into a
 //! `TraceWriter`, counting what the summary shows), the stop handling
-//! (`stop`: SIGINT / SIGTERM / duration) and the status line and summary
-//! (`status`).
+//! (`stop`: the token and the duration), the status reports (`report`)
+//! and the summary (`summary`).
 
 #![deny(missing_docs)]
 
@@ -45,9 +79,10 @@ mod error;
 mod host;
 mod macho;
 mod options;
+mod report;
 mod sink;
-mod status;
 mod stop;
+mod summary;
 
 #[cfg(target_os = "linux")]
 mod linux;
@@ -67,17 +102,22 @@ use unsupported as native;
 pub use embed::{blobs_for_file, blobs_for_image, blobs_for_open_file, EmbedLevel};
 pub use error::RecordError;
 pub use options::{RecordOptions, TargetSpec, DEFAULT_FREQUENCY_HZ, DEFAULT_STACK_SIZE};
-pub use status::{RecordSummary, TargetExit};
-pub use stop::StopReason;
+pub use report::{NoReporter, RecordStatus, RecordWarning, Reporter};
+pub use stop::{StopReason, StopRequest, StopToken};
+pub use summary::{RecordSummary, TargetExit};
 
 /// Record `options.target` into `options.out` until it exits, the duration
-/// passes, or this process gets SIGINT / SIGTERM.
+/// passes, or `stop` is stopped. Status and warnings go to `reporter`.
 ///
 /// On a startup error (no such process, missing command, unwritable
 /// output, sampling not permitted or not supported) no trace file is left
 /// behind. Once recording has started, the file is always a readable trace;
 /// it is marked finished only when this function returns `Ok`.
-pub fn record(options: &RecordOptions) -> Result<RecordSummary, RecordError> {
+pub fn record(
+    options: &RecordOptions,
+    stop: &StopToken,
+    reporter: &dyn Reporter,
+) -> Result<RecordSummary, RecordError> {
     if let TargetSpec::Command(c) = &options.target {
         if c.is_empty() {
             return Err(RecordError::InvalidOption(
@@ -90,5 +130,5 @@ pub fn record(options: &RecordOptions) -> Result<RecordSummary, RecordError> {
             "the sampling frequency must be at least 1 Hz".into(),
         ));
     }
-    native::record(options)
+    native::record(options, stop, reporter)
 }

@@ -38,7 +38,7 @@ pub struct RecordOptions {
     /// what the kernel allows.
     pub frequency_hz: u32,
     /// Stop after this long; `None` records until the target exits or the
-    /// recorder gets Ctrl-C / SIGTERM.
+    /// caller stops the recording through its [`StopToken`](crate::StopToken).
     pub duration: Option<Duration>,
     /// The most bytes of user stack copied per sample (rounded down to a
     /// multiple of 8 and capped by the kernel's limit). Only the live part
@@ -50,9 +50,6 @@ pub struct RecordOptions {
     /// What of each image samples touched to embed in the trace at the
     /// end, so it can be analyzed where the images do not exist.
     pub embed: EmbedLevel,
-    /// Print a live status line to stderr (the binary turns this on only
-    /// when stderr is a terminal).
-    pub status_line: bool,
 }
 
 /// The default samples per second.
@@ -73,7 +70,6 @@ impl Default for RecordOptions {
             stack_size: DEFAULT_STACK_SIZE,
             kernel_callchain: true,
             embed: EmbedLevel::default(),
-            status_line: false,
         }
     }
 }

@@ -3,12 +3,13 @@
 //! A backend's sampling thread hands raw data (whatever is cheapest for it
 //! to produce) over a bounded channel; the writer thread turns it into
 //! [`Record`]s with the backend's [`Convert`], writes them with a
-//! [`TraceWriter`] and keeps the counts that the status line and the
+//! [`TraceWriter`] and keeps the counts that the status reports and the
 //! summary show. The channel is bounded so memory stays bounded: when the
 //! writer falls behind, the sampling side blocks and the kernel's buffers
 //! overflow, which the backend reports as lost samples.
 
 use crate::error::RecordError;
+use crate::report::RecordWarning;
 use lrnprof_format::{
     Pid, Record, Summary, Tid, Timestamp, TraceHeader, TraceWriter, WriterOptions,
 };
@@ -37,8 +38,13 @@ pub(crate) trait Convert: Send + 'static {
     fn on_writer_thread(&mut self) {}
 
     /// Sampling has stopped: push everything still held back (e.g. records
-    /// waiting to be put in time order, embedded blobs).
-    fn finish(&mut self, out: &mut Vec<Record>) -> Result<(), RecordError>;
+    /// waiting to be put in time order, embedded blobs), and what the user
+    /// should know about it onto `warnings` (the caller reports them).
+    fn finish(
+        &mut self,
+        out: &mut Vec<Record>,
+        warnings: &mut Vec<RecordWarning>,
+    ) -> Result<(), RecordError>;
 }
 
 /// A converter for backends that produce records directly (macOS).
@@ -53,12 +59,16 @@ impl Convert for Identity {
         Ok(())
     }
 
-    fn finish(&mut self, _out: &mut Vec<Record>) -> Result<(), RecordError> {
+    fn finish(
+        &mut self,
+        _out: &mut Vec<Record>,
+        _warnings: &mut Vec<RecordWarning>,
+    ) -> Result<(), RecordError> {
         Ok(())
     }
 }
 
-/// Counts updated by the writer thread, read by the status line.
+/// Counts updated by the writer thread, read for the status reports.
 #[derive(Debug, Default)]
 pub(crate) struct LiveStats {
     /// Samples written.
@@ -84,6 +94,8 @@ pub(crate) struct SinkTotals {
     pub trace_bytes: u64,
     /// Bytes the embedded blobs take in the trace file (compressed).
     pub blob_file_bytes: u64,
+    /// What the converter had to warn about when finishing.
+    pub warnings: Vec<RecordWarning>,
 }
 
 /// The trace file while it is being created: removed on drop unless
@@ -205,7 +217,7 @@ impl<R: Send + 'static> Sink<R> {
         }
     }
 
-    /// Counts for the status line.
+    /// Counts for the status reports.
     pub fn stats(&self) -> Arc<LiveStats> {
         Arc::clone(&self.stats)
     }
@@ -311,7 +323,8 @@ fn run<C: Convert>(
     let end_time = end_time.ok_or_else(|| {
         RecordError::Internal("recording stopped without finishing the trace".into())
     })?;
-    converter.finish(&mut records)?;
+    let mut warnings = Vec::new();
+    converter.finish(&mut records, &mut warnings)?;
     // Blobs go in blocks of their own, so their size in the file is known.
     let mut blobs_start = None;
     for r in records.drain(..) {
@@ -342,6 +355,7 @@ fn run<C: Convert>(
         summary,
         trace_bytes,
         blob_file_bytes,
+        warnings,
     })
 }
 
@@ -447,7 +461,12 @@ mod tests {
             Ok(())
         }
 
-        fn finish(&mut self, out: &mut Vec<Record>) -> Result<(), RecordError> {
+        fn finish(
+            &mut self,
+            out: &mut Vec<Record>,
+            warnings: &mut Vec<RecordWarning>,
+        ) -> Result<(), RecordError> {
+            warnings.push(RecordWarning::MalformedRecords { count: 1 });
             out.push(Record::Blob(Blob {
                 build_id: BuildId(vec![2]),
                 kind: BlobKind::Image,
@@ -474,6 +493,10 @@ mod tests {
         let totals = sink.finish(Timestamp(10)).unwrap();
         assert!(totals.blob_file_bytes > 0);
         assert!(totals.blob_file_bytes < totals.trace_bytes);
+        assert_eq!(
+            totals.warnings,
+            vec![RecordWarning::MalformedRecords { count: 1 }]
+        );
         let _ = std::fs::remove_file(&path);
     }
 }

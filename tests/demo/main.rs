@@ -7,7 +7,9 @@
 
 use anyhow::{bail, Context, Result};
 use lrnprof_analyzer::{analyze, write_atomically, AnalyzeOptions, NoProgress, OutputFormat};
-use lrnprof_recorder::{record, RecordOptions, TargetSpec};
+use lrnprof_recorder::{
+    record, RecordOptions, RecordStatus, RecordWarning, Reporter, StopToken, TargetSpec,
+};
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
@@ -18,6 +20,32 @@ fn main() -> ExitCode {
         Err(e) => {
             eprintln!("lrnprof-demo: {e:#}");
             ExitCode::FAILURE
+        }
+    }
+}
+
+/// The recorder's status on a terminal's last line, and its warnings.
+struct Log {
+    status_line: bool,
+}
+
+impl Reporter for Log {
+    fn status(&self, status: &RecordStatus) {
+        if self.status_line {
+            eprint!("\r\x1b[Krecording: {status}");
+        }
+    }
+
+    fn warning(&self, warning: &RecordWarning) {
+        self.clear();
+        eprintln!("warning: {warning}");
+    }
+}
+
+impl Log {
+    fn clear(&self) {
+        if self.status_line {
+            eprint!("\r\x1b[K");
         }
     }
 }
@@ -54,12 +82,21 @@ fn run() -> Result<()> {
     // 2. Record it.
     let trace = out_dir.join("demo.lpt");
     eprintln!("recording {} for {seconds} s ...", exe.display());
-    let summary = record(&RecordOptions {
-        target: TargetSpec::Command(vec![exe.into_os_string(), seconds.to_string().into()]),
-        out: trace.clone(),
+    let log = Log {
         status_line: std::io::stderr().is_terminal(),
-        ..Default::default()
-    })?;
+    };
+    let recorded = record(
+        &RecordOptions {
+            target: TargetSpec::Command(vec![exe.into_os_string(), seconds.to_string().into()]),
+            out: trace.clone(),
+            ..Default::default()
+        },
+        // The demo program ends by itself: nothing needs to stop it.
+        &StopToken::new(),
+        &log,
+    );
+    log.clear();
+    let summary = recorded?;
     eprintln!("{summary}");
 
     // 3. Analyze once, write all three formats.

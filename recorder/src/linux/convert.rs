@@ -12,6 +12,7 @@ use super::procfs::{self, MapsEntry};
 use super::regs::ArchRegs;
 use crate::embed::EmbedLevel;
 use crate::error::RecordError;
+use crate::report::RecordWarning;
 use crate::sink::Convert;
 use lrnprof_format::{
     LostRecord, Pid, ProcessEvent, ProcessRecord, Record, Sample, SampleKind, StackSnapshot,
@@ -471,18 +472,21 @@ impl Convert for Converter {
         Ok(())
     }
 
-    fn finish(&mut self, out: &mut Vec<Record>) -> Result<(), RecordError> {
+    fn finish(
+        &mut self,
+        out: &mut Vec<Record>,
+        warnings: &mut Vec<RecordWarning>,
+    ) -> Result<(), RecordError> {
         // Sampling is over: embedding (reading and compressing sections)
         // runs at normal priority.
         self.priority = None;
         self.release(u64::MAX, out);
         if self.malformed > 0 {
-            eprintln!(
-                "lrnprof-rec: warning: {} perf records could not be parsed and were skipped",
-                self.malformed
-            );
+            warnings.push(RecordWarning::MalformedRecords {
+                count: self.malformed,
+            });
         }
-        let blobs = self.images.embedded_blobs(&self.pids_seen);
+        let blobs = self.images.embedded_blobs(&self.pids_seen, warnings);
         out.extend(blobs.into_iter().map(Record::Blob));
         Ok(())
     }
@@ -541,11 +545,29 @@ mod tests {
         rec.extend(900u64.to_ne_bytes());           // sample_id time
         let mut out = Vec::new();
         c.convert(RawMsg::Chunk(rec), &mut out).unwrap();
-        c.finish(&mut out).unwrap();
+        let mut warnings = Vec::new();
+        c.finish(&mut out, &mut warnings).unwrap();
         assert_eq!(
             out,
             [Record::Lost(LostRecord { time: Timestamp(900), pid: None, tid: None, count: 17 })]
         );
+        assert!(warnings.is_empty());
+    }
+
+    #[rustfmt::skip]
+    #[test]
+    fn records_that_do_not_parse_are_counted_in_a_warning() {
+        let mut c = converter();
+        let mut rec = parse::kind::LOST.to_ne_bytes().to_vec();
+        rec.extend(0u16.to_ne_bytes());             // misc
+        rec.extend(16u16.to_ne_bytes());            // size: too short for a LOST record
+        rec.extend(1u64.to_ne_bytes());             // id, then nothing
+        let mut out = Vec::new();
+        c.convert(RawMsg::Chunk(rec), &mut out).unwrap();
+        let mut warnings = Vec::new();
+        c.finish(&mut out, &mut warnings).unwrap();
+        assert!(out.is_empty());
+        assert_eq!(warnings, [RecordWarning::MalformedRecords { count: 1 }]);
     }
 
     #[test]
@@ -562,7 +584,7 @@ mod tests {
         c.convert(RawMsg::Round(60), &mut out).unwrap();
         let times: Vec<u64> = out.iter().map(|r| r.time().unwrap().0).collect();
         assert_eq!(times, [10, 20, 30]);
-        c.finish(&mut out).unwrap();
+        c.finish(&mut out, &mut Vec::new()).unwrap();
         assert_eq!(out.last().unwrap().time(), Some(Timestamp(50)));
     }
 }

@@ -6,6 +6,7 @@ use super::elf;
 use super::procfs::{self, MapsEntry};
 use super::sys;
 use crate::embed::{self, EmbedLevel};
+use crate::report::RecordWarning;
 use lrnprof_format::{Blob, BlobKind, BuildId, ImageKind, ImageMapRecord, Pid, Record, Timestamp};
 use std::collections::{HashMap, HashSet};
 use std::os::unix::fs::MetadataExt;
@@ -205,9 +206,13 @@ impl Images {
     }
 
     /// The blobs to embed: sections of every touched image, the vDSO's
-    /// bytes, and JIT maps. Problems are warnings; they never fail the
-    /// recording.
-    pub fn embedded_blobs(&mut self, pids: &HashSet<u32>) -> Vec<Blob> {
+    /// bytes, and JIT maps. Problems go onto `warnings`; they never fail
+    /// the recording.
+    pub fn embedded_blobs(
+        &mut self,
+        pids: &HashSet<u32>,
+        warnings: &mut Vec<RecordWarning>,
+    ) -> Vec<Blob> {
         let mut out = Vec::new();
         if self.embed == EmbedLevel::None {
             return out;
@@ -231,9 +236,10 @@ impl Images {
                         .and_then(|f| embed::blobs_for_open_file(f, id, self.embed));
                     match result {
                         Ok(blobs) => out.extend(blobs),
-                        Err(e) => {
-                            eprintln!("lrnprof-rec: warning: not embedding {}: {e}", image.path)
-                        }
+                        Err(reason) => warnings.push(RecordWarning::NotEmbedded {
+                            path: image.path.clone(),
+                            reason,
+                        }),
                     }
                 }
                 (None, ImageKind::File) => {
@@ -243,10 +249,10 @@ impl Images {
                     });
                     match reopened.map(|f| embed::blobs_for_open_file(f, id, self.embed)) {
                         Some(Ok(blobs)) => out.extend(blobs),
-                        _ => eprintln!(
-                            "lrnprof-rec: warning: not embedding {}: the file is gone or changed",
-                            image.path
-                        ),
+                        _ => warnings.push(RecordWarning::NotEmbedded {
+                            path: image.path.clone(),
+                            reason: "the file is gone or changed".into(),
+                        }),
                     }
                 }
                 _ => {}

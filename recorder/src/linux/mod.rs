@@ -20,9 +20,9 @@ mod ring;
 mod sys;
 
 use crate::error::RecordError;
+use crate::report::{RecordWarning, Reporter, StatusTicker};
 use crate::sink::{OutputFile, Sink, SinkSender};
-use crate::status::StatusLine;
-use crate::stop::{StopReason, StopWatch};
+use crate::stop::{Deadline, StopReason, StopToken};
 use crate::{host, RecordOptions, RecordSummary, TargetExit, TargetSpec};
 use attr::{AttrSettings, EventKind};
 use convert::{Converter, Initial, RawMsg};
@@ -34,6 +34,7 @@ use parse::Layout;
 use std::collections::HashSet;
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
+use std::sync::Arc;
 use std::time::Duration;
 use sys::RingMap;
 
@@ -116,17 +117,21 @@ impl Events {
 }
 
 /// Record on Linux.
-pub(crate) fn record(options: &RecordOptions) -> Result<RecordSummary, RecordError> {
+pub(crate) fn record(
+    options: &RecordOptions,
+    token: &StopToken,
+    reporter: &dyn Reporter,
+) -> Result<RecordSummary, RecordError> {
     let stack_size = attr::valid_stack_size(options.stack_size);
     let (frequency_hz, clamped) = attr::clamp_frequency(
         options.frequency_hz,
         procfs::read_sysctl("/proc/sys/kernel/perf_event_max_sample_rate"),
     );
     if clamped {
-        eprintln!(
-            "lrnprof-rec: warning: {} Hz is above kernel.perf_event_max_sample_rate; sampling at {frequency_hz} Hz",
-            options.frequency_hz
-        );
+        reporter.warning(&RecordWarning::FrequencyClamped {
+            requested_hz: options.frequency_hz,
+            used_hz: frequency_hz,
+        });
     }
     if let TargetSpec::Pid(pid) = options.target {
         if !std::path::Path::new(&format!("/proc/{pid}")).exists() || procfs::has_exited(pid) {
@@ -134,8 +139,11 @@ pub(crate) fn record(options: &RecordOptions) -> Result<RecordSummary, RecordErr
         }
     }
     let out = OutputFile::create(&options.out)?;
-    sys::raise_fd_limit();
-    let stop = StopWatch::start(options.duration)?;
+    // Requests on the token interrupt the wait for samples.
+    let wake = Arc::new(sys::eventfd()?);
+    let waker = Arc::clone(&wake);
+    let _wake_guard = token.wake_with(Arc::new(move || sys::eventfd_add(&waker)));
+    let deadline = Deadline::start(options.duration);
     let mut launched = match &options.target {
         TargetSpec::Command(cmd) => Some(launch::spawn_waiting(cmd)?),
         TargetSpec::Pid(_) => None,
@@ -181,13 +189,11 @@ pub(crate) fn record(options: &RecordOptions) -> Result<RecordSummary, RecordErr
             })?;
         }
     }
-    // Only now, so a startup error stays the only line printed.
+    // Only now, so a startup error stays the only thing reported.
     if plan.stack_limited {
-        eprintln!(
-            "lrnprof-rec: warning: stack copies limited to {} bytes to fit the perf buffers \
-             that kernel.perf_event_mlock_kb allows; deeper stacks need root or a higher limit",
-            plan.stack_size
-        );
+        reporter.warning(&RecordWarning::StackSizeLimited {
+            bytes: plan.stack_size,
+        });
     }
     if let Some(l) = launched.as_mut() {
         l.release()?;
@@ -243,13 +249,19 @@ pub(crate) fn record(options: &RecordOptions) -> Result<RecordSummary, RecordErr
         tids,
         launched: command,
     }));
-    let status = StatusLine::start(options.status_line, sink.stats(), stop.started());
+    let mut control = Control {
+        token,
+        deadline: &deadline,
+        wake: &wake,
+        ticker: StatusTicker::new(sink.stats(), deadline.started()),
+        reporter,
+    };
     let outcome = sent.and_then(|()| {
         sample_loop(
             &mut events,
             &layout,
             &sender,
-            &stop,
+            &mut control,
             pid,
             launched.as_ref().map(|l| l.pid),
         )
@@ -260,17 +272,19 @@ pub(crate) fn record(options: &RecordOptions) -> Result<RecordSummary, RecordErr
     }
     let drained = drain_all(&mut events, &layout, &sender);
     drop(priority);
-    drop(status);
     let end = sys::monotonic_ns();
     drop(sender);
     // A failed writer (disk full) is the root cause of any sending error.
     let totals = sink.finish(Timestamp(end))?;
+    for warning in &totals.warnings {
+        reporter.warning(warning);
+    }
     let (reason, target_exit) = outcome?;
     drained?;
     Ok(RecordSummary::new(
         &options.out,
         &totals,
-        stop.started().elapsed(),
+        deadline.started().elapsed(),
         reason,
         target_exit,
     ))
@@ -406,24 +420,37 @@ fn decode_wait_status(status: i32) -> TargetExit {
     }
 }
 
+/// What the sampling loop answers to besides the target: the caller's
+/// token, the duration, and the status reports.
+struct Control<'a> {
+    token: &'a StopToken,
+    deadline: &'a Deadline,
+    /// Readable when the token has a new request.
+    wake: &'a OwnedFd,
+    ticker: StatusTicker,
+    reporter: &'a dyn Reporter,
+}
+
 /// Drain until a stop condition; returns why and how a launched child ended.
 fn sample_loop(
     events: &mut Events,
     layout: &Layout,
     sender: &SinkSender<RawMsg>,
-    stop: &StopWatch,
+    control: &mut Control<'_>,
     pid: u32,
     child: Option<u32>,
 ) -> Result<(StopReason, Option<TargetExit>), RecordError> {
-    let fds: Vec<i32> = events
+    let mut fds: Vec<i32> = events
         .leaders
         .iter()
         .flatten()
         .map(|(fd, _)| fd.as_raw_fd())
         .collect();
-    let mut signals_seen = 0;
+    let wake_index = fds.len();
+    fds.push(control.wake.as_raw_fd());
     loop {
         drain_all(events, layout, sender)?;
+        control.ticker.tick(control.reporter);
         if let Some(child) = child {
             if let Some(status) = sys::try_wait(child).map_err(|e| RecordError::Sys {
                 what: "waitpid".into(),
@@ -440,17 +467,16 @@ fn sample_loop(
         } else if procfs::has_exited(pid) {
             return Ok((StopReason::TargetExited, None));
         }
-        if let Some(signal) = stop.take_signal() {
-            signals_seen += 1;
-            match child {
-                // Pass the signal on and keep recording until the command
-                // exits; a second signal stops it for good.
-                Some(child) if signals_seen == 1 => {
-                    if signal != libc::SIGINT || !sys::terminal_delivers_sigint() {
-                        let _ = sys::kill(child, signal);
-                    }
-                }
-                Some(child) => {
+        let (request, signals) = control.token.take();
+        if let Some(child) = child {
+            // Not reaped yet (checked above), so the pid is still our child's.
+            for signal in signals {
+                let _ = sys::kill(child, signal);
+            }
+        }
+        if let Some(request) = request {
+            return match child {
+                Some(child) if request.kill_target => {
                     let _ = sys::kill(child, libc::SIGKILL);
                     let exit = sys::wait(child).ok().map(decode_wait_status);
                     if let Some(exit) = exit {
@@ -460,21 +486,28 @@ fn sample_loop(
                             code: exit.shell_code(),
                         })?;
                     }
-                    return Ok((StopReason::Signal(signal), exit));
+                    Ok((request.reason(), exit))
                 }
-                None => return Ok((StopReason::Signal(signal), None)),
-            }
+                _ => Ok((request.reason(), None)),
+            };
         }
-        if stop.deadline_passed() {
+        if control.deadline.passed() {
             return Ok((StopReason::Duration, None));
         }
-        let timeout = stop.timeout(POLL_INTERVAL);
+        let timeout = control
+            .ticker
+            .timeout(control.deadline.timeout(POLL_INTERVAL));
         let ready =
             sys::poll_readable(&fds, timeout.as_millis() as i32).map_err(|e| RecordError::Sys {
                 what: "poll".into(),
                 source: e,
             })?;
-        if !ready.is_empty() && ready.iter().all(|&(_, hup)| hup) {
+        let woken = ready.iter().any(|&(i, _)| i == wake_index);
+        if woken {
+            sys::eventfd_reset(control.wake);
+        }
+        let mut rings = ready.iter().filter(|&&(i, _)| i != wake_index).peekable();
+        if !woken && rings.peek().is_some() && rings.all(|&(_, hup)| hup) {
             // Hung up (the thread owning the buffer exited): poll would
             // return at once from now on, so pace the loop.
             std::thread::sleep(timeout.min(Duration::from_millis(20)));

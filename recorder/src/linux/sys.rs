@@ -217,22 +217,6 @@ pub(crate) fn monotonic_ns() -> u64 {
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
-/// Raise the soft limit of open files to the hard limit: attaching opens
-/// one event per (thread, CPU).
-pub(crate) fn raise_fd_limit() {
-    // Safety: getrlimit/setrlimit read and write a valid rlimit struct.
-    unsafe {
-        let mut lim = libc::rlimit {
-            rlim_cur: 0,
-            rlim_max: 0,
-        };
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 && lim.rlim_cur < lim.rlim_max {
-            lim.rlim_cur = lim.rlim_max;
-            libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
-        }
-    }
-}
-
 /// Nice value of the recorder's threads when real-time scheduling is
 /// not permitted.
 const RECORDER_NICE: i32 = -10;
@@ -360,11 +344,30 @@ pub(crate) fn geteuid() -> u32 {
     unsafe { libc::geteuid() }
 }
 
-/// Whether the foreground process group of the terminal on stdin is ours,
-/// i.e. Ctrl-C there also reaches a child in our process group.
-pub(crate) fn terminal_delivers_sigint() -> bool {
-    // Safety: no memory is passed; errors are checked.
-    unsafe { libc::isatty(0) == 1 && libc::tcgetpgrp(0) == libc::getpgrp() }
+/// A non-blocking eventfd, to wake a `poll` from another thread.
+pub(crate) fn eventfd() -> Result<OwnedFd, RecordError> {
+    // Safety: eventfd takes no pointers.
+    let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+    if fd < 0 {
+        return Err(RecordError::last_os("eventfd"));
+    }
+    // Safety: eventfd returned a new descriptor that we now own.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Make an [`eventfd`] readable. Never blocks (the counter cannot
+/// overflow from one increment per request).
+pub(crate) fn eventfd_add(fd: &OwnedFd) {
+    let one = 1u64;
+    // Safety: writes the 8 bytes of a live u64.
+    unsafe { libc::write(fd.as_raw_fd(), (&one as *const u64).cast(), 8) };
+}
+
+/// Make an [`eventfd`] unreadable again.
+pub(crate) fn eventfd_reset(fd: &OwnedFd) {
+    let mut count = 0u64;
+    // Safety: reads at most 8 bytes into a live u64; non-blocking.
+    unsafe { libc::read(fd.as_raw_fd(), (&mut count as *mut u64).cast(), 8) };
 }
 
 /// Fork; in the child wait for one byte on `go`, then `execv(path, argv)`.

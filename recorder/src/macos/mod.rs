@@ -33,9 +33,10 @@ use regs_x86_64 as regs_native;
 use crate::error::RecordError;
 use crate::host;
 use crate::options::{RecordOptions, TargetSpec};
+use crate::report::{RecordWarning, Reporter, StatusTicker};
 use crate::sink::{Identity, OutputFile, Sink};
-use crate::status::{RecordSummary, StatusLine, TargetExit};
-use crate::stop::{StopReason, StopWatch};
+use crate::stop::{Deadline, StopReason, StopToken, Wakeup};
+use crate::summary::{RecordSummary, TargetExit};
 use lrnprof_format::{
     Clock, Endian, Pid, ProcessEvent, ProcessRecord, Record, SampleEvent, SamplingSettings, Target,
     Timestamp, TraceHeader,
@@ -50,7 +51,7 @@ use std::time::Duration;
 const MAX_FREQUENCY_HZ: u32 = 10_000;
 /// Records the sampling thread may queue ahead of the writer thread.
 const SINK_CAPACITY: usize = 4096;
-/// How often the main thread checks for signals, deadline and exit.
+/// How often the main thread checks the stop token, deadline and exit.
 const POLL: Duration = Duration::from_millis(20);
 
 /// What `task_for_pid` needs, for the error message.
@@ -71,7 +72,11 @@ struct Attached {
 }
 
 /// Record on macOS.
-pub(crate) fn record(options: &RecordOptions) -> Result<RecordSummary, RecordError> {
+pub(crate) fn record(
+    options: &RecordOptions,
+    token: &StopToken,
+    reporter: &dyn Reporter,
+) -> Result<RecordSummary, RecordError> {
     if options.frequency_hz > MAX_FREQUENCY_HZ {
         return Err(RecordError::InvalidOption(format!(
             "sampling frequency {} Hz is above the macOS backend's limit of {MAX_FREQUENCY_HZ} Hz",
@@ -102,7 +107,7 @@ pub(crate) fn record(options: &RecordOptions) -> Result<RecordSummary, RecordErr
         target: target.target.clone(),
         hostname: host::hostname(),
     };
-    start(options, output, &header, target, clock)
+    start(options, output, &header, target, clock, token, reporter)
 }
 
 /// Take the task port of the process to record, launching it first (held
@@ -172,6 +177,8 @@ fn start(
     header: &TraceHeader,
     target: Attached,
     clock: sys::MachClock,
+    token: &StopToken,
+    reporter: &dyn Reporter,
 ) -> Result<RecordSummary, RecordError> {
     let Attached {
         pid,
@@ -180,12 +187,7 @@ fn start(
         command,
         ..
     } = target;
-    let setup = (|| {
-        let sink = Sink::start(output, header, Identity, SINK_CAPACITY)?;
-        let watch = StopWatch::start(options.duration)?;
-        Ok::<_, RecordError>((sink, watch))
-    })();
-    let (sink, watch) = match setup {
+    let sink = match Sink::start(output, header, Identity, SINK_CAPACITY) {
         Ok(s) => s,
         Err(e) => {
             if launched {
@@ -194,7 +196,12 @@ fn start(
             return Err(e);
         }
     };
-    let status = StatusLine::start(options.status_line, sink.stats(), watch.started());
+    let deadline = Deadline::start(options.duration);
+    let mut ticker = StatusTicker::new(sink.stats(), deadline.started());
+    // Requests on the token cut the wait between checks short.
+    let wakeup = Arc::new(Wakeup::default());
+    let waker = Arc::clone(&wakeup);
+    let _wake_guard = token.wake_with(Arc::new(move || waker.wake()));
     let tx = sink.sender();
     let first = tx.send(Record::Process(ProcessRecord {
         time: Timestamp(clock.now_ns()),
@@ -254,25 +261,24 @@ fn start(
         }
     }
 
-    let mut signals_seen = 0;
     let (reason, exit) = loop {
-        if let Some(signal) = watch.take_signal() {
-            signals_seen += 1;
-            if !launched {
-                break (StopReason::Signal(signal), None);
-            }
-            if signals_seen == 1 {
-                // Pass the signal on and record until the command exits; a
-                // second signal stops it for good.
-                if signal != libc::SIGINT || !sys::terminal_delivers_sigint() {
-                    sys::signal(pid, signal);
-                }
-            } else {
-                let exit = sys::kill_child(pid).and_then(exit_from);
-                break (StopReason::Signal(signal), exit);
+        ticker.tick(reporter);
+        let (request, signals) = token.take();
+        if launched {
+            // Not reaped yet (that ends the loop), so the pid is still our child's.
+            for signal in signals {
+                sys::signal(pid, signal);
             }
         }
-        if watch.deadline_passed() {
+        if let Some(request) = request {
+            let exit = if launched && request.kill_target {
+                sys::kill_child(pid).and_then(exit_from)
+            } else {
+                None
+            };
+            break (request.reason(), exit);
+        }
+        if deadline.passed() {
             break (StopReason::Duration, None);
         }
         if launched {
@@ -288,7 +294,7 @@ fn start(
             let exit = if launched { wait_briefly(pid) } else { None };
             break (StopReason::TargetExited, exit);
         }
-        std::thread::sleep(watch.timeout(POLL));
+        wakeup.sleep(ticker.timeout(deadline.timeout(POLL)));
     };
     stop.store(true, Ordering::Relaxed);
     let sampled = thread
@@ -318,7 +324,14 @@ fn start(
                         tx.send(blob)?;
                     }
                 }
-                Err(e) => eprintln!("lrnprof-rec: warning: not embedding {e}"),
+                Err(e) => {
+                    // embed_file's reasons start with the path.
+                    let prefix = format!("{}: ", file.path);
+                    reporter.warning(&RecordWarning::NotEmbedded {
+                        path: file.path.clone(),
+                        reason: e.strip_prefix(&prefix).unwrap_or(&e).to_string(),
+                    });
+                }
             }
         }
     }
@@ -326,13 +339,15 @@ fn start(
     // A sampler error is reported after the trace is finished, so what was
     // recorded stays readable.
     let finished = sink.finish(end);
-    drop(status);
     sampled?;
     let totals = finished?;
+    for warning in &totals.warnings {
+        reporter.warning(warning);
+    }
     Ok(RecordSummary::new(
         &options.out,
         &totals,
-        watch.started().elapsed(),
+        deadline.started().elapsed(),
         reason,
         exit,
     ))

@@ -369,16 +369,6 @@ pub(super) fn signal(pid: u32, signal: libc::c_int) {
     unsafe { libc::kill(pid as libc::pid_t, signal) };
 }
 
-/// Whether a Ctrl-C at the terminal also reaches our children: they share
-/// our process group, and it is the terminal's foreground group.
-pub(super) fn terminal_delivers_sigint() -> bool {
-    // Safety: plain queries without pointers.
-    unsafe {
-        let foreground = libc::tcgetpgrp(libc::STDIN_FILENO);
-        foreground > 0 && foreground == libc::getpgrp()
-    }
-}
-
 /// How a child ended: `Some((code, signal))` once it has, without blocking.
 pub(super) fn try_wait(pid: u32) -> Option<(Option<i32>, Option<i32>)> {
     let mut status = 0;

@@ -1,9 +1,17 @@
 //! `lrnprof-rec`: record a process into an `.lpt` trace.
+//!
+//! The library records; this binary owns the process: flags, Ctrl-C and
+//! SIGTERM (`signals`), stderr and the status line (`terminal`), and the
+//! exit code.
+
+mod signals;
+mod terminal;
 
 use anyhow::Result;
 use clap::Parser;
 use lrnprof_recorder::{
-    record, EmbedLevel, RecordOptions, TargetSpec, DEFAULT_FREQUENCY_HZ, DEFAULT_STACK_SIZE,
+    record, EmbedLevel, RecordOptions, StopToken, TargetSpec, DEFAULT_FREQUENCY_HZ,
+    DEFAULT_STACK_SIZE,
 };
 use std::ffi::OsString;
 use std::io::IsTerminal;
@@ -81,6 +89,7 @@ fn run(args: Args) -> Result<ExitCode> {
         Some(d) => Some(Duration::from_secs_f64(d)),
         None => None,
     };
+    let launched = matches!(target, TargetSpec::Command(_));
     let options = RecordOptions {
         target,
         out: args.out,
@@ -89,12 +98,38 @@ fn run(args: Args) -> Result<ExitCode> {
         stack_size: args.stack_size,
         kernel_callchain: args.callchain == "on",
         embed: args.embed,
-        status_line: std::io::stderr().is_terminal(),
     };
-    let summary = record(&options)?;
+    if cfg!(target_os = "linux") {
+        raise_open_file_limit();
+    }
+    let token = StopToken::new();
+    signals::handle_with(token.clone(), launched)
+        .map_err(|e| anyhow::anyhow!("cannot catch Ctrl-C and SIGTERM: {e}"))?;
+    let terminal = terminal::Terminal::start(std::io::stderr().is_terminal());
+    let recorded = record(&options, &token, &terminal);
+    // The status line is cleared before the summary or the error.
+    drop(terminal);
+    let summary = recorded?;
     eprintln!("{summary}");
     Ok(match summary.target_exit {
         Some(exit) => ExitCode::from(exit.shell_code().clamp(0, 255) as u8),
         None => ExitCode::SUCCESS,
     })
+}
+
+/// Raise the soft limit of open files to the hard limit: attaching on
+/// Linux opens one event per (thread, CPU). Launched commands inherit it,
+/// as they always have.
+fn raise_open_file_limit() {
+    // Safety: getrlimit/setrlimit read and write a valid rlimit struct.
+    unsafe {
+        let mut lim = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 && lim.rlim_cur < lim.rlim_max {
+            lim.rlim_cur = lim.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
+        }
+    }
 }

@@ -1,13 +1,8 @@
-//! The live status line and the summary printed when recording stops.
+//! What a finished recording did: the summary `record` returns.
 
-use crate::sink::LiveStats;
 use crate::stop::StopReason;
 use std::fmt;
-use std::io::Write;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
-use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// How the recorded command ended (launch mode).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -83,6 +78,7 @@ impl fmt::Display for RecordSummary {
             StopReason::TargetExited => "target exited".to_string(),
             StopReason::Signal(s) => format!("signal {s}"),
             StopReason::Duration => "duration reached".to_string(),
+            StopReason::Stopped => "stopped".to_string(),
         };
         writeln!(
             f,
@@ -139,46 +135,6 @@ pub(crate) fn human_bytes(n: u64) -> String {
         format!("{n} B")
     } else {
         format!("{v:.1} {}", UNITS[unit])
-    }
-}
-
-/// Redraws one status line on stderr twice a second until stopped.
-pub(crate) struct StatusLine {
-    stop: Arc<AtomicBool>,
-    thread: Option<JoinHandle<()>>,
-}
-
-impl StatusLine {
-    /// Start the status line if `enabled`; otherwise do nothing.
-    pub fn start(enabled: bool, stats: Arc<LiveStats>, started: Instant) -> StatusLine {
-        let stop = Arc::new(AtomicBool::new(false));
-        let thread = enabled.then(|| {
-            let stop = Arc::clone(&stop);
-            std::thread::spawn(move || {
-                while !stop.load(Ordering::Relaxed) {
-                    let line = format!(
-                        "\r\x1b[Klrnprof-rec: {:.1} s, {} samples, {} lost, {} written",
-                        started.elapsed().as_secs_f64(),
-                        stats.samples.load(Ordering::Relaxed),
-                        stats.lost.load(Ordering::Relaxed),
-                        human_bytes(stats.bytes_written.load(Ordering::Relaxed)),
-                    );
-                    let _ = std::io::stderr().write_all(line.as_bytes());
-                    std::thread::sleep(Duration::from_millis(500));
-                }
-                let _ = std::io::stderr().write_all(b"\r\x1b[K");
-            })
-        });
-        StatusLine { stop, thread }
-    }
-}
-
-impl Drop for StatusLine {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
     }
 }
 

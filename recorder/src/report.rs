@@ -1,0 +1,225 @@
+//! What a recording tells its caller while it runs: status and warnings,
+//! through the [`Reporter`] the caller passes to [`record`](crate::record).
+//! The library itself never prints or draws.
+
+use crate::sink::LiveStats;
+use crate::summary::human_bytes;
+use std::fmt;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Receives status and warnings while a recording runs.
+///
+/// Both methods are called on the thread that called
+/// [`record`](crate::record), which also drains the kernel's sample
+/// buffers: return quickly. A terminal can block a write (Ctrl-S, a slow
+/// connection); `lrnprof-rec` hands status lines to a thread of its own
+/// that draws them.
+pub trait Reporter {
+    /// Counts so far: once when sampling starts, then about twice a
+    /// second while it runs.
+    fn status(&self, status: &RecordStatus);
+
+    /// Something the user should know about the recording, which goes on.
+    fn warning(&self, warning: &RecordWarning);
+}
+
+/// A [`Reporter`] that ignores everything.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NoReporter;
+
+impl Reporter for NoReporter {
+    fn status(&self, _status: &RecordStatus) {}
+    fn warning(&self, _warning: &RecordWarning) {}
+}
+
+/// A recording's counts so far. `Display` writes
+/// `2.5 s, 2451 samples, 0 lost, 1.2 MiB written`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RecordStatus {
+    /// Time since sampling started.
+    pub elapsed: Duration,
+    /// Samples written to the trace.
+    pub samples: u64,
+    /// Samples the kernel or the recorder dropped.
+    pub lost: u64,
+    /// Distinct threads seen.
+    pub threads: u64,
+    /// Bytes written to the trace file.
+    pub bytes_written: u64,
+}
+
+impl fmt::Display for RecordStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{:.1} s, {} samples, {} lost, {} written",
+            self.elapsed.as_secs_f64(),
+            self.samples,
+            self.lost,
+            human_bytes(self.bytes_written)
+        )
+    }
+}
+
+/// Something that did not stop the recording but that the user should
+/// know. `Display` writes one line that says what to do, if anything.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum RecordWarning {
+    /// The sampling frequency was above what the kernel allows
+    /// (`kernel.perf_event_max_sample_rate`) and was lowered.
+    FrequencyClamped {
+        /// Samples per second asked for.
+        requested_hz: u32,
+        /// Samples per second used.
+        used_hz: u32,
+    },
+    /// Stack copies are smaller than asked for, so that the perf buffers
+    /// fit in `kernel.perf_event_mlock_kb`.
+    StackSizeLimited {
+        /// The most bytes of stack copied per sample.
+        bytes: u32,
+    },
+    /// An image's data could not be embedded; the analyzer needs the file
+    /// (with the same build id) where the trace is analyzed.
+    NotEmbedded {
+        /// The image's path (as mapped in the target).
+        path: String,
+        /// Why not.
+        reason: String,
+    },
+    /// Records from the kernel did not parse and were skipped.
+    MalformedRecords {
+        /// How many.
+        count: u64,
+    },
+}
+
+impl fmt::Display for RecordWarning {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RecordWarning::FrequencyClamped {
+                requested_hz,
+                used_hz,
+            } => write!(
+                f,
+                "{requested_hz} Hz is above kernel.perf_event_max_sample_rate; \
+                 sampling at {used_hz} Hz"
+            ),
+            RecordWarning::StackSizeLimited { bytes } => write!(
+                f,
+                "stack copies limited to {bytes} bytes to fit the perf buffers that \
+                 kernel.perf_event_mlock_kb allows; deeper stacks need root or a higher limit"
+            ),
+            RecordWarning::NotEmbedded { path, reason } => {
+                write!(f, "not embedding {path}: {reason}")
+            }
+            RecordWarning::MalformedRecords { count } => write!(
+                f,
+                "{count} perf records could not be parsed and were skipped"
+            ),
+        }
+    }
+}
+
+/// How often [`Reporter::status`] is called.
+const STATUS_INTERVAL: Duration = Duration::from_millis(500);
+
+/// Calls [`Reporter::status`] from a backend's loop at the status interval.
+pub(crate) struct StatusTicker {
+    stats: Arc<LiveStats>,
+    started: Instant,
+    next: Instant,
+}
+
+impl StatusTicker {
+    /// A ticker whose first [`tick`](Self::tick) reports at once.
+    pub fn new(stats: Arc<LiveStats>, started: Instant) -> StatusTicker {
+        StatusTicker {
+            stats,
+            started,
+            next: Instant::now(),
+        }
+    }
+
+    /// Report the counts if the interval has passed.
+    pub fn tick(&mut self, reporter: &dyn Reporter) {
+        let now = Instant::now();
+        if now < self.next {
+            return;
+        }
+        self.next = now + STATUS_INTERVAL;
+        reporter.status(&RecordStatus {
+            elapsed: now - self.started,
+            samples: self.stats.samples.load(Ordering::Relaxed),
+            lost: self.stats.lost.load(Ordering::Relaxed),
+            threads: self.stats.threads.load(Ordering::Relaxed),
+            bytes_written: self.stats.bytes_written.load(Ordering::Relaxed),
+        });
+    }
+
+    /// How long until the next report is due, at most `max`.
+    pub fn timeout(&self, max: Duration) -> Duration {
+        self.next.saturating_duration_since(Instant::now()).min(max)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::cell::RefCell;
+
+    #[derive(Default)]
+    struct Collect(RefCell<Vec<RecordStatus>>);
+
+    impl Reporter for Collect {
+        fn status(&self, status: &RecordStatus) {
+            self.0.borrow_mut().push(status.clone());
+        }
+        fn warning(&self, _warning: &RecordWarning) {}
+    }
+
+    #[test]
+    fn status_is_reported_at_once_then_at_the_interval() {
+        let stats = Arc::new(LiveStats::default());
+        stats.samples.store(7, Ordering::Relaxed);
+        stats.bytes_written.store(1536, Ordering::Relaxed);
+        let mut ticker = StatusTicker::new(Arc::clone(&stats), Instant::now());
+        let collect = Collect::default();
+        ticker.tick(&collect);
+        ticker.tick(&collect);
+        let seen = collect.0.borrow();
+        assert_eq!(seen.len(), 1, "reported twice within the interval");
+        assert_eq!(seen[0].samples, 7);
+        assert!(seen[0]
+            .to_string()
+            .ends_with("s, 7 samples, 0 lost, 1.5 KiB written"));
+        assert!(ticker.timeout(Duration::from_secs(10)) <= STATUS_INTERVAL);
+    }
+
+    #[test]
+    fn warnings_read_as_one_line() {
+        let w = RecordWarning::FrequencyClamped {
+            requested_hz: 200_000,
+            used_hz: 100_000,
+        };
+        assert_eq!(
+            w.to_string(),
+            "200000 Hz is above kernel.perf_event_max_sample_rate; sampling at 100000 Hz"
+        );
+        let w = RecordWarning::NotEmbedded {
+            path: "/lib/x.so".into(),
+            reason: "the file is gone or changed".into(),
+        };
+        assert_eq!(
+            w.to_string(),
+            "not embedding /lib/x.so: the file is gone or changed"
+        );
+        assert!(!RecordWarning::StackSizeLimited { bytes: 15360 }
+            .to_string()
+            .contains('\n'));
+    }
+}
