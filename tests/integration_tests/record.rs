@@ -6,9 +6,15 @@
 //! Submodules: `launch_attach` (threads, images, deep stacks, fork and
 //! exec), `embedding` (image data in the trace, offline analysis, JIT perf
 //! maps), `lifecycle` (startup errors, permissions, `--duration`, `--freq`,
-//! signals); `support` holds the helpers they share.
+//! SIGKILL and SIGTERM), `signals` (Ctrl-C on a terminal and from outside,
+//! second signals, attached recordings), `as_library` (the library in a
+//! program that keeps its own signal handler); `support` holds the
+//! helpers they share.
 
+mod as_library;
 mod embedding;
 mod launch_attach;
 mod lifecycle;
+#[cfg(target_os = "linux")]
+mod signals;
 mod support;
