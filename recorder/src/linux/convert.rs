@@ -14,8 +14,8 @@ use crate::embed::EmbedLevel;
 use crate::error::RecordError;
 use crate::sink::Convert;
 use lrnprof_format::{
-    LostRecord, Pid, ProcessEvent, ProcessRecord, Record, Sample, SampleKind, StackSnapshot,
-    ThreadEvent, ThreadRecord, Tid, Timestamp,
+    LostRecord, LostSource, Pid, ProcessEvent, ProcessRecord, Record, Sample, SampleDetail,
+    SampleFlags, SampleKind, StackSnapshot, ThreadEvent, ThreadRecord, Tid, Timestamp,
 };
 use std::cmp::{Ordering, Reverse};
 use std::collections::{BinaryHeap, HashMap, HashSet};
@@ -174,6 +174,7 @@ impl Converter {
                 event: ProcessEvent::Existing,
                 command,
                 executable,
+                cgroup: None,
             }),
         );
         for &tid in &init.tids {
@@ -291,6 +292,7 @@ impl Converter {
                             event: ProcessEvent::Exec,
                             command: procfs::command_line(pid),
                             executable: procfs::executable(pid),
+                            cgroup: None,
                         }),
                     );
                     // The exec replaced the address space.
@@ -317,6 +319,7 @@ impl Converter {
                             event: ProcessEvent::Fork,
                             command: Vec::new(),
                             executable: None,
+                            cgroup: None,
                         }),
                     );
                     // The child starts with a copy of its parent's mappings.
@@ -355,6 +358,7 @@ impl Converter {
                         pid: None,
                         tid: None,
                         count: lost,
+                        source: LostSource::Kernel,
                     }),
                 );
             }
@@ -411,6 +415,9 @@ impl Converter {
                 },
                 kernel_callchain: s.callchain,
                 frames: Vec::new(),
+                kernel_frames: Vec::new(),
+                flags: SampleFlags::default(),
+                detail: SampleDetail::None,
             }),
         );
     }
@@ -435,6 +442,7 @@ fn process_exit(time: u64, pid: u32, code: Option<i32>) -> Record {
         event: ProcessEvent::Exit { code },
         command: Vec::new(),
         executable: None,
+        cgroup: None,
     })
 }
 
@@ -519,6 +527,7 @@ mod tests {
                 pid: None,
                 tid: None,
                 count: 1,
+                source: LostSource::Kernel,
             }),
         );
     }
@@ -544,7 +553,7 @@ mod tests {
         c.finish(&mut out).unwrap();
         assert_eq!(
             out,
-            [Record::Lost(LostRecord { time: Timestamp(900), pid: None, tid: None, count: 17 })]
+            [Record::Lost(LostRecord { time: Timestamp(900), pid: None, tid: None, count: 17, source: LostSource::Kernel })]
         );
     }
 

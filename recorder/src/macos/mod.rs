@@ -37,8 +37,8 @@ use crate::sink::{Identity, OutputFile, Sink};
 use crate::status::{RecordSummary, StatusLine, TargetExit};
 use crate::stop::{StopReason, StopWatch};
 use lrnprof_format::{
-    Clock, Endian, Pid, ProcessEvent, ProcessRecord, Record, SampleEvent, SamplingSettings, Target,
-    Timestamp, TraceHeader,
+    Clock, Endian, EventSettings, Pid, ProcessEvent, ProcessRecord, Record, SampleEvent,
+    SamplingSettings, Target, Timestamp, TraceHeader,
 };
 use sampler::Sampler;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -101,6 +101,10 @@ pub(crate) fn record(options: &RecordOptions) -> Result<RecordSummary, RecordErr
         start_time,
         target: target.target.clone(),
         hostname: host::hostname(),
+        events: EventSettings {
+            cpu: true,
+            ..EventSettings::default()
+        },
     };
     start(options, output, &header, target, clock)
 }
@@ -207,6 +211,7 @@ fn start(
         },
         command,
         executable: sys::executable_path(pid),
+        cgroup: None,
     }));
     if let Err(e) = first {
         // Never leave a launched command suspended behind us.
@@ -304,6 +309,7 @@ fn start(
             event: ProcessEvent::Exit { code },
             command: Vec::new(),
             executable: None,
+            cgroup: None,
         }))?;
     }
     // Embed the files of the images samples touched, now that nothing is
