@@ -423,6 +423,9 @@ mod tests {
             stack: StackSnapshot::default(),
             kernel_callchain: Vec::new(),
             frames,
+            kernel_frames: Vec::new(),
+            flags: SampleFlags::default(),
+            detail: SampleDetail::None,
         })
     }
 
@@ -477,6 +480,7 @@ mod tests {
                 event: ProcessEvent::Exec,
                 command: vec!["other".into()],
                 executable: None,
+                cgroup: None,
             }),
             sample(2_000_000_070, vec![0x10100]),
             Record::Blob(Blob {
@@ -639,6 +643,9 @@ mod tests {
                         } else {
                             vec![next(), next()]
                         },
+                        kernel_frames: Vec::new(),
+                        flags: SampleFlags::default(),
+                        detail: SampleDetail::None,
                     })
                 }
             };

@@ -100,6 +100,8 @@ fn describe(kind: &BlobKind) -> String {
         BlobKind::Section { name, .. } => format!("section {name}"),
         BlobKind::Image => "image".to_string(),
         BlobKind::JitMap { pid } => format!("JIT map of pid {}", pid.0),
+        BlobKind::KernelSymbols => "kernel symbols".to_string(),
+        BlobKind::Table { name } => format!("table {name}"),
     }
 }
 

@@ -162,6 +162,8 @@ pub fn pack(
                 BlobKind::JitMap { pid } => {
                     have_jit.insert(pid);
                 }
+                // Not image sections: pack never adds these.
+                BlobKind::KernelSymbols | BlobKind::Table { .. } => {}
             },
             Record::Process(p) => {
                 pids.insert(p.pid);

@@ -181,7 +181,7 @@ impl Timeline {
 
     fn apply(&mut self, item: Item) {
         match item {
-            Item::Record(record) => self.apply_record(record),
+            Item::Record(record) => self.apply_record(*record),
             Item::Sample {
                 time,
                 pid,
@@ -255,6 +255,9 @@ impl Timeline {
             }
             Record::Blob(b) => self.blobs.add(b),
             Record::Summary(s) => self.summary = Some(s),
+            // Events of the heap, syscall and off-CPU views: the CPU profile
+            // does not use them.
+            Record::Free(_) | Record::SyscallExit(_) | Record::SwitchIn(_) => {}
             Record::Sample(_) => unreachable!("samples are turned into Item::Sample"),
         }
     }
@@ -262,7 +265,7 @@ impl Timeline {
 
 /// A record as the first pass keeps it: samples shrink to their metadata.
 enum Item {
-    Record(Record),
+    Record(Box<Record>),
     Sample {
         time: Timestamp,
         pid: Pid,
@@ -319,7 +322,7 @@ pub(crate) fn scan<D: AsRef<[u8]> + Sync>(
                                 }
                                 item
                             }
-                            other => Item::Record(other),
+                            other => Item::Record(Box::new(other)),
                         })
                         .collect::<Vec<_>>();
                     (items, samples)

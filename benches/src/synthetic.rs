@@ -1,7 +1,8 @@
 //! Deterministic synthetic samples for the micro-benchmarks.
 
 use lrnprof_format::{
-    Pid, Record, Regs, RegsX86_64, Sample, SampleKind, StackSnapshot, Tid, Timestamp,
+    Pid, Record, Regs, RegsX86_64, Sample, SampleDetail, SampleFlags, SampleKind, StackSnapshot,
+    Tid, Timestamp,
 };
 
 /// A small deterministic generator (xorshift64*), so every run benchmarks
@@ -88,6 +89,9 @@ pub fn samples(count: usize, threads: u32, stack_len: usize, seed: u64) -> Vec<R
                 },
                 kernel_callchain: Vec::new(),
                 frames: Vec::new(),
+                kernel_frames: Vec::new(),
+                flags: SampleFlags::default(),
+                detail: SampleDetail::None,
             })
         })
         .collect()

@@ -2,8 +2,8 @@
 
 use crate::error::FormatError;
 use crate::raw::{BlockHeader, BlockKind, Codec, MAX_BLOCK_RAW_LEN};
-use crate::records::{Record, Regs, Sample, SampleKind, StackSnapshot};
-use crate::stack::{self, WireStack};
+use crate::records::{Record, Regs, Sample, SampleDetail, SampleFlags, SampleKind};
+use crate::stack::{self, RecentStacks, WireStack};
 use crate::types::{BlockOffset, Pid, Tid, Timestamp};
 use bincode::Options;
 use serde::{Deserialize, Serialize};
@@ -38,7 +38,7 @@ const MAX_TRACKED_STACKS: usize = 4096;
 #[derive(Serialize)]
 enum WireRecordRef<'a> {
     Plain(&'a Record),
-    Sample(WireSample),
+    Sample(&'a WireSample),
 }
 
 #[derive(Deserialize)]
@@ -48,17 +48,20 @@ enum WireRecord {
 }
 
 #[derive(Serialize, Deserialize)]
-struct WireSample {
-    time: Timestamp,
-    pid: Pid,
-    tid: Tid,
-    cpu: Option<u32>,
-    kind: SampleKind,
-    weight: u64,
-    regs: Regs,
-    stack: WireStack,
-    kernel_callchain: Vec<u64>,
-    frames: Vec<u64>,
+pub(crate) struct WireSample {
+    pub time: Timestamp,
+    pub pid: Pid,
+    pub tid: Tid,
+    pub cpu: Option<u32>,
+    pub kind: SampleKind,
+    pub weight: u64,
+    pub regs: Regs,
+    pub stack: WireStack,
+    pub kernel_callchain: Vec<u64>,
+    pub frames: Vec<u64>,
+    pub kernel_frames: Vec<u64>,
+    pub flags: SampleFlags,
+    pub detail: SampleDetail,
 }
 
 /// An encoded block: its header and its bytes as they go into the file.
@@ -81,7 +84,7 @@ pub struct BlockBuilder {
     count: u32,
     first_time: Option<u64>,
     last_time: u64,
-    prev_stacks: HashMap<(Pid, Tid), StackSnapshot>,
+    prev_stacks: HashMap<(Pid, Tid), RecentStacks>,
 }
 
 impl Default for BlockBuilder {
@@ -166,7 +169,10 @@ impl BlockBuilder {
             });
         }
         let key = (s.pid, s.tid);
-        let wire_stack = stack::encode(&s.stack, self.prev_stacks.get(&key));
+        let wire_stack = match self.prev_stacks.get(&key) {
+            Some(recent) => stack::encode_best(&s.stack, recent),
+            None => stack::encode(&s.stack, None, 0),
+        };
         let wire = WireSample {
             time: s.time,
             pid: s.pid,
@@ -178,18 +184,20 @@ impl BlockBuilder {
             stack: wire_stack,
             kernel_callchain: s.kernel_callchain.clone(),
             frames: s.frames.clone(),
+            kernel_frames: s.kernel_frames.clone(),
+            flags: s.flags,
+            detail: s.detail,
         };
         bincode_options()
-            .serialize_into(&mut self.raw, &WireRecordRef::Sample(wire))
+            .serialize_into(&mut self.raw, &WireRecordRef::Sample(&wire))
             .map_err(|e| FormatError::Encode(e.to_string()))?;
         if self.prev_stacks.len() >= MAX_TRACKED_STACKS && !self.prev_stacks.contains_key(&key) {
             self.prev_stacks.clear();
         }
-        // Reuse the allocation of the thread's previous snapshot.
-        let slot = self.prev_stacks.entry(key).or_default();
-        slot.start = s.stack.start;
-        slot.bytes.clear();
-        slot.bytes.extend_from_slice(&s.stack.bytes);
+        self.prev_stacks
+            .entry(key)
+            .or_default()
+            .push(s.stack.start, &s.stack.bytes);
         Ok(())
     }
 
@@ -262,15 +270,16 @@ pub(crate) fn decompress(
     Ok(raw)
 }
 
-/// Decode the records of a decompressed records block.
+/// Decode the records of a decompressed records block of format `version`.
 pub(crate) fn decode_records(
     offset: BlockOffset,
     raw: &[u8],
     count: u32,
+    version: u16,
 ) -> Result<Vec<Record>, FormatError> {
     // Every record takes at least one byte, so `raw.len()` bounds the count.
     let mut records = Vec::with_capacity((count as usize).min(raw.len()));
-    let mut prev_stacks: HashMap<(Pid, Tid), StackSnapshot> = HashMap::new();
+    let mut prev_stacks: HashMap<(Pid, Tid), RecentStacks> = HashMap::new();
     let mut rest = raw;
     let options = bincode_options().with_limit(raw.len() as u64);
     let mut decoded_len = raw.len() as u64;
@@ -280,22 +289,40 @@ pub(crate) fn decode_records(
             index,
             message,
         };
-        let wire: WireRecord = options
-            .deserialize_from(&mut rest)
-            .map_err(|e| bad(e.to_string()))?;
+        let wire: WireRecord = if version == 1 {
+            match options
+                .deserialize_from(&mut rest)
+                .map_err(|e| bad(e.to_string()))?
+            {
+                crate::v1::WireRecordV1::Plain(r) => WireRecord::Plain(r.into()),
+                crate::v1::WireRecordV1::Sample(w) => WireRecord::Sample(w.into()),
+            }
+        } else {
+            options
+                .deserialize_from(&mut rest)
+                .map_err(|e| bad(e.to_string()))?
+        };
         let record = match wire {
             WireRecord::Plain(r) => r,
             WireRecord::Sample(w) => {
                 let key = (w.pid, w.tid);
-                let stack = stack::decode(w.stack, prev_stacks.get(&key))
-                    .map_err(|e| bad(e.to_string()))?;
+                let empty = RecentStacks::default();
+                let recent = prev_stacks.get(&key).unwrap_or(&empty);
+                let stack = stack::decode(w.stack, recent).map_err(|e| bad(e.to_string()))?;
                 decoded_len += stack.bytes.len() as u64;
                 if decoded_len > MAX_BLOCK_DECODED_LEN {
                     return Err(bad(format!(
                         "block decodes to more than {MAX_BLOCK_DECODED_LEN} bytes"
                     )));
                 }
-                prev_stacks.insert(key, stack.clone());
+                if prev_stacks.len() >= MAX_TRACKED_STACKS && !prev_stacks.contains_key(&key) {
+                    // The writer forgot every thread at this point too.
+                    prev_stacks.clear();
+                }
+                prev_stacks
+                    .entry(key)
+                    .or_default()
+                    .push_owned(stack.clone());
                 Record::Sample(Sample {
                     time: w.time,
                     pid: w.pid,
@@ -307,6 +334,9 @@ pub(crate) fn decode_records(
                     stack,
                     kernel_callchain: w.kernel_callchain,
                     frames: w.frames,
+                    kernel_frames: w.kernel_frames,
+                    flags: w.flags,
+                    detail: w.detail,
                 })
             }
         };

@@ -5,8 +5,8 @@
 //! header (kind, lengths, record count, time range, CRC-32) and a zstd frame
 //! holding bincode-encoded [`Record`]s. A cleanly finished trace ends with an
 //! index block and a footer; a trace cut short stays readable up to its last
-//! whole block. Stack snapshots are delta-encoded against the previous
-//! snapshot of the same thread in the same block. `docs/format.md` in the
+//! whole block. Stack snapshots are delta-encoded against one of the last
+//! few snapshots of the same thread in the same block. `docs/format.md` in the
 //! repository is the byte-level specification.
 //!
 //! Writers create a [`TraceWriter`], call [`TraceWriter::write`] per record
@@ -48,6 +48,7 @@ mod read;
 mod records;
 mod stack;
 mod types;
+mod v1;
 mod write;
 
 pub use block::{BlockBuilder, EncodedBlock, MAX_BLOCK_DECODED_LEN};
@@ -55,23 +56,38 @@ pub use error::FormatError;
 pub use raw::{BlockHeader, BlockKind, Codec, MAGIC, OLDEST_READABLE_VERSION, VERSION};
 pub use read::{BlockInfo, ReadReport, SkippedRange, TraceReader};
 pub use records::{
-    Blob, BlobKind, IdleRecord, ImageKind, ImageMapRecord, ImageUnmapRecord, LostRecord,
-    ProcessEvent, ProcessRecord, Record, Regs, RegsAarch64, RegsX86_64, Sample, SampleKind,
-    StackSnapshot, Summary, ThreadEvent, ThreadRecord,
+    Blob, BlobKind, FreeRecord, IdleRecord, ImageKind, ImageMapRecord, ImageUnmapRecord,
+    LostRecord, LostSource, ProcessEvent, ProcessRecord, Record, Regs, RegsAarch64, RegsX86_64,
+    Sample, SampleDetail, SampleFlags, SampleKind, StackSnapshot, Summary, SwitchInRecord,
+    SyscallExitRecord, ThreadEvent, ThreadRecord,
 };
-pub use stack::MAX_STACK_LEN;
+pub use stack::{MAX_BASES, MAX_STACK_LEN};
 pub use types::{
-    Arch, BlockOffset, BuildId, Clock, Endian, Os, Pid, SampleEvent, SamplingSettings, Target, Tid,
-    Timestamp, TraceHeader,
+    Arch, BlockOffset, BuildId, Clock, Endian, EventSettings, HeapSettings, OffCpuSettings, Os,
+    Pid, SampleEvent, SamplingSettings, SyscallSettings, Target, Tid, Timestamp, TraceHeader,
 };
 pub use write::{TraceWriter, WriterOptions};
 
 /// Decode one block's payload without a file around it: for fuzzing and
 /// tools that carry blocks elsewhere. `bytes` is a block header followed by
-/// its payload.
-pub fn decode_standalone_block(bytes: &[u8]) -> Result<Vec<Record>, FormatError> {
+/// its payload, written by format `version`.
+pub fn decode_standalone_block(version: u16, bytes: &[u8]) -> Result<Vec<Record>, FormatError> {
+    if !(OLDEST_READABLE_VERSION..=VERSION).contains(&version) {
+        return Err(if version < OLDEST_READABLE_VERSION {
+            FormatError::VersionTooOld {
+                found: version,
+                oldest: OLDEST_READABLE_VERSION,
+                newest: VERSION,
+            }
+        } else {
+            FormatError::VersionTooNew {
+                found: version,
+                newest: VERSION,
+            }
+        });
+    }
     let header = BlockHeader::parse(bytes, 0)?;
     let payload = &bytes[raw::BLOCK_HEADER_LEN..][..header.compressed_len as usize];
     let raw = block::decompress(BlockOffset(0), &header, payload)?;
-    block::decode_records(BlockOffset(0), &raw, header.record_count)
+    block::decode_records(BlockOffset(0), &raw, header.record_count, version)
 }

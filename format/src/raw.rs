@@ -7,8 +7,11 @@ use crate::error::FormatError;
 /// files mangled by text-mode transfers, as PNG's magic does.
 pub const MAGIC: [u8; 8] = *b"\x89LPT\r\n\x1a\n";
 
-/// The format version this crate writes.
-pub const VERSION: u16 = 1;
+/// The format version this crate writes. Version 2 added allocation,
+/// syscall and off-CPU events, kernel frames, sample flags, process cgroups,
+/// system-wide targets and stack deltas against older snapshots; version 1
+/// traces read as CPU-sample traces (`docs/format.md`, "Versions").
+pub const VERSION: u16 = 2;
 
 /// The oldest format version this crate reads.
 pub const OLDEST_READABLE_VERSION: u16 = 1;
@@ -321,7 +324,7 @@ mod tests {
     #[test]
     fn version_checks() {
         let mut b = FileHeader {
-            version: 2,
+            version: VERSION + 1,
             flags: 0,
             header_len: 0,
             header_crc: 0,
@@ -329,8 +332,12 @@ mod tests {
         .to_bytes();
         assert!(matches!(
             FileHeader::parse(&b),
-            Err(FormatError::VersionTooNew { found: 2, .. })
+            Err(FormatError::VersionTooNew { found, .. }) if found == VERSION + 1
         ));
+        for version in OLDEST_READABLE_VERSION..=VERSION {
+            b[8..10].copy_from_slice(&version.to_le_bytes());
+            assert_eq!(FileHeader::parse(&b).unwrap().version, version);
+        }
         b[8] = 0;
         assert!(matches!(
             FileHeader::parse(&b),

@@ -95,9 +95,14 @@ impl<D: AsRef<[u8]>> TraceReader<D> {
                 expected: fixed.header_crc,
             });
         }
-        let header: TraceHeader = crate::block::bincode_header_options()
-            .deserialize(encoded)
-            .map_err(|e| FormatError::BadHeader(e.to_string()))?;
+        let header: TraceHeader = if fixed.version == 1 {
+            crate::block::bincode_header_options()
+                .deserialize::<crate::v1::TraceHeaderV1>(encoded)
+                .map(TraceHeader::from)
+        } else {
+            crate::block::bincode_header_options().deserialize(encoded)
+        }
+        .map_err(|e| FormatError::BadHeader(e.to_string()))?;
         let (blocks, report) =
             read_index(bytes, header_end).unwrap_or_else(|| scan(bytes, header_end));
         Ok(TraceReader {
@@ -144,7 +149,7 @@ impl<D: AsRef<[u8]>> TraceReader<D> {
         let start = block.offset.0 as usize + BLOCK_HEADER_LEN;
         let payload = &self.data.as_ref()[start..start + block.header.compressed_len as usize];
         let raw = decompress(block.offset, &block.header, payload)?;
-        decode_records(block.offset, &raw, block.header.record_count)
+        decode_records(block.offset, &raw, block.header.record_count, self.version)
     }
 
     /// All records in file order. A block that fails to decode yields one

@@ -26,6 +26,13 @@ pub enum Record {
     Summary(Summary),
     /// A thread was found not running at sampling ticks (and was not stopped).
     Idle(IdleRecord),
+    /// A sampled allocation was freed (version 2).
+    Free(FreeRecord),
+    /// A system call returned (version 2); its entry is a [`Sample`] with
+    /// [`SampleDetail::Syscall`].
+    SyscallExit(SyscallExitRecord),
+    /// A thread was scheduled back in after an off-CPU sample (version 2).
+    SwitchIn(SwitchInRecord),
 }
 
 impl Record {
@@ -39,6 +46,9 @@ impl Record {
             Record::Sample(r) => Some(r.time),
             Record::Lost(r) => Some(r.time),
             Record::Idle(r) => Some(r.time),
+            Record::Free(r) => Some(r.time),
+            Record::SyscallExit(r) => Some(r.time),
+            Record::SwitchIn(r) => Some(r.time),
             Record::Blob(_) | Record::Summary(_) => None,
         }
     }
@@ -76,6 +86,10 @@ pub struct ProcessRecord {
     pub command: Vec<String>,
     /// Path of the executable, when known.
     pub executable: Option<String>,
+    /// The process's control group (the unified hierarchy's path, as in
+    /// `/proc/PID/cgroup`), which names its container; `None` if unknown
+    /// (version 2).
+    pub cgroup: Option<String>,
 }
 
 /// What happened to a thread.
@@ -167,8 +181,64 @@ pub enum SampleKind {
     WallTime,
     /// Bytes allocated; weight in bytes.
     Allocation,
-    /// A system call; weight is a count.
+    /// A system call's entry; weight is a count (1). See
+    /// [`SampleDetail::Syscall`] and [`SyscallExitRecord`].
     Syscall,
+    /// A thread switched out (version 2). The off-CPU time runs from the
+    /// sample's time to the thread's next [`SwitchInRecord`] (or its exit,
+    /// or the end of the recording); `weight` is 0 as written.
+    OffCpu,
+}
+
+/// Bits of [`Sample::flags`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct SampleFlags(pub u32);
+
+impl SampleFlags {
+    /// The stack copy ended below the thread's stack top, at a page the
+    /// thread had never touched (the kernel copies without faulting pages
+    /// in), so the copy holds only the innermost frames.
+    pub const STACK_CUT_SHORT: SampleFlags = SampleFlags(1);
+    /// In a stripped trace: when stripped, the sample's unwinding reached
+    /// the thread's root (its [`Sample::frames`] are complete).
+    pub const REACHED_ROOT: SampleFlags = SampleFlags(2);
+
+    /// Whether every bit of `other` is set.
+    pub fn contains(self, other: SampleFlags) -> bool {
+        self.0 & other.0 == other.0
+    }
+
+    /// These bits and those of `other`.
+    #[must_use]
+    pub fn with(self, other: SampleFlags) -> SampleFlags {
+        SampleFlags(self.0 | other.0)
+    }
+}
+
+/// What a sample's event was about, beyond its kind and weight.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum SampleDetail {
+    /// Nothing more (CPU samples).
+    #[default]
+    None,
+    /// A sampled allocation of [`Sample::weight`] bytes at `address`; a
+    /// later [`FreeRecord`] with the same pid and address frees it.
+    Allocation {
+        /// AVMA of the allocated block.
+        address: u64,
+    },
+    /// A system call's entry.
+    Syscall {
+        /// The syscall number of the trace's architecture.
+        nr: u32,
+        /// The six raw argument registers.
+        args: [u64; 6],
+    },
+    /// A switch-out.
+    OffCpu {
+        /// The thread was still runnable (preempted), rather than blocked.
+        preempted: bool,
+    },
 }
 
 /// The user registers needed to start unwinding.
@@ -264,6 +334,26 @@ pub struct Sample {
     /// Frames already unwound (stripped traces): the instruction pointer then
     /// return addresses, innermost first. Empty in raw traces.
     pub frames: Vec<u64>,
+    /// Kernel-mode frames (AVMAs in the kernel), innermost first, when the
+    /// recorder kept them; empty otherwise (version 2).
+    pub kernel_frames: Vec<u64>,
+    /// See [`SampleFlags`] (version 2).
+    pub flags: SampleFlags,
+    /// What the event was about (version 2).
+    pub detail: SampleDetail,
+}
+
+/// Where events were dropped.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum LostSource {
+    /// The kernel's ring buffer was full (any event kind).
+    #[default]
+    Kernel,
+    /// The recorder could not keep up and dropped what it had read.
+    Recorder,
+    /// The allocation sampler in the target dropped events (allocations
+    /// and frees) because the recorder did not take them in time.
+    HeapSampler,
 }
 
 /// Samples or events that were dropped.
@@ -277,6 +367,48 @@ pub struct LostRecord {
     pub tid: Option<Tid>,
     /// How many samples or events were dropped.
     pub count: u64,
+    /// Where they were dropped (version 2; version-1 losses read as
+    /// [`LostSource::Kernel`]).
+    pub source: LostSource,
+}
+
+/// A sampled allocation was freed (or given back by `realloc`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FreeRecord {
+    /// When.
+    pub time: Timestamp,
+    /// The process.
+    pub pid: Pid,
+    /// The freeing thread.
+    pub tid: Tid,
+    /// AVMA of the freed block, as in the allocation's [`SampleDetail::Allocation`].
+    pub address: u64,
+}
+
+/// A system call returned.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SyscallExitRecord {
+    /// When it returned.
+    pub time: Timestamp,
+    /// The process.
+    pub pid: Pid,
+    /// The thread; its previous syscall entry of the same `nr` is the call.
+    pub tid: Tid,
+    /// The syscall number.
+    pub nr: u32,
+    /// The raw return value (`-errno` on failure on Linux).
+    pub ret: i64,
+}
+
+/// A thread was scheduled back in.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SwitchInRecord {
+    /// When it ran again.
+    pub time: Timestamp,
+    /// The process.
+    pub pid: Pid,
+    /// The thread.
+    pub tid: Tid,
 }
 
 /// Sampling ticks at which a thread was found idle.
@@ -313,6 +445,16 @@ pub enum BlobKind {
     JitMap {
         /// The process the map belongs to.
         pid: Pid,
+    },
+    /// The kernel's symbol table in `/proc/kallsyms` text form (modules'
+    /// symbols included, with their `[module]` suffix), keyed by the
+    /// kernel's build id (version 2).
+    KernelSymbols,
+    /// A table lrnprof derived from the image, `name` saying which; its
+    /// bytes are specified in `docs/format.md` (version 2).
+    Table {
+        /// Which table.
+        name: String,
     },
 }
 

@@ -4,8 +4,11 @@
 //! near the thread's root do not change while the leaf frames come and go. A
 //! snapshot is stored as segments in address order, each either a literal run
 //! of bytes or a run "the same as the previous snapshot of this thread, at the
-//! same addresses". The previous snapshot is only looked up within the same
-//! block, so every block still decodes on its own.
+//! same addresses". Since version 2 the "previous snapshot" may be any of
+//! the thread's last [`MAX_BASES`] snapshots (`base` 0 the latest), so a
+//! thread that moves up and down its stack (an interpreter) finds the bytes
+//! it had a few samples ago. Previous snapshots are only looked up within the
+//! same block, so every block still decodes on its own.
 
 use crate::records::StackSnapshot;
 use serde::{Deserialize, Serialize};
@@ -17,6 +20,9 @@ const MIN_SAME_RUN: usize = 16;
 /// Upper bound on one stack snapshot, in bytes. Recorders copy far less
 /// (Linux caps a copy just under 64 KiB); readers refuse larger claims.
 pub const MAX_STACK_LEN: u32 = 8 << 20;
+
+/// How many recent snapshots of a thread a `base` can name.
+pub const MAX_BASES: usize = 4;
 
 /// One piece of an encoded snapshot.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -34,6 +40,9 @@ pub(crate) struct WireStack {
     pub start: u64,
     /// Total bytes.
     pub len: u32,
+    /// Which of the thread's recent snapshots `Same` segments refer to: 0
+    /// the latest (always 0 in version 1, which has no such field).
+    pub base: u8,
     /// The bytes, in address order.
     pub segments: Vec<Segment>,
 }
@@ -41,8 +50,10 @@ pub(crate) struct WireStack {
 /// Why an encoded snapshot cannot be decoded.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum StackDecodeError {
-    /// A `Same` segment but no previous snapshot of that thread in the block.
+    /// A `Same` segment but no such previous snapshot of that thread in the block.
     NoPrevious,
+    /// `base` is not below [`MAX_BASES`].
+    BadBase { base: u8 },
     /// A `Same` segment reaching outside the previous snapshot.
     SameOutOfRange { addr: u64, len: u32 },
     /// The segments do not add up to `len`.
@@ -56,6 +67,12 @@ impl std::fmt::Display for StackDecodeError {
         match self {
             StackDecodeError::NoPrevious => {
                 f.write_str("stack refers to a previous snapshot that the block does not have")
+            }
+            StackDecodeError::BadBase { base } => {
+                write!(
+                    f,
+                    "stack refers to snapshot {base}, beyond the {MAX_BASES} kept"
+                )
             }
             StackDecodeError::SameOutOfRange { addr, len } => write!(
                 f,
@@ -74,8 +91,9 @@ impl std::fmt::Display for StackDecodeError {
     }
 }
 
-/// Encode `new` against `prev`, the previous snapshot of the same thread.
-pub(crate) fn encode(new: &StackSnapshot, prev: Option<&StackSnapshot>) -> WireStack {
+/// Encode `new` against `prev`, the thread's recent snapshot number `base`
+/// (0 the latest).
+pub(crate) fn encode(new: &StackSnapshot, prev: Option<&StackSnapshot>, base: u8) -> WireStack {
     let bytes = &new.bytes;
     let mut segments = Vec::new();
     let mut literal_from = 0usize;
@@ -110,18 +128,61 @@ pub(crate) fn encode(new: &StackSnapshot, prev: Option<&StackSnapshot>) -> WireS
     WireStack {
         start: new.start,
         len: bytes.len() as u32,
+        base: if prev.is_some() { base } else { 0 },
         segments,
     }
 }
 
-/// Decode `wire` against `prev`.
+/// Encode `new` against whichever of the thread's recent snapshots leaves
+/// the fewest literal bytes. Older snapshots are only tried when the latest
+/// leaves much to store, so a thread whose leaf alone changed costs one
+/// comparison.
+pub(crate) fn encode_best(new: &StackSnapshot, recent: &RecentStacks) -> WireStack {
+    let mut best = encode(new, recent.get(0), 0);
+    let mut best_literal = best.literal_len();
+    if best_literal < TRY_OLDER_ABOVE.max(new.bytes.len() / 4) {
+        return best;
+    }
+    for base in 1..MAX_BASES {
+        let Some(prev) = recent.get(base) else { break };
+        let candidate = encode(new, Some(prev), base as u8);
+        let literal = candidate.literal_len();
+        if literal < best_literal {
+            best = candidate;
+            best_literal = literal;
+        }
+    }
+    best
+}
+
+/// Literal bytes below which older snapshots are not tried.
+const TRY_OLDER_ABOVE: usize = 256;
+
+impl WireStack {
+    /// Bytes stored as literals.
+    fn literal_len(&self) -> usize {
+        self.segments
+            .iter()
+            .map(|s| match s {
+                Segment::Literal(l) => l.len(),
+                Segment::Same(_) => 0,
+            })
+            .sum()
+    }
+}
+
+/// Decode `wire` against the thread's recent snapshots, latest first.
 pub(crate) fn decode(
     wire: WireStack,
-    prev: Option<&StackSnapshot>,
+    recent: &RecentStacks,
 ) -> Result<StackSnapshot, StackDecodeError> {
     if wire.len > MAX_STACK_LEN {
         return Err(StackDecodeError::TooLong { len: wire.len });
     }
+    if usize::from(wire.base) >= MAX_BASES {
+        return Err(StackDecodeError::BadBase { base: wire.base });
+    }
+    let prev = recent.get(usize::from(wire.base));
     let mut bytes: Vec<u8> = Vec::with_capacity(wire.len as usize);
     for segment in wire.segments {
         match segment {
@@ -155,6 +216,42 @@ pub(crate) fn decode(
     })
 }
 
+/// A thread's last [`MAX_BASES`] snapshots in a block, latest first.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct RecentStacks {
+    /// Oldest at index 0, so a push reuses the allocation it evicts.
+    ring: Vec<StackSnapshot>,
+}
+
+impl RecentStacks {
+    /// Snapshot `base` (0 the latest).
+    pub fn get(&self, base: usize) -> Option<&StackSnapshot> {
+        self.ring.len().checked_sub(base + 1).map(|i| &self.ring[i])
+    }
+
+    /// Remember `bytes` at `start` as the latest snapshot, copying into the
+    /// allocation of the snapshot that falls out.
+    pub fn push(&mut self, start: u64, bytes: &[u8]) {
+        let mut slot = if self.ring.len() >= MAX_BASES {
+            self.ring.remove(0)
+        } else {
+            StackSnapshot::default()
+        };
+        slot.start = start;
+        slot.bytes.clear();
+        slot.bytes.extend_from_slice(bytes);
+        self.ring.push(slot);
+    }
+
+    /// Remember `snapshot` as the latest, taking it.
+    pub fn push_owned(&mut self, snapshot: StackSnapshot) {
+        if self.ring.len() >= MAX_BASES {
+            self.ring.remove(0);
+        }
+        self.ring.push(snapshot);
+    }
+}
+
 fn common_prefix_len(a: &[u8], b: &[u8]) -> usize {
     // Compare eight bytes at a time; the tail byte by byte.
     let mut n = 0;
@@ -179,6 +276,14 @@ mod tests {
         StackSnapshot { start, bytes }
     }
 
+    fn recent(snaps: &[&StackSnapshot]) -> RecentStacks {
+        let mut r = RecentStacks::default();
+        for s in snaps {
+            r.push(s.start, &s.bytes);
+        }
+        r
+    }
+
     fn pattern(len: usize, seed: u8) -> Vec<u8> {
         (0..len)
             .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
@@ -188,9 +293,9 @@ mod tests {
     #[test]
     fn no_previous_is_one_literal() {
         let s = snap(0x1000, pattern(100, 1));
-        let w = encode(&s, None);
+        let w = encode(&s, None, 0);
         assert_eq!(w.segments, vec![Segment::Literal(s.bytes.clone())]);
-        assert_eq!(decode(w, None).unwrap(), s);
+        assert_eq!(decode(w, &recent(&[])).unwrap(), s);
     }
 
     #[test]
@@ -203,7 +308,7 @@ mod tests {
         bytes.extend_from_slice(&prev.bytes);
         bytes[256 + 1000] ^= 0xff;
         let new = snap(0x2000 - 256, bytes);
-        let w = encode(&new, Some(&prev));
+        let w = encode(&new, Some(&prev), 0);
         let literal: usize = w
             .segments
             .iter()
@@ -213,20 +318,20 @@ mod tests {
             })
             .sum();
         assert!(literal < 256 + MIN_SAME_RUN * 2, "literal bytes: {literal}");
-        assert_eq!(decode(w, Some(&prev)).unwrap(), new);
+        assert_eq!(decode(w, &recent(&[&prev])).unwrap(), new);
     }
 
     #[test]
     fn shallower_and_disjoint_snapshots() {
         let prev = snap(0x2000, pattern(4096, 7));
         let shallower = snap(0x2100, prev.bytes[0x100..].to_vec());
-        let w = encode(&shallower, Some(&prev));
+        let w = encode(&shallower, Some(&prev), 0);
         assert_eq!(w.segments, vec![Segment::Same(4096 - 0x100)]);
-        assert_eq!(decode(w, Some(&prev)).unwrap(), shallower);
+        assert_eq!(decode(w, &recent(&[&prev])).unwrap(), shallower);
 
         let disjoint = snap(0x9000, pattern(64, 3));
-        let w = encode(&disjoint, Some(&prev));
-        assert_eq!(decode(w, Some(&prev)).unwrap(), disjoint);
+        let w = encode(&disjoint, Some(&prev), 0);
+        assert_eq!(decode(w, &recent(&[&prev])).unwrap(), disjoint);
     }
 
     #[test]
@@ -235,27 +340,66 @@ mod tests {
         let w = WireStack {
             start: 0x2000,
             len: 128,
+            base: 0,
             segments: vec![Segment::Same(128)],
         };
         assert!(matches!(
-            decode(w.clone(), Some(&prev)),
+            decode(w.clone(), &recent(&[&prev])),
             Err(StackDecodeError::SameOutOfRange { .. })
         ));
-        assert_eq!(decode(w, None), Err(StackDecodeError::NoPrevious));
+        assert_eq!(decode(w, &recent(&[])), Err(StackDecodeError::NoPrevious));
         let w = WireStack {
             start: 0,
             len: 10,
+            base: 0,
             segments: vec![Segment::Literal(vec![0; 3])],
         };
         assert!(matches!(
-            decode(w, None),
+            decode(w, &recent(&[])),
             Err(StackDecodeError::LengthMismatch { .. })
         ));
         let w = WireStack {
             start: 0x1000,
             len: 4,
+            base: 0,
             segments: vec![Segment::Same(u32::MAX)],
         };
-        assert!(decode(w, Some(&prev)).is_err());
+        assert!(decode(w, &recent(&[&prev])).is_err());
+    }
+
+    #[test]
+    fn older_base_is_used_and_bounded() {
+        let a = snap(0x2000, pattern(512, 1));
+        let b = snap(0x2000, pattern(512, 2));
+        let new = snap(0x2000, a.bytes.clone());
+        // The thread was at `a`, then `b`, then back at `a`'s bytes.
+        let w = encode(&new, Some(&a), 1);
+        assert_eq!(w.base, 1);
+        assert_eq!(w.segments, vec![Segment::Same(512)]);
+        assert_eq!(decode(w.clone(), &recent(&[&a, &b])).unwrap(), new);
+        // Against the wrong base the bytes differ, but decoding is still
+        // well-defined: it reads what that base holds.
+        assert_eq!(
+            decode(w.clone(), &recent(&[&b, &a])).unwrap().bytes,
+            b.bytes
+        );
+        assert_eq!(decode(w, &recent(&[&a])), Err(StackDecodeError::NoPrevious));
+        let bad = WireStack {
+            start: 0x2000,
+            len: 0,
+            base: MAX_BASES as u8,
+            segments: vec![],
+        };
+        assert_eq!(
+            decode(bad, &recent(&[&a])),
+            Err(StackDecodeError::BadBase {
+                base: MAX_BASES as u8
+            })
+        );
+        let mut r = recent(&[&a, &b, &a, &b]);
+        r.push(0x9000, &[7; 8]);
+        assert_eq!(r.get(0).unwrap().start, 0x9000);
+        assert_eq!(r.get(3).unwrap().bytes, b.bytes);
+        assert!(r.get(4).is_none());
     }
 }

@@ -127,6 +127,51 @@ pub enum Target {
         /// The pid of the launched process.
         pid: Pid,
     },
+    /// Every process on the machine (system-wide recording, version 2).
+    System,
+}
+
+/// Which kinds of event a recording captured besides its settings in
+/// [`SamplingSettings`] (version 2; a version-1 trace reads as CPU samples
+/// only).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EventSettings {
+    /// Whether CPU samples (timer or counter, see [`SamplingSettings`]) were
+    /// taken. `false` when only other events were recorded.
+    pub cpu: bool,
+    /// Allocation sampling, when on.
+    pub heap: Option<HeapSettings>,
+    /// System call tracing, when on.
+    pub syscalls: Option<SyscallSettings>,
+    /// Off-CPU (context switch) recording, when on.
+    pub off_cpu: Option<OffCpuSettings>,
+}
+
+/// How allocations were sampled.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HeapSettings {
+    /// Mean bytes allocated between two samples (exponentially distributed
+    /// intervals); 1 means every allocation was recorded.
+    pub mean_interval: u64,
+}
+
+/// How system calls were traced.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SyscallSettings {
+    /// The syscall numbers traced; empty means all.
+    pub filter: Vec<u32>,
+    /// The most bytes of user stack copied at a syscall's entry (0: none).
+    pub stack_size: u32,
+    /// A stack is copied for one call in this many (1: every call). Counts,
+    /// errors and durations always cover every call.
+    pub stack_every: u32,
+}
+
+/// How context switches were recorded.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OffCpuSettings {
+    /// The most bytes of user stack copied at a switch-out.
+    pub stack_size: u32,
 }
 
 /// What the analyzer must know before it reads the first record.
@@ -156,6 +201,8 @@ pub struct TraceHeader {
     pub target: Target,
     /// Host name of the recording machine (empty if unknown).
     pub hostname: String,
+    /// Which kinds of event were recorded (version 2).
+    pub events: EventSettings,
 }
 
 impl TraceHeader {
@@ -183,6 +230,10 @@ impl TraceHeader {
                 pid: Pid(1),
             },
             hostname: String::new(),
+            events: EventSettings {
+                cpu: true,
+                ..EventSettings::default()
+            },
         }
     }
 }

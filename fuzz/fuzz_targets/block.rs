@@ -1,14 +1,19 @@
 //! One block: header, decompression, records, stack deltas.
 //!
 //! Raw bytes hit the checksum almost always, so the input is also wrapped in
-//! a valid header (codec none, then zstd) to reach the record decoder.
+//! a valid header (codec none, then zstd) to reach the record decoder. Every
+//! readable format version decodes each input.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use lrnprof_format::{decode_standalone_block, BlockHeader, BlockKind, Codec};
+use lrnprof_format::{
+    decode_standalone_block, BlockHeader, BlockKind, Codec, OLDEST_READABLE_VERSION, VERSION,
+};
 
 fuzz_target!(|data: &[u8]| {
-    let _ = decode_standalone_block(data);
+    for version in OLDEST_READABLE_VERSION..=VERSION {
+        let _ = decode_standalone_block(version, data);
+    }
     if data.len() < 4 {
         return;
     }
@@ -26,6 +31,8 @@ fuzz_target!(|data: &[u8]| {
         };
         let mut block = header.to_bytes(payload).to_vec();
         block.extend_from_slice(payload);
-        let _ = decode_standalone_block(&block);
+        for version in OLDEST_READABLE_VERSION..=VERSION {
+            let _ = decode_standalone_block(version, &block);
+        }
     }
 });

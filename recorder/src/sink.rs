@@ -424,6 +424,7 @@ mod tests {
             pid: None,
             tid: None,
             count: 5,
+            source: lrnprof_format::LostSource::Kernel,
         }))
         .unwrap();
         tx.send(Record::Blob(Blob {

@@ -188,7 +188,7 @@ fn bad_records_inside_a_valid_block_are_an_error_not_a_panic() {
         };
         let mut block = header.to_bytes(&payload).to_vec();
         block.extend_from_slice(&payload);
-        let err = decode_standalone_block(&block).unwrap_err();
+        let err = decode_standalone_block(VERSION, &block).unwrap_err();
         assert!(matches!(err, FormatError::BadRecord { .. }), "{err}");
     }
 }
@@ -209,7 +209,7 @@ fn lying_raw_length_is_caught() {
         };
         let mut bytes = header.to_bytes(payload).to_vec();
         bytes.extend_from_slice(payload);
-        let err = decode_standalone_block(&bytes).unwrap_err();
+        let err = decode_standalone_block(VERSION, &bytes).unwrap_err();
         assert!(
             matches!(
                 err,
@@ -225,7 +225,7 @@ fn lying_raw_length_is_caught() {
     let mut bytes = header.to_bytes(payload).to_vec();
     bytes.extend_from_slice(payload);
     assert!(matches!(
-        decode_standalone_block(&bytes),
+        decode_standalone_block(VERSION, &bytes),
         Err(FormatError::LengthOutOfBounds { .. })
     ));
 }
@@ -253,7 +253,7 @@ fn fuzz_regressions() {
           131],
     ];
     for case in cases {
-        let _ = decode_standalone_block(case);
+        let _ = decode_standalone_block(VERSION, case);
         // The fuzz target also wraps the input in valid headers.
         let (count, payload) = case.split_at(4);
         let record_count = u32::from_le_bytes(count.try_into().unwrap()) % 4096;
@@ -268,7 +268,7 @@ fn fuzz_regressions() {
         };
         let mut block = header.to_bytes(payload).to_vec();
         block.extend_from_slice(payload);
-        assert!(decode_standalone_block(&block).is_err());
+        assert!(decode_standalone_block(VERSION, &block).is_err());
     }
 }
 
@@ -299,7 +299,7 @@ fn same_segments_cannot_blow_up_memory() {
         "{} bytes on disk",
         block.bytes.len()
     );
-    let err = decode_standalone_block(&block.bytes).unwrap_err();
+    let err = decode_standalone_block(VERSION, &block.bytes).unwrap_err();
     assert!(err.to_string().contains("decodes to more than"), "{err}");
 
     // The writer cuts blocks before that, so what it writes reads back.

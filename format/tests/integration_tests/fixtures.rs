@@ -46,10 +46,14 @@ pub fn sample(time: u64, tid: u32, depth: usize) -> Sample {
             vec![]
         },
         frames: vec![],
+        kernel_frames: Vec::new(),
+        flags: SampleFlags::default(),
+        detail: SampleDetail::None,
     }
 }
 
-/// One record of each kind, in time order.
+/// One record of each kind and each variant of the current version, in
+/// time order.
 pub fn every_kind() -> Vec<Record> {
     let mut records = every_kind_in_committed_v1();
     let summary = records.pop().expect("a summary");
@@ -59,12 +63,112 @@ pub fn every_kind() -> Vec<Record> {
         tid: Tid(100),
         ticks: 250,
     }));
+    records.extend(added_in_v2());
     records.push(summary);
     records
 }
 
-/// The records of every kind that `tests/data/v1.lpt` holds: the format
-/// gained `Idle` records before its first release, after that file was made.
+/// Records and fields that version 2 added.
+pub fn added_in_v2() -> Vec<Record> {
+    vec![
+        Record::Process(ProcessRecord {
+            time: Timestamp(20),
+            pid: Pid(300),
+            parent: Some(Pid(1)),
+            event: ProcessEvent::Existing,
+            command: vec!["/srv/api".into()],
+            executable: Some("/srv/api".into()),
+            cgroup: Some("/system.slice/docker-4f2a.scope".into()),
+        }),
+        Record::Sample(Sample {
+            kind: SampleKind::Allocation,
+            weight: 4096,
+            detail: SampleDetail::Allocation {
+                address: 0x5555_0000_1000,
+            },
+            ..sample(21, 100, 512)
+        }),
+        Record::Free(FreeRecord {
+            time: Timestamp(22),
+            pid: Pid(100),
+            tid: Tid(101),
+            address: 0x5555_0000_1000,
+        }),
+        Record::Sample(Sample {
+            kind: SampleKind::Syscall,
+            weight: 1,
+            detail: SampleDetail::Syscall {
+                nr: 1,
+                args: [1, 0x5555_0000_2000, 12, 0, 0, u64::MAX],
+            },
+            kernel_frames: vec![0xffff_ffff_8100_1000, 0xffff_ffff_8100_2000],
+            ..sample(23, 100, 600)
+        }),
+        Record::SyscallExit(SyscallExitRecord {
+            time: Timestamp(24),
+            pid: Pid(100),
+            tid: Tid(100),
+            nr: 1,
+            ret: -9,
+        }),
+        Record::Sample(Sample {
+            kind: SampleKind::OffCpu,
+            weight: 0,
+            detail: SampleDetail::OffCpu { preempted: true },
+            flags: SampleFlags::STACK_CUT_SHORT,
+            ..sample(25, 100, 700)
+        }),
+        Record::SwitchIn(SwitchInRecord {
+            time: Timestamp(26),
+            pid: Pid(100),
+            tid: Tid(100),
+        }),
+        Record::Sample(Sample {
+            kind: SampleKind::Cycles,
+            weight: 2_500_000,
+            flags: SampleFlags::REACHED_ROOT,
+            frames: vec![0x40_1000, 0x40_2000],
+            stack: StackSnapshot::default(),
+            ..sample(27, 102, 16)
+        }),
+        Record::Lost(LostRecord {
+            time: Timestamp(28),
+            pid: Some(Pid(100)),
+            tid: None,
+            count: 7,
+            source: LostSource::HeapSampler,
+        }),
+        Record::Lost(LostRecord {
+            time: Timestamp(28),
+            pid: None,
+            tid: None,
+            count: 1,
+            source: LostSource::Recorder,
+        }),
+        Record::Blob(Blob {
+            build_id: BuildId(vec![0xab; 20]),
+            kind: BlobKind::KernelSymbols,
+            compressed: false,
+            offset: 0,
+            total_len: 39,
+            data: b"ffffffff81000000 T _stext\nffffffff8100\n".to_vec(),
+        }),
+        Record::Blob(Blob {
+            build_id: BuildId(vec![0xde, 0xad, 0xbe, 0xef]),
+            kind: BlobKind::Table {
+                name: "frames".into(),
+            },
+            compressed: true,
+            offset: 0,
+            total_len: 2,
+            data: vec![0, 1],
+        }),
+    ]
+}
+
+/// The records of every kind that `tests/data/v1.lpt` holds, as a version-2
+/// reader returns them: the format gained `Idle` records before its first
+/// release, after that file was made.
 pub fn every_kind_in_committed_v1() -> Vec<Record> {
     vec![
         Record::Process(ProcessRecord {
@@ -74,6 +178,7 @@ pub fn every_kind_in_committed_v1() -> Vec<Record> {
             event: ProcessEvent::Existing,
             command: vec!["./app".into(), "--flag".into()],
             executable: Some("/usr/bin/app".into()),
+            cgroup: None,
         }),
         Record::Thread(ThreadRecord {
             time: Timestamp(2),
@@ -135,6 +240,7 @@ pub fn every_kind_in_committed_v1() -> Vec<Record> {
             pid: Some(Pid(100)),
             tid: None,
             count: 3,
+            source: LostSource::Kernel,
         }),
         Record::ImageUnmap(ImageUnmapRecord {
             time: Timestamp(8),
@@ -156,6 +262,7 @@ pub fn every_kind_in_committed_v1() -> Vec<Record> {
             event: ProcessEvent::Fork,
             command: vec![],
             executable: None,
+            cgroup: None,
         }),
         Record::Process(ProcessRecord {
             time: Timestamp(11),
@@ -164,6 +271,7 @@ pub fn every_kind_in_committed_v1() -> Vec<Record> {
             event: ProcessEvent::Exec,
             command: vec!["/bin/true".into()],
             executable: Some("/bin/true".into()),
+            cgroup: None,
         }),
         Record::Process(ProcessRecord {
             time: Timestamp(12),
@@ -172,6 +280,7 @@ pub fn every_kind_in_committed_v1() -> Vec<Record> {
             event: ProcessEvent::Exit { code: Some(0) },
             command: vec![],
             executable: None,
+            cgroup: None,
         }),
         Record::Blob(Blob {
             build_id: BuildId(vec![0xde, 0xad, 0xbe, 0xef]),
@@ -245,4 +354,24 @@ pub fn read_all(data: &[u8]) -> Vec<Record> {
         .records()
         .collect::<Result<Vec<_>, _>>()
         .unwrap()
+}
+
+/// Samples of one thread that switches between two unrelated 2 KiB stacks,
+/// as an interpreter moving up and down does: every snapshot after the
+/// second matches the one two samples back, not the latest.
+pub fn alternating_stacks(n: u64) -> Vec<Record> {
+    let top = 0x7ffe_0000_0000u64;
+    let stacks = [pattern(2048, 41), pattern(2048, 42)];
+    (0..n)
+        .map(|i| {
+            let bytes = stacks[(i % 2) as usize].clone();
+            Record::Sample(Sample {
+                stack: StackSnapshot {
+                    start: top - bytes.len() as u64,
+                    bytes,
+                },
+                ..sample(5000 + i, 400, 16)
+            })
+        })
+        .collect()
 }

@@ -131,7 +131,10 @@ fn blocks_built_elsewhere_can_be_written() {
     w.write_block(&block).unwrap();
     w.finish().unwrap();
     assert_eq!(read_all(&out), records);
-    assert_eq!(decode_standalone_block(&block.bytes).unwrap(), records);
+    assert_eq!(
+        decode_standalone_block(VERSION, &block.bytes).unwrap(),
+        records
+    );
 }
 
 #[test]
@@ -175,4 +178,25 @@ fn writing_to_a_full_disk_is_an_error() {
     let err =
         TraceWriter::new(Full, &TraceHeader::example(), WriterOptions::default()).unwrap_err();
     assert!(matches!(err, FormatError::Io(_)), "{err}");
+}
+
+#[test]
+fn a_thread_returning_to_an_older_stack_is_stored_against_it() {
+    let records = alternating_stacks(12);
+    let mut builder = BlockBuilder::new();
+    for r in &records {
+        builder.push(r).unwrap();
+    }
+    // Two stacks stored whole, then only small records: far less than the
+    // 12 x 2 KiB a latest-snapshot-only delta would store.
+    assert!(
+        builder.raw_len() < 2 * 2048 + 12 * 128,
+        "raw block of {} bytes",
+        builder.raw_len()
+    );
+    let block = builder.finish(3).unwrap();
+    assert_eq!(
+        decode_standalone_block(VERSION, &block.bytes).unwrap(),
+        records
+    );
 }

@@ -1,9 +1,10 @@
 //! Traces written by earlier versions of lrnprof stay readable.
 //!
-//! `format/tests/data/v1.lpt` was written by format version 1 and is kept
-//! forever. Regenerate it only when its contents change on purpose, with
-//! `LRNPROF_BLESS=1 cargo test -p lrnprof-format`, and never for a version
-//! that has shipped: add a new `vN.lpt` instead.
+//! `format/tests/data/vN.lpt` was written by format version N and is kept
+//! forever. Only the file of the current version may be regenerated, when
+//! its contents change on purpose before that version ships, with
+//! `LRNPROF_BLESS=1 cargo test -p lrnprof-format`; a version that has
+//! shipped gets a new `vN.lpt` instead.
 
 use crate::fixtures::*;
 use lrnprof_format::*;
@@ -15,6 +16,7 @@ fn data_path(name: &str) -> PathBuf {
         .join(name)
 }
 
+/// What `v1.lpt` holds, as today's reader returns it.
 fn v1_records() -> Vec<Record> {
     let mut records = every_kind_in_committed_v1();
     let summary = records.pop().unwrap();
@@ -23,16 +25,40 @@ fn v1_records() -> Vec<Record> {
     records
 }
 
+/// What `v2.lpt` holds: every record kind and variant, and a thread that
+/// goes back and forth between two stacks, so snapshots are encoded against
+/// older bases.
+fn v2_records() -> Vec<Record> {
+    let mut records = every_kind();
+    let summary = records.pop().unwrap();
+    records.extend(many_samples(40));
+    records.extend(alternating_stacks(12));
+    records.push(summary);
+    records
+}
+
 #[test]
 fn committed_v1_trace_reads() {
-    let path = data_path("v1.lpt");
-    if std::env::var_os("LRNPROF_BLESS").is_some() {
-        std::fs::write(&path, write_trace(&v1_records(), 16 * 1024)).unwrap();
-    }
-    let reader = TraceReader::open(&path).unwrap();
+    let reader = TraceReader::open(data_path("v1.lpt")).unwrap();
     assert_eq!(reader.version(), 1);
     assert!(reader.report().finished);
+    // Version 1 had no event settings: it reads as CPU samples only.
     assert_eq!(reader.header(), &TraceHeader::example());
     let records: Vec<Record> = reader.records().map(Result::unwrap).collect();
     assert_eq!(records, v1_records());
+}
+
+#[test]
+fn committed_v2_trace_reads() {
+    assert_eq!(VERSION, 2, "a new version needs its own committed trace");
+    let path = data_path("v2.lpt");
+    if std::env::var_os("LRNPROF_BLESS").is_some() {
+        std::fs::write(&path, write_trace(&v2_records(), 16 * 1024)).unwrap();
+    }
+    let reader = TraceReader::open(&path).unwrap();
+    assert_eq!(reader.version(), 2);
+    assert!(reader.report().finished);
+    assert_eq!(reader.header(), &TraceHeader::example());
+    let records: Vec<Record> = reader.records().map(Result::unwrap).collect();
+    assert_eq!(records, v2_records());
 }

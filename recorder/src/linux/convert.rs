@@ -15,8 +15,8 @@ use crate::error::RecordError;
 use crate::report::RecordWarning;
 use crate::sink::Convert;
 use lrnprof_format::{
-    LostRecord, Pid, ProcessEvent, ProcessRecord, Record, Sample, SampleKind, StackSnapshot,
-    ThreadEvent, ThreadRecord, Tid, Timestamp,
+    LostRecord, LostSource, Pid, ProcessEvent, ProcessRecord, Record, Sample, SampleDetail,
+    SampleFlags, SampleKind, StackSnapshot, ThreadEvent, ThreadRecord, Tid, Timestamp,
 };
 use std::cmp::{Ordering, Reverse};
 use std::collections::{BinaryHeap, HashMap, HashSet};
@@ -175,6 +175,7 @@ impl Converter {
                 event: ProcessEvent::Existing,
                 command,
                 executable,
+                cgroup: None,
             }),
         );
         for &tid in &init.tids {
@@ -292,6 +293,7 @@ impl Converter {
                             event: ProcessEvent::Exec,
                             command: procfs::command_line(pid),
                             executable: procfs::executable(pid),
+                            cgroup: None,
                         }),
                     );
                     // The exec replaced the address space.
@@ -318,6 +320,7 @@ impl Converter {
                             event: ProcessEvent::Fork,
                             command: Vec::new(),
                             executable: None,
+                            cgroup: None,
                         }),
                     );
                     // The child starts with a copy of its parent's mappings.
@@ -356,6 +359,7 @@ impl Converter {
                         pid: None,
                         tid: None,
                         count: lost,
+                        source: LostSource::Kernel,
                     }),
                 );
             }
@@ -412,6 +416,9 @@ impl Converter {
                 },
                 kernel_callchain: s.callchain,
                 frames: Vec::new(),
+                kernel_frames: Vec::new(),
+                flags: SampleFlags::default(),
+                detail: SampleDetail::None,
             }),
         );
     }
@@ -436,6 +443,7 @@ fn process_exit(time: u64, pid: u32, code: Option<i32>) -> Record {
         event: ProcessEvent::Exit { code },
         command: Vec::new(),
         executable: None,
+        cgroup: None,
     })
 }
 
@@ -523,6 +531,7 @@ mod tests {
                 pid: None,
                 tid: None,
                 count: 1,
+                source: LostSource::Kernel,
             }),
         );
     }
@@ -549,7 +558,7 @@ mod tests {
         c.finish(&mut out, &mut warnings).unwrap();
         assert_eq!(
             out,
-            [Record::Lost(LostRecord { time: Timestamp(900), pid: None, tid: None, count: 17 })]
+            [Record::Lost(LostRecord { time: Timestamp(900), pid: None, tid: None, count: 17, source: LostSource::Kernel })]
         );
         assert!(warnings.is_empty());
     }

@@ -27,8 +27,8 @@ use crate::{host, RecordOptions, RecordSummary, TargetExit, TargetSpec};
 use attr::{AttrSettings, EventKind};
 use convert::{Converter, Initial, RawMsg};
 use lrnprof_format::{
-    Clock, Endian, Os, Pid, SampleEvent, SampleKind, SamplingSettings, Target, Timestamp,
-    TraceHeader,
+    Clock, Endian, EventSettings, Os, Pid, SampleEvent, SampleKind, SamplingSettings, Target,
+    Timestamp, TraceHeader,
 };
 use parse::Layout;
 use std::collections::HashSet;
@@ -228,6 +228,10 @@ pub(crate) fn record(
             },
         },
         hostname: host::hostname(),
+        events: EventSettings {
+            cpu: true,
+            ..EventSettings::default()
+        },
     };
     let sample_kind = match settings.event {
         EventKind::Cycles => SampleKind::Cycles,
@@ -239,7 +243,7 @@ pub(crate) fn record(
     let sender = sink.sender();
     let command = match &header.target {
         Target::Launch { command, .. } => Some(command.clone()),
-        Target::Attach { .. } => None,
+        Target::Attach { .. } | Target::System => None,
     };
     let mut tids: Vec<u32> = events.tids.iter().copied().collect();
     tids.sort_unstable();

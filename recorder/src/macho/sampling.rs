@@ -13,8 +13,8 @@ use super::images::{Images, TaskMemory};
 use super::strip_pac;
 use crate::error::RecordError;
 use lrnprof_format::{
-    IdleRecord, Pid, Record, Regs, Sample, SampleKind, StackSnapshot, ThreadEvent, ThreadRecord,
-    Tid, Timestamp,
+    IdleRecord, Pid, Record, Regs, Sample, SampleDetail, SampleFlags, SampleKind, StackSnapshot,
+    ThreadEvent, ThreadRecord, Tid, Timestamp,
 };
 use std::collections::HashMap;
 
@@ -287,6 +287,9 @@ impl ThreadSampler {
             stack,
             kernel_callchain: Vec::new(),
             frames: Vec::new(),
+            kernel_frames: Vec::new(),
+            flags: SampleFlags::default(),
+            detail: SampleDetail::None,
         })
     }
 

@@ -38,8 +38,8 @@ use crate::sink::{Identity, OutputFile, Sink};
 use crate::stop::{Deadline, StopReason, StopToken, Wakeup};
 use crate::summary::{RecordSummary, TargetExit};
 use lrnprof_format::{
-    Clock, Endian, Pid, ProcessEvent, ProcessRecord, Record, SampleEvent, SamplingSettings, Target,
-    Timestamp, TraceHeader,
+    Clock, Endian, EventSettings, Pid, ProcessEvent, ProcessRecord, Record, SampleEvent,
+    SamplingSettings, Target, Timestamp, TraceHeader,
 };
 use sampler::Sampler;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -106,6 +106,10 @@ pub(crate) fn record(
         start_time,
         target: target.target.clone(),
         hostname: host::hostname(),
+        events: EventSettings {
+            cpu: true,
+            ..EventSettings::default()
+        },
     };
     start(options, output, &header, target, clock, token, reporter)
 }
@@ -214,6 +218,7 @@ fn start(
         },
         command,
         executable: sys::executable_path(pid),
+        cgroup: None,
     }));
     if let Err(e) = first {
         // Never leave a launched command suspended behind us.
@@ -310,6 +315,7 @@ fn start(
             event: ProcessEvent::Exit { code },
             command: Vec::new(),
             executable: None,
+            cgroup: None,
         }))?;
     }
     // Embed the files of the images samples touched, now that nothing is

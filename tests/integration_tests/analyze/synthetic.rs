@@ -137,6 +137,9 @@ fn aarch64_linux_trace_unwinds_through_elf_cfi_at_a_slid_address() {
             },
             kernel_callchain: Vec::new(),
             frames: Vec::new(),
+            kernel_frames: Vec::new(),
+            flags: SampleFlags::default(),
+            detail: SampleDetail::None,
         }));
     }
     let header = TraceHeader {

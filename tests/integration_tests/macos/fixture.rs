@@ -4,9 +4,9 @@
 
 use lrnprof_format::{
     Arch, Blob, BlobKind, BuildId, Clock, ImageKind, ImageMapRecord, Os, Pid, ProcessEvent,
-    ProcessRecord, Record, Regs, RegsAarch64, RegsX86_64, Sample, SampleEvent, SampleKind,
-    StackSnapshot, Summary, Target, ThreadEvent, ThreadRecord, Tid, Timestamp, TraceHeader,
-    TraceWriter, WriterOptions,
+    ProcessRecord, Record, Regs, RegsAarch64, RegsX86_64, Sample, SampleDetail, SampleEvent,
+    SampleFlags, SampleKind, StackSnapshot, Summary, Target, ThreadEvent, ThreadRecord, Tid,
+    Timestamp, TraceHeader, TraceWriter, WriterOptions,
 };
 use lrnprof_tests::{fixture_source, lrnprof_analyze};
 use object::{Object, ObjectSection, ObjectSegment, ObjectSymbol};
@@ -363,6 +363,7 @@ pub(super) fn write_trace_of(
             event: ProcessEvent::Exec,
             command: vec![recorded_path.to_string()],
             executable: Some(recorded_path.to_string()),
+            cgroup: None,
         }),
         Record::Thread(ThreadRecord {
             time: Timestamp(20),
@@ -395,6 +396,9 @@ pub(super) fn write_trace_of(
             stack: stack.clone(),
             kernel_callchain: Vec::new(),
             frames: Vec::new(),
+            kernel_frames: Vec::new(),
+            flags: SampleFlags::default(),
+            detail: SampleDetail::None,
         }));
     }
     records.extend(blobs.into_iter().map(Record::Blob));

@@ -226,6 +226,7 @@ pub(super) fn root_pid(reader: &TraceReader<Vec<u8>>) -> Pid {
     match &reader.header().target {
         Target::Launch { pid, .. } => *pid,
         Target::Attach { pids } => pids[0],
+        Target::System => panic!("the recorder tests record one process tree"),
     }
 }
 
