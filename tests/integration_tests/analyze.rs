@@ -18,7 +18,7 @@ mod synthetic;
 mod viewers;
 
 use lrnprof_format::{TraceReader, TraceWriter, WriterOptions};
-use lrnprof_tests::{build_c, lrnprof_analyze, lrnprof_rec, require_perf, scratch_dir};
+use lrnprof_tests::{build_c, lrnprof_analyze, lrnprof_rec, require_perf, scratch_dir, skip};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
@@ -26,20 +26,8 @@ use std::process::{Command, Output, Stdio};
 /// Flags that make unwinding depend on DWARF CFI.
 const NO_FP: &[&str] = &["-O2", "-g", "-fomit-frame-pointer", "-pthread"];
 
-/// `--embed none` if this lrnprof-rec embeds image data by default.
-fn embed_none() -> &'static [&'static str] {
-    if recorder_embeds() {
-        &["--embed", "none"]
-    } else {
-        &[]
-    }
-}
-
-/// Whether lrnprof-rec has the `--embed` option.
-fn recorder_embeds() -> bool {
-    let help = Command::new(lrnprof_rec()).arg("--help").output().unwrap();
-    String::from_utf8_lossy(&help.stdout).contains("--embed")
-}
+/// Record without embedded image data (the recorder embeds by default).
+const EMBED_NONE: &[&str] = &["--embed", "none"];
 
 /// Record `program args` into `dir/name.lpt`.
 fn record(dir: &Path, name: &str, extra: &[&str], program: &Path, args: &[&str]) -> PathBuf {
@@ -434,12 +422,12 @@ fn folded_text(trace: &Path, extra: &[&str]) -> String {
 }
 
 #[test]
+#[cfg_attr(
+    not(target_arch = "x86_64"),
+    ignore = "the JIT fixture writes x86_64 machine code"
+)]
 fn jit_frames_are_named_from_the_perf_map() {
     require_perf!();
-    if std::env::consts::ARCH != "x86_64" {
-        eprintln!("skipping: the JIT fixture is x86_64 machine code");
-        return;
-    }
     let dir = scratch_dir("an-jit");
     let exe = build_c(&["an_jit.c"], NO_FP, &dir, "an_jit");
     let trace = record(&dir, "jit", &[], &exe, &["800"]);

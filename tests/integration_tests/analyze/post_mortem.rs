@@ -12,7 +12,7 @@ fn packed_post_mortem(dir: &Path) -> (PathBuf, PathBuf, PathBuf, String, String)
     let app = dir.join("app");
     std::fs::create_dir_all(&app).unwrap();
     let exe = build_inline_fixture(&app, NO_FP);
-    let trace = record(dir, "pm", embed_none(), &exe, &["800"]);
+    let trace = record(dir, "pm", EMBED_NONE, &exe, &["800"]);
     let before = folded_text(&trace, &[]);
     let before_no_inline = folded_text(&trace, &["--no-inline"]);
     assert!(before.contains("hot_outer;mix_step") && before.contains("lib_entry;lib_leaf"));
@@ -57,10 +57,6 @@ fn packed_trace_analyzes_after_the_binaries_are_gone() {
 #[test]
 fn recorder_embedded_debug_data_suffices() {
     require_perf!();
-    if !recorder_embeds() {
-        eprintln!("skipping: this lrnprof-rec has no --embed option");
-        return;
-    }
     let dir = scratch_dir("an-embed-debug");
     let app = dir.join("app");
     std::fs::create_dir_all(&app).unwrap();
@@ -196,7 +192,7 @@ fn symbols_dir_with_build_id_layout_names_a_stripped_binary() {
     std::fs::create_dir_all(&sub).unwrap();
     std::fs::rename(&debug, sub.join(format!("{}.debug", &id[2..]))).unwrap();
 
-    let trace = record(&dir, "sy", embed_none(), &exe, &["600"]);
+    let trace = record(&dir, "sy", EMBED_NONE, &exe, &["600"]);
     let without = folded_text(&trace, &[]);
     assert!(!without.contains("mix_step"), "{without}");
     let with = folded_text(&trace, &["--symbols", syms.to_str().unwrap()]);
