@@ -23,6 +23,9 @@ use std::path::Path;
 /// Outermost functions that mean a stack reached its thread's root.
 const ROOT_FUNCTIONS: &[&str] = &[
     "_start",
+    // The dynamic loader's entry code after `_start`, while it runs the
+    // libraries' constructors (glibc).
+    "_dl_start_user",
     "__libc_start_main",
     "__libc_start_call_main",
     "__libc_start_main_impl",
