@@ -1,11 +1,14 @@
 //! Helpers shared by the end-to-end tests: building the C fixture programs
 //! with `cc`, finding the built `lrnprof-rec` / `lrnprof-analyze`, scratch
-//! directories, and checking whether `perf_event_open` may be used here.
+//! directories, checking whether `perf_event_open` may be used here, and
+//! what a test does when it cannot make its check: fail under `CI=true`,
+//! skip (saying why) elsewhere.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
 
 /// The repository root.
 pub fn workspace_root() -> PathBuf {
@@ -33,6 +36,25 @@ pub fn scratch_dir(test: &str) -> PathBuf {
 /// fails leaves its directory behind to look at).
 pub fn remove_scratch_dir(dir: &Path) {
     let _ = std::fs::remove_dir_all(dir);
+}
+
+/// How long [`wait_until`] waits at most: far longer than any condition
+/// takes on a loaded machine. Only a bound for failing, never a wait that
+/// makes a test pass.
+pub const WAIT_LIMIT: Duration = Duration::from_secs(120);
+
+/// Poll `condition` until it holds. Panics, saying that `what` never
+/// happened, after [`WAIT_LIMIT`] (the test failed then; it never passes
+/// on time alone).
+pub fn wait_until(what: &str, mut condition: impl FnMut() -> bool) {
+    let deadline = Instant::now() + WAIT_LIMIT;
+    while !condition() {
+        assert!(
+            Instant::now() < deadline,
+            "{what}: not after {WAIT_LIMIT:?}"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
 }
 
 /// Whether this process runs as root (`id -u` says 0).
@@ -145,14 +167,42 @@ pub fn perf_unavailable() -> Option<String> {
         .clone()
 }
 
-/// Skip the calling test (return early, saying why) when `perf_event_open`
-/// is not permitted or not available here.
+/// Whether the tests run under CI: `CI=true` (or `CI=1`), as CI services
+/// set it. There a test that cannot make its check fails (see
+/// [`cannot_check`]).
+pub fn in_ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| v.eq_ignore_ascii_case("true") || v == "1")
+}
+
+/// For a test that cannot make its check on this machine (a missing tool or
+/// permission), saying `why`: under [`in_ci`] it panics, so the test fails
+/// with the reason; elsewhere it prints the reason and returns, and the
+/// caller skips its check. Use it through [`skip!`] or [`require_perf!`].
+pub fn cannot_check(why: &str) {
+    if in_ci() {
+        panic!("CI is set, and this test cannot make its check here: {why}");
+    }
+    eprintln!("skipping: {why} (under CI=true this test fails instead)");
+}
+
+/// End the calling test without its check, saying why (a `format!`
+/// message): it fails under `CI=true` and is skipped elsewhere
+/// ([`cannot_check`]).
+#[macro_export]
+macro_rules! skip {
+    ($($why:tt)+) => {{
+        $crate::cannot_check(&format!($($why)+));
+        return;
+    }};
+}
+
+/// [`skip!`] the calling test when `perf_event_open` is not permitted or
+/// not available here.
 #[macro_export]
 macro_rules! require_perf {
     () => {
         if let Some(why) = $crate::perf_unavailable() {
-            eprintln!("skipping: perf_event_open is not usable here: {why}");
-            return;
+            $crate::skip!("perf_event_open is not usable here: {why}");
         }
     };
 }

@@ -1,54 +1,20 @@
 //! The analysis pipeline: first pass (timeline, blobs), image loading,
-//! parallel unwinding a chunk of blocks at a time, streaming aggregation,
-//! then symbolication of each unique address once.
+//! parallel unwinding a chunk of blocks at a time, streaming aggregation
+//! into a [`ProfileBuilder`], then symbolication of each unique address
+//! once.
 
 use crate::error::AnalyzeError;
-use crate::image::Source;
 #[cfg(test)]
 use crate::options::SampleFilter;
 use crate::options::{AnalyzeOptions, Progress};
-use crate::pipeline::{open, pool, prepare, FrameKey, Prepared, NO_IMAGE};
-use crate::profile::{
-    hex, Function, ImageInfo, Location, LocationLine, ProcessInfo, Profile, SequenceEntry, Stack,
-    Stats, ThreadProfile,
-};
-use crate::symbolicate::{symbolicate, Resolved};
+use crate::pipeline::{open, pool, prepare};
+use crate::profile::{Profile, ProfileBuilder, UnwoundSample};
+use crate::symbolicate::symbolicate;
 use crate::timeline::chunk_blocks;
 use crate::unwind::ArchCache;
 use lrnprof_format::{Record, Sample, TraceReader};
 use rayon::prelude::*;
-use std::collections::HashMap;
 use std::path::Path;
-
-/// Outermost functions that mean a stack reached its thread's root.
-const ROOT_FUNCTIONS: &[&str] = &[
-    "_start",
-    "__libc_start_main",
-    "__libc_start_call_main",
-    "__libc_start_main_impl",
-    "start_thread",
-    "clone",
-    "clone3",
-    "__clone",
-    "__clone3",
-    "__GI___clone",
-    "__GI___clone3",
-    "thread_start",
-    "_pthread_start",
-    "pthread_start",
-    "start",
-];
-
-/// One sample after unwinding.
-struct UnwoundSample {
-    thread: u32,
-    time: lrnprof_format::Timestamp,
-    weight: u64,
-    frames: Vec<FrameKey>,
-    clean: bool,
-    used_kernel_chain: bool,
-    presymbolized: bool,
-}
 
 /// Analyze the trace at `path`.
 pub fn analyze(
@@ -82,7 +48,7 @@ fn run<D: AsRef<[u8]> + Sync>(
 ) -> Result<Profile, AnalyzeError> {
     let mut prepared = prepare(reader, options, progress, true);
     let mut cache = std::mem::take(&mut prepared.cache);
-    let mut agg = Aggregator::new(prepared.timeline.threads.len(), options.keep_sequences);
+    let mut builder = ProfileBuilder::new(prepared.timeline.threads.len(), options.keep_sequences);
     let blocks = reader.blocks();
     let total = blocks.len() as u64;
     let mut done = 0;
@@ -130,278 +96,20 @@ fn run<D: AsRef<[u8]> + Sync>(
             )
             .collect();
         for u in unwound {
-            agg.add(u);
+            builder.add(u);
         }
         done += chunk.len() as u64;
         progress.update("unwinding", done, total);
     }
 
     let lines = symbolicate(
-        &agg.frames,
+        builder.frames(),
         &prepared.images,
         &prepared.jit_maps,
         !options.no_inline,
         progress,
     );
-    Ok(build_profile(reader, trace_name, prepared, agg, lines))
-}
-
-/// Streaming aggregation in sample order: ids are first-seen order, so the
-/// result does not depend on how work was split between threads.
-struct Aggregator {
-    frames: Vec<FrameKey>,
-    frame_ids: HashMap<FrameKey, u32>,
-    stacks: Vec<Stack>,
-    stack_clean: Vec<u64>,
-    stack_ids: HashMap<(u32, Vec<u32>), u32>,
-    sequences: Vec<Vec<SequenceEntry>>,
-    keep_sequences: bool,
-    thread_samples: Vec<(u64, u64)>,
-    kernel_chain: u64,
-    presymbolized: u64,
-}
-
-impl Aggregator {
-    fn new(threads: usize, keep_sequences: bool) -> Aggregator {
-        Aggregator {
-            frames: Vec::new(),
-            frame_ids: HashMap::new(),
-            stacks: Vec::new(),
-            stack_clean: Vec::new(),
-            stack_ids: HashMap::new(),
-            sequences: vec![Vec::new(); threads],
-            keep_sequences,
-            thread_samples: vec![(0, 0); threads],
-            kernel_chain: 0,
-            presymbolized: 0,
-        }
-    }
-
-    fn add(&mut self, u: UnwoundSample) {
-        let ids: Vec<u32> = u
-            .frames
-            .iter()
-            .map(|f| {
-                let next = self.frames.len() as u32;
-                *self.frame_ids.entry(*f).or_insert_with(|| {
-                    self.frames.push(*f);
-                    next
-                })
-            })
-            .collect();
-        let next = self.stacks.len() as u32;
-        let stacks = &mut self.stacks;
-        let clean = &mut self.stack_clean;
-        let id = *self
-            .stack_ids
-            .entry((u.thread, ids))
-            .or_insert_with_key(|(thread, ids)| {
-                stacks.push(Stack {
-                    thread: *thread,
-                    locations: ids.clone(),
-                    samples: 0,
-                    weight: 0,
-                    root_samples: 0,
-                });
-                clean.push(0);
-                next
-            });
-        let s = &mut self.stacks[id as usize];
-        s.samples += 1;
-        s.weight = s.weight.saturating_add(u.weight);
-        self.stack_clean[id as usize] += u64::from(u.clean);
-        let t = &mut self.thread_samples[u.thread as usize];
-        t.0 += 1;
-        t.1 = t.1.saturating_add(u.weight);
-        self.kernel_chain += u64::from(u.used_kernel_chain);
-        self.presymbolized += u64::from(u.presymbolized);
-        if self.keep_sequences {
-            let seq = &mut self.sequences[u.thread as usize];
-            match seq.last_mut() {
-                Some(last) if last.stack == id => {
-                    last.samples += 1;
-                    last.weight = last.weight.saturating_add(u.weight);
-                    last.last_time = u.time;
-                }
-                _ => seq.push(SequenceEntry {
-                    stack: id,
-                    time: u.time,
-                    last_time: u.time,
-                    samples: 1,
-                    weight: u.weight,
-                }),
-            }
-        }
-    }
-}
-
-fn source_text(s: &Source) -> String {
-    s.to_string()
-}
-
-fn build_profile<D: AsRef<[u8]>>(
-    reader: &TraceReader<D>,
-    trace_name: &str,
-    prepared: Prepared,
-    agg: Aggregator,
-    lines: Vec<Resolved>,
-) -> Profile {
-    let Prepared {
-        timeline,
-        images,
-        mut warnings,
-        ..
-    } = prepared;
-    // Functions and locations in first-seen frame order.
-    let mut functions: Vec<Function> = Vec::new();
-    let mut function_ids: HashMap<(String, Option<String>), u32> = HashMap::new();
-    let mut image_frames = vec![0u64; images.len()];
-    let mut locations = Vec::with_capacity(agg.frames.len());
-    for (key, (frame_lines, known)) in agg.frames.iter().zip(lines) {
-        let lines = frame_lines
-            .into_iter()
-            .map(|l| {
-                let k = (l.function, l.file);
-                let next = functions.len() as u32;
-                let id = *function_ids.entry(k.clone()).or_insert_with(|| {
-                    functions.push(Function {
-                        name: k.0,
-                        file: k.1,
-                        first_line: None,
-                    });
-                    next
-                });
-                let f = &mut functions[id as usize];
-                if let Some(line) = l.line {
-                    f.first_line = Some(f.first_line.map_or(line, |x| x.min(line)));
-                }
-                LocationLine {
-                    function: id,
-                    line: l.line,
-                }
-            })
-            .collect();
-        locations.push(Location {
-            image: (key.image != NO_IMAGE).then_some(key.image),
-            address: key.addr,
-            lines,
-            unknown: !known,
-        });
-    }
-
-    let mut stats = Stats {
-        trace_samples: timeline.samples,
-        presymbolized_samples: agg.presymbolized,
-        kernel_callchain_samples: agg.kernel_chain,
-        lost_samples: timeline.lost,
-        trace_bytes: reader.len(),
-        finished: reader.report().finished,
-        ..Default::default()
-    };
-    if let (Some(a), Some(b)) = (timeline.first_time, timeline.last_time) {
-        stats.duration_ns = b.0 - a.0;
-    }
-    let mut threads: Vec<ThreadProfile> = timeline
-        .threads
-        .iter()
-        .enumerate()
-        .map(|(i, ((pid, tid), t))| ThreadProfile {
-            pid: *pid,
-            tid: *tid,
-            name: t.name.clone(),
-            trace_samples: t.samples,
-            samples: agg.thread_samples[i].0,
-            weight: agg.thread_samples[i].1,
-            root_samples: 0,
-            idle_ticks: t.idle_ticks,
-        })
-        .collect();
-    stats.stack_bytes = timeline.threads.values().map(|t| t.stack_bytes).sum();
-    let mut stacks = agg.stacks;
-    for (s, clean) in stacks.iter_mut().zip(agg.stack_clean) {
-        let outer_is_root = s.locations.last().is_some_and(|&l| {
-            locations[l as usize].lines.last().is_some_and(|ll| {
-                ROOT_FUNCTIONS.contains(&functions[ll.function as usize].name.as_str())
-            })
-        });
-        s.root_samples = if outer_is_root { s.samples } else { clean };
-        stats.samples += s.samples;
-        stats.root_samples += s.root_samples;
-        threads[s.thread as usize].root_samples += s.root_samples;
-        stats.frames += s.samples * s.locations.len() as u64;
-        for &l in &s.locations {
-            let loc = &locations[l as usize];
-            if loc.unknown {
-                stats.unknown_frames += s.samples;
-            }
-            if let Some(img) = loc.image {
-                image_frames[img as usize] += s.samples;
-            }
-        }
-    }
-
-    let mut missing = Vec::new();
-    let image_infos: Vec<ImageInfo> = images
-        .iter()
-        .zip(&image_frames)
-        .map(|(img, &frames)| {
-            let has_debug_info = img.data.as_ref().is_some_and(|d| d.has_dwarf());
-            if frames > 0
-                && img.key.kind != lrnprof_format::ImageKind::Anonymous
-                && (img.unwind_source == Source::Missing || img.symbol_source == Source::Missing)
-            {
-                missing.push(format!(
-                    "{} ({})",
-                    img.key.path,
-                    hex(&img.key.build_id).unwrap_or_else(|| "no build id".into())
-                ));
-            }
-            ImageInfo {
-                path: img.key.path.clone(),
-                build_id: hex(&img.key.build_id),
-                unwind_data: source_text(&img.unwind_source),
-                symbol_data: source_text(&img.symbol_source),
-                has_debug_info,
-                notes: img.notes.clone(),
-                frames,
-            }
-        })
-        .collect();
-    if !missing.is_empty() {
-        warnings.push(format!(
-            "unwind or symbol data missing for {}: give their files with --symbols DIR or record with embedded data",
-            missing.join(", ")
-        ));
-    }
-    for img in &images {
-        for n in &img.notes {
-            if n.starts_with("not using") {
-                warnings.push(n.clone());
-            }
-        }
-    }
-    let processes = timeline
-        .processes
-        .iter()
-        .map(|(pid, p)| ProcessInfo {
-            pid: pid.0,
-            command: p.command.clone(),
-            executable: p.executable.clone(),
-        })
-        .collect();
-    Profile {
-        header: timeline.header,
-        trace_name: trace_name.to_string(),
-        threads,
-        processes,
-        images: image_infos,
-        functions,
-        locations,
-        stacks,
-        sequences: agg.sequences,
-        stats,
-        warnings,
-    }
+    Ok(builder.finish(reader, trace_name, prepared, lines))
 }
 
 #[cfg(test)]

@@ -2,9 +2,10 @@
 //! analysis, unwinding one sample and symbolicating one address, timed on
 //! a real trace. Not a stable API: it follows the analyzer's internals.
 
+use crate::address::Svma;
 use crate::error::AnalyzeError;
 use crate::options::{AnalyzeOptions, NoProgress};
-use crate::pipeline::{open, prepare, FrameKey, Prepared, NO_IMAGE};
+use crate::pipeline::{open, prepare, FrameKey, Prepared};
 use crate::symbolicate::{DwarfSections, Symbolizer};
 use crate::unwind::ArchCache;
 use lrnprof_format::{Record, Sample};
@@ -19,8 +20,9 @@ const MAX_SAMPLES: usize = 20_000;
 pub struct BenchTrace {
     prepared: Prepared,
     samples: Vec<Sample>,
-    /// Distinct frames inside images that have data, in first-seen order.
-    frames: Vec<FrameKey>,
+    /// Distinct frames inside images that have data (image, lookup
+    /// address), in first-seen order.
+    frames: Vec<(u32, Svma)>,
 }
 
 /// A per-worker unwind cache, as the analyzer keeps one per worker.
@@ -46,10 +48,11 @@ impl BenchTrace {
         for s in &samples {
             let unwound = prepared.unwind(&mut cache, s);
             for f in prepared.frame_keys(s, &unwound.frames) {
-                let has_data =
-                    f.image != NO_IMAGE && prepared.images[f.image as usize].data.is_some();
-                if has_data && seen.insert(f) {
-                    frames.push(f);
+                // Keyed by SVMA only where the image has data.
+                if let FrameKey::Image { image, svma } = f {
+                    if seen.insert((image, svma)) {
+                        frames.push((image, svma));
+                    }
                 }
             }
         }
@@ -85,13 +88,15 @@ impl BenchTrace {
     /// DWARF and build the symbolizer first, as for the first address of
     /// an image. Returns the number of function levels found.
     pub fn symbolicate_cold(&self, i: usize) -> usize {
-        let Some(f) = self.frame(i) else { return 0 };
-        let Some(data) = self.prepared.images[f.image as usize].data.as_ref() else {
+        let Some((image, svma)) = self.frame(i) else {
+            return 0;
+        };
+        let Some(data) = self.prepared.images[image as usize].data.as_ref() else {
             return 0;
         };
         let dwarf = DwarfSections::new(data);
         Symbolizer::new(data, dwarf.as_ref())
-            .lookup(f.addr, true)
+            .lookup(svma, true)
             .len()
     }
 
@@ -104,7 +109,7 @@ impl BenchTrace {
         let dwarf: HashMap<u32, Option<DwarfSections>> = self
             .frames
             .iter()
-            .map(|f| f.image)
+            .map(|&(image, _)| image)
             .collect::<HashSet<_>>()
             .into_iter()
             .filter_map(|img| {
@@ -121,13 +126,13 @@ impl BenchTrace {
             .collect();
         let mut lookup = |i: usize| {
             self.frame(i)
-                .and_then(|f| Some(symbolizers.get(&f.image)?.lookup(f.addr, true).len()))
+                .and_then(|(image, svma)| Some(symbolizers.get(&image)?.lookup(svma, true).len()))
                 .unwrap_or(0)
         };
         f(&mut lookup)
     }
 
-    fn frame(&self, i: usize) -> Option<FrameKey> {
+    fn frame(&self, i: usize) -> Option<(u32, Svma)> {
         (!self.frames.is_empty()).then(|| self.frames[i % self.frames.len()])
     }
 }

@@ -23,6 +23,7 @@
 
 #![deny(missing_docs)]
 
+mod address;
 mod analyze;
 #[doc(hidden)]
 pub mod bench;

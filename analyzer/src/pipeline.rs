@@ -2,6 +2,7 @@
 //! images, building one unwinder per process generation, and unwinding one
 //! sample into frames.
 
+use crate::address::{Avma, FileOffset, Svma};
 use crate::error::AnalyzeError;
 use crate::image::{load_image, ImageData, LoadedImage, LocateOptions};
 use crate::options::{AnalyzeOptions, Progress, SampleFilter};
@@ -15,18 +16,38 @@ use rayon::prelude::*;
 use std::collections::HashMap;
 use std::path::Path;
 
-/// No image (the frame is outside every mapping).
-pub(crate) const NO_IMAGE: u32 = u32::MAX;
-
-/// A frame before symbolication.
+/// A frame before symbolication: its lookup address (a return address
+/// already moved back into its call instruction) in the address space
+/// that can name it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub(crate) struct FrameKey {
-    pub image: u32,
-    /// The process, for frames outside images (JIT maps are per process).
-    pub pid: u32,
-    /// SVMA lookup address in `image`, file offset when the image has no
-    /// data, or AVMA when outside images.
-    pub addr: u64,
+pub(crate) enum FrameKey {
+    /// In image `image` (index into [`Prepared::images`]), whose data was
+    /// found: its symbols and DWARF are looked up at `svma`.
+    Image { image: u32, svma: Svma },
+    /// In image `image` without data: only where in its file is known.
+    Unresolved { image: u32, offset: FileOffset },
+    /// Outside every image (JIT code, or an address no mapping holds): only
+    /// process `pid`'s JIT map can name it.
+    Outside { pid: Pid, avma: Avma },
+}
+
+impl FrameKey {
+    /// The image the frame lies in, if any.
+    pub fn image(&self) -> Option<u32> {
+        match *self {
+            FrameKey::Image { image, .. } | FrameKey::Unresolved { image, .. } => Some(image),
+            FrameKey::Outside { .. } => None,
+        }
+    }
+
+    /// The address as the profile shows it ([`Location::address`](crate::Location)).
+    pub fn address(&self) -> u64 {
+        match *self {
+            FrameKey::Image { svma, .. } => svma.0,
+            FrameKey::Unresolved { offset, .. } => offset.0,
+            FrameKey::Outside { avma, .. } => avma.0,
+        }
+    }
 }
 
 /// Per process: each generation of its image map and its unwinder.
@@ -228,7 +249,7 @@ impl Prepared {
             .enumerate()
             .map(|(i, &avma)| {
                 let lookup = if i == 0 { avma } else { avma.wrapping_sub(1) };
-                self.frame_key(s.pid, mappings, lookup)
+                self.frame_key(s.pid, mappings, Avma(lookup))
             })
             .collect()
     }
@@ -283,7 +304,8 @@ impl Prepared {
         Some((m, self.images[m.image as usize].data.as_ref()?))
     }
 
-    fn frame_key(&self, pid: Pid, mappings: &[Mapping], avma: u64) -> FrameKey {
+    fn frame_key(&self, pid: Pid, mappings: &[Mapping], lookup: Avma) -> FrameKey {
+        let avma = lookup.0;
         let i = mappings.partition_point(|m| m.start <= avma);
         let m = i
             .checked_sub(1)
@@ -291,21 +313,18 @@ impl Prepared {
             .filter(|m| avma < m.end);
         match m {
             Some(m) if self.images[m.image as usize].key.kind != ImageKind::Anonymous => {
-                let addr = match &self.images[m.image as usize].data {
-                    Some(d) => avma.wrapping_sub(d.bias(m)),
-                    None => (avma - m.start).wrapping_add(m.file_offset),
-                };
-                FrameKey {
-                    image: m.image,
-                    pid: 0,
-                    addr,
+                match &self.images[m.image as usize].data {
+                    Some(d) => FrameKey::Image {
+                        image: m.image,
+                        svma: Svma(avma.wrapping_sub(d.bias(m))),
+                    },
+                    None => FrameKey::Unresolved {
+                        image: m.image,
+                        offset: FileOffset((avma - m.start).wrapping_add(m.file_offset)),
+                    },
                 }
             }
-            _ => FrameKey {
-                image: NO_IMAGE,
-                pid: pid.0,
-                addr: avma,
-            },
+            _ => FrameKey::Outside { pid, avma: lookup },
         }
     }
 }

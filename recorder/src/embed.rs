@@ -47,7 +47,8 @@ pub enum EmbedLevel {
     /// the layout: stacks unwind anywhere, functions show as addresses.
     Unwind,
     /// Unwind sections and symbol tables (`.symtab`/`.strtab`,
-    /// `.dynsym`/`.dynstr`): function names anywhere.
+    /// `.dynsym`/`.dynstr`, and `.rela.plt`, which names PLT stubs):
+    /// function names anywhere.
     #[default]
     Symbols,
     /// Also the DWARF `.debug_*` sections: file:line and inline frames.
@@ -71,7 +72,7 @@ impl FromStr for EmbedLevel {
 }
 
 const UNWIND: [&str; 3] = [".eh_frame", ".eh_frame_hdr", ".debug_frame"];
-const SYMBOLS: [&str; 4] = [".symtab", ".strtab", ".dynsym", ".dynstr"];
+const SYMBOLS: [&str; 5] = [".symtab", ".strtab", ".dynsym", ".dynstr", ".rela.plt"];
 
 /// The name a wanted section is stored under, or `None` if `level` does
 /// not want it.
@@ -249,6 +250,11 @@ mod tests {
             wanted(".dynsym", EmbedLevel::Symbols).as_deref(),
             Some(".dynsym")
         );
+        assert_eq!(
+            wanted(".rela.plt", EmbedLevel::Symbols).as_deref(),
+            Some(".rela.plt")
+        );
+        assert_eq!(wanted(".rela.plt", EmbedLevel::Unwind), None);
         assert_eq!(wanted(".debug_info", EmbedLevel::Symbols), None);
         assert_eq!(
             wanted(".zdebug_line", EmbedLevel::Debug).as_deref(),

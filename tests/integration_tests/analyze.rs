@@ -10,6 +10,7 @@
 //!
 //! "Reached the root" (as `info` counts it): the outermost frame is the
 //! thread's entry (`_start`/`__libc_start_main` for the main thread,
+//! `_dl_start_user` while the dynamic loader runs constructors,
 //! `clone`/`clone3`/`start_thread` for the others), or the unwinder stopped
 //! cleanly at a zero return address / frame pointer.
 
@@ -18,7 +19,9 @@ mod synthetic;
 mod viewers;
 
 use lrnprof_format::{TraceReader, TraceWriter, WriterOptions};
-use lrnprof_tests::{build_c, lrnprof_analyze, lrnprof_rec, require_perf, scratch_dir};
+use lrnprof_tests::{
+    build_c, lrnprof_analyze, lrnprof_rec, remove_scratch_dir, require_perf, scratch_dir, skip,
+};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
@@ -26,20 +29,8 @@ use std::process::{Command, Output, Stdio};
 /// Flags that make unwinding depend on DWARF CFI.
 const NO_FP: &[&str] = &["-O2", "-g", "-fomit-frame-pointer", "-pthread"];
 
-/// `--embed none` if this lrnprof-rec embeds image data by default.
-fn embed_none() -> &'static [&'static str] {
-    if recorder_embeds() {
-        &["--embed", "none"]
-    } else {
-        &[]
-    }
-}
-
-/// Whether lrnprof-rec has the `--embed` option.
-fn recorder_embeds() -> bool {
-    let help = Command::new(lrnprof_rec()).arg("--help").output().unwrap();
-    String::from_utf8_lossy(&help.stdout).contains("--embed")
-}
+/// Record without embedded image data (the recorder embeds by default).
+const EMBED_NONE: &[&str] = &["--embed", "none"];
 
 /// Record `program args` into `dir/name.lpt`.
 fn record(dir: &Path, name: &str, extra: &[&str], program: &Path, args: &[&str]) -> PathBuf {
@@ -227,19 +218,31 @@ fn dlopened_library_resolves() {
 
 /// Build an_inline and its library libanlib.so into `dir`.
 fn build_inline_fixture(dir: &Path, flags: &[&str]) -> PathBuf {
+    build_with_library(
+        dir,
+        flags,
+        ("an_inline.c", "an_inline"),
+        ("an_lib.c", "libanlib.so"),
+    )
+}
+
+/// Build the shared library `lib` (source, file name) and the program
+/// `exe` (source, file name) linked with it into `dir`, with `flags`; the
+/// program finds the library next to it (rpath `$ORIGIN`).
+fn build_with_library(dir: &Path, flags: &[&str], exe: (&str, &str), lib: (&str, &str)) -> PathBuf {
     let mut lib_flags = flags.to_vec();
     lib_flags.extend(["-shared", "-fPIC"]);
-    let lib = build_c(&["an_lib.c"], &lib_flags, dir, "libanlib.so");
+    let lib = build_c(&[lib.0], &lib_flags, dir, lib.1);
     // The library goes after the source (linkers using --as-needed care),
     // which build_c cannot express: call cc directly.
-    let exe = dir.join("an_inline");
+    let (source, exe) = (exe.0, dir.join(exe.1));
     let out = Command::new(std::env::var("CC").unwrap_or_else(|_| "cc".into()))
         .args(flags)
         .arg("-I")
         .arg(lrnprof_tests::workspace_root().join("tests/fixtures"))
         .arg("-o")
         .arg(&exe)
-        .arg(lrnprof_tests::fixture_source("an_inline.c"))
+        .arg(lrnprof_tests::fixture_source(source))
         .arg(&lib)
         .arg("-Wl,-rpath,$ORIGIN")
         .output()
@@ -434,12 +437,12 @@ fn folded_text(trace: &Path, extra: &[&str]) -> String {
 }
 
 #[test]
+#[cfg_attr(
+    not(target_arch = "x86_64"),
+    ignore = "the JIT fixture writes x86_64 machine code"
+)]
 fn jit_frames_are_named_from_the_perf_map() {
     require_perf!();
-    if std::env::consts::ARCH != "x86_64" {
-        eprintln!("skipping: the JIT fixture is x86_64 machine code");
-        return;
-    }
     let dir = scratch_dir("an-jit");
     let exe = build_c(&["an_jit.c"], NO_FP, &dir, "an_jit");
     let trace = record(&dir, "jit", &[], &exe, &["800"]);

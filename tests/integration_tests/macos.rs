@@ -9,15 +9,15 @@
 //! loaded at a slid address. `lrnprof-analyze` must then unwind and
 //! symbolicate it to `start;outer;middle;leaf`.
 //!
-//! The tests skip, saying why, when clang or ld64.lld (Debian packages
-//! `clang` and `lld`) or, for some, llvm-strip, dsymutil or llvm-lipo
-//! (package `llvm`) are missing.
+//! When clang or ld64.lld (Debian packages `clang` and `lld`) or, for
+//! some, llvm-strip, dsymutil or llvm-lipo (package `llvm`) are missing,
+//! the tests say so and skip, or fail under `CI=true`.
 
 mod fixture;
 
 use fixture::*;
 use lrnprof_format::{Arch, Blob, BlobKind, BuildId, ImageKind, Regs};
-use lrnprof_tests::scratch_dir;
+use lrnprof_tests::{scratch_dir, skip};
 use object::Object;
 use std::process::Command;
 
@@ -110,8 +110,7 @@ fn shared_cache_image_unwinds_from_embedded_sections() {
 fn stripped_binary_frames_are_named_by_offset() {
     let dir = scratch_dir("macos-stripped");
     let Some(strip) = find_tool("llvm-strip") else {
-        eprintln!("SKIP: llvm-strip is not installed (Debian: apt-get install llvm)");
-        return;
+        skip!("llvm-strip is not installed (Debian: apt-get install llvm)");
     };
     let Some(bin) = build_fixture(&dir, ARM64, "callchain_stripped", &[]) else {
         return;
@@ -137,8 +136,7 @@ fn stripped_binary_frames_are_named_by_offset() {
 fn dsym_given_with_symbols_names_a_stripped_binary() {
     let dir = scratch_dir("macos-dsym");
     let (Some(dsymutil), Some(strip)) = (find_tool("dsymutil"), find_tool("llvm-strip")) else {
-        eprintln!("SKIP: dsymutil or llvm-strip is not installed (Debian: apt-get install llvm)");
-        return;
+        skip!("dsymutil or llvm-strip is not installed (Debian: apt-get install llvm)");
     };
     let Some(bin) = build_fixture(&dir, ARM64, "callchain", &["-g"]) else {
         return;
@@ -249,8 +247,7 @@ fn embedded_mach_o_image_names_frames_without_the_file() {
 fn universal_binary_at_the_recorded_path_is_used() {
     let dir = scratch_dir("macos-universal");
     let Some(lipo) = find_tool("llvm-lipo") else {
-        eprintln!("SKIP: llvm-lipo is not installed (Debian: apt-get install llvm)");
-        return;
+        skip!("llvm-lipo is not installed (Debian: apt-get install llvm)");
     };
     let (Some(arm), Some(x86)) = (
         build_fixture(&dir, ARM64, "callchain_arm64", &[]),

@@ -4,12 +4,20 @@
 
 use super::Symbol;
 
+const STT_NOTYPE: u8 = 0;
 const STT_FUNC: u8 = 2;
 const STT_GNU_IFUNC: u8 = 10;
+/// Section indexes from here on are special (`SHN_ABS`, ...), not sections.
+const SHN_LORESERVE: u16 = 0xff00;
 
-/// Function symbols of a 64-bit ELF symbol table `syms` with string table
-/// `strs`. Malformed entries are skipped.
-pub(crate) fn parse_elf64_symbols(syms: &[u8], strs: &[u8], little_endian: bool) -> Vec<Symbol> {
+/// Function symbols, and code-label candidates (typeless symbols in a
+/// section, see `symbol_table`), of a 64-bit ELF symbol table `syms` with
+/// string table `strs`. Malformed entries are skipped.
+pub(crate) fn parse_elf64_symbols(
+    syms: &[u8],
+    strs: &[u8],
+    little_endian: bool,
+) -> (Vec<Symbol>, Vec<Symbol>) {
     let u32_at = |b: &[u8]| {
         let a = [b[0], b[1], b[2], b[3]];
         if little_endian {
@@ -28,12 +36,14 @@ pub(crate) fn parse_elf64_symbols(syms: &[u8], strs: &[u8], little_endian: bool)
         }
     };
     let mut out = Vec::new();
+    let mut labels = Vec::new();
     // Elf64_Sym: st_name u32, st_info u8, st_other u8, st_shndx u16,
     // st_value u64, st_size u64.
     for entry in syms.chunks_exact(24) {
         let kind = entry[4] & 0xf;
         let shndx = u16::from_le_bytes([entry[6], entry[7]]);
-        if (kind != STT_FUNC && kind != STT_GNU_IFUNC) || shndx == 0 {
+        let label = kind == STT_NOTYPE && shndx != 0 && shndx < SHN_LORESERVE;
+        if !(label || ((kind == STT_FUNC || kind == STT_GNU_IFUNC) && shndx != 0)) {
             continue;
         }
         let value = u64_at(&entry[8..]);
@@ -44,15 +54,21 @@ pub(crate) fn parse_elf64_symbols(syms: &[u8], strs: &[u8], little_endian: bool)
         };
         let end = rest.iter().position(|&b| b == 0).unwrap_or(rest.len());
         let name = String::from_utf8_lossy(&rest[..end]).into_owned();
-        if value != 0 && !name.is_empty() {
-            out.push(Symbol {
-                svma: value,
-                size,
-                name,
-            });
+        if value == 0 || name.is_empty() {
+            continue;
+        }
+        let symbol = Symbol {
+            svma: value,
+            size,
+            name,
+        };
+        if !label {
+            out.push(symbol);
+        } else if super::is_code_label_name(&symbol.name) {
+            labels.push(symbol);
         }
     }
-    out
+    (out, labels)
 }
 
 #[cfg(test)]
@@ -60,25 +76,39 @@ mod tests {
     use super::*;
 
     #[rustfmt::skip]
-    const SYMS: [u8; 72] = [
+    const SYMS: [u8; 144] = [
         // null symbol
         0,0,0,0, 0, 0, 0,0, 0,0,0,0,0,0,0,0, 0,0,0,0,0,0,0,0,
         // "main": name 1, STB_GLOBAL|STT_FUNC, shndx 14, value 0x1130, size 0x20
         1,0,0,0, 0x12, 0, 14,0, 0x30,0x11,0,0,0,0,0,0, 0x20,0,0,0,0,0,0,0,
         // "data": name 6, STT_OBJECT, skipped
         6,0,0,0, 0x11, 0, 20,0, 0x00,0x40,0,0,0,0,0,0, 8,0,0,0,0,0,0,0,
+        // "_start": name 11, STB_LOCAL|STT_NOTYPE, shndx 14, value 0x1100, size 0: a label
+        11,0,0,0, 0x00, 0, 14,0, 0x00,0x11,0,0,0,0,0,0, 0,0,0,0,0,0,0,0,
+        // "$x": name 18, STT_NOTYPE, shndx 14: an AArch64 mapping symbol, skipped
+        18,0,0,0, 0x00, 0, 14,0, 0x40,0x11,0,0,0,0,0,0, 0,0,0,0,0,0,0,0,
+        // "_end": name 21, STT_NOTYPE, SHN_ABS (0xfff1): no section, skipped
+        21,0,0,0, 0x10, 0, 0xf1,0xff, 0x00,0x50,0,0,0,0,0,0, 0,0,0,0,0,0,0,0,
     ];
 
     #[test]
-    fn functions_only() {
-        let strs = b"\0main\0data\0";
-        let syms = parse_elf64_symbols(&SYMS, strs, true);
+    fn functions_and_labels() {
+        let strs = b"\0main\0data\0_start\0$x\0_end\0";
+        let (syms, labels) = parse_elf64_symbols(&SYMS, strs, true);
         assert_eq!(
             syms,
             vec![Symbol {
                 svma: 0x1130,
                 size: 0x20,
                 name: "main".into()
+            }]
+        );
+        assert_eq!(
+            labels,
+            vec![Symbol {
+                svma: 0x1100,
+                size: 0,
+                name: "_start".into()
             }]
         );
     }

@@ -1,5 +1,6 @@
 //! Reading an image file (ELF or Mach-O) through `object`.
 
+use super::plt::{plt_symbols, PltTables};
 use super::{ImageData, Section, SectionBytes, Segment, Symbol};
 use object::{Object, ObjectSection, ObjectSegment, ObjectSymbol, SymbolKind};
 use std::sync::Arc;
@@ -121,6 +122,25 @@ pub(crate) fn parse_file(bytes: Arc<Vec<u8>>) -> Result<ParsedFile, String> {
             );
         }
     }
+    let elf = obj.format() == object::BinaryFormat::Elf;
+    // ELF symbols without a type in a section: code labels, see
+    // `symbol_table`.
+    let labels: Vec<Symbol> = obj
+        .symbols()
+        .filter(|s| {
+            elf && s.kind() == SymbolKind::Unknown
+                && matches!(s.section(), object::SymbolSection::Section(_))
+                && s.address() != 0
+        })
+        .filter_map(|s| {
+            let name = s.name().ok().filter(|n| super::is_code_label_name(n))?;
+            Some(Symbol {
+                svma: s.address(),
+                size: s.size(),
+                name: name.to_string(),
+            })
+        })
+        .collect();
     // (symbol, end of its section)
     let mut symbols: Vec<(Symbol, u64)> = obj
         .symbols()
@@ -152,11 +172,12 @@ pub(crate) fn parse_file(bytes: Arc<Vec<u8>>) -> Result<ParsedFile, String> {
             })
         })
         .collect();
-    symbols.sort();
-    symbols.dedup_by(|a, b| a.0.svma == b.0.svma);
-    let (mut symbols, ends): (Vec<Symbol>, Vec<u64>) = symbols.into_iter().unzip();
-    super::bound_sizeless(&mut symbols, &ends);
-    data.symbols = symbols;
+    if elf {
+        // Sized: the end of their section is not needed.
+        symbols.extend(plt_symbols_of(&obj).into_iter().map(|s| (s, u64::MAX)));
+    }
+    let text = data.section(".text").map(|t| (t.svma, t.size));
+    data.symbols = super::symbol_table(symbols, labels, text);
     let build_id = match obj.build_id() {
         Ok(Some(id)) => Some(id.to_vec()),
         _ => obj.mach_uuid().ok().flatten().map(|u| u.to_vec()),
@@ -170,6 +191,24 @@ pub(crate) fn parse_file(bytes: Arc<Vec<u8>>) -> Result<ParsedFile, String> {
         data,
         build_id,
         debuglink,
+    })
+}
+
+/// `NAME@plt` symbols of an ELF file (see `plt.rs`).
+fn plt_symbols_of(obj: &object::File) -> Vec<Symbol> {
+    let range = |name| obj.section_by_name(name).map(|s| (s.address(), s.size()));
+    let bytes = |name| {
+        obj.section_by_name(name)
+            .and_then(|s| s.data().ok())
+            .unwrap_or_default()
+    };
+    plt_symbols(&PltTables {
+        plt: range(".plt"),
+        plt_sec: range(".plt.sec"),
+        rela_plt: bytes(".rela.plt"),
+        dynsym: bytes(".dynsym"),
+        dynstr: bytes(".dynstr"),
+        little_endian: obj.is_little_endian(),
     })
 }
 

@@ -1,6 +1,8 @@
 //! `perf-PID.map` JIT symbol files: one `START SIZE NAME` line per
 //! function, addresses in hex (AVMA).
 
+use crate::address::Avma;
+
 /// A parsed JIT map, sorted by start address.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct JitMap {
@@ -32,7 +34,8 @@ impl JitMap {
     }
 
     /// The function covering `avma`.
-    pub fn lookup(&self, avma: u64) -> Option<&str> {
+    pub fn lookup(&self, avma: Avma) -> Option<&str> {
+        let Avma(avma) = avma;
         let i = self
             .entries
             .partition_point(|e| e.0 <= avma)
@@ -49,10 +52,10 @@ mod tests {
     #[test]
     fn parse_and_lookup() {
         let m = JitMap::parse("7f0000001000 40 JIT foo\n0x7f0000002000 0x10 bar\ngarbage\n");
-        assert_eq!(m.lookup(0x7f0000001000), Some("JIT foo"));
-        assert_eq!(m.lookup(0x7f000000103f), Some("JIT foo"));
-        assert_eq!(m.lookup(0x7f0000001040), None);
-        assert_eq!(m.lookup(0x7f000000200f), Some("bar"));
-        assert_eq!(m.lookup(0x10), None);
+        assert_eq!(m.lookup(Avma(0x7f0000001000)), Some("JIT foo"));
+        assert_eq!(m.lookup(Avma(0x7f000000103f)), Some("JIT foo"));
+        assert_eq!(m.lookup(Avma(0x7f0000001040)), None);
+        assert_eq!(m.lookup(Avma(0x7f000000200f)), Some("bar"));
+        assert_eq!(m.lookup(Avma(0x10)), None);
     }
 }

@@ -9,6 +9,7 @@ mod resolve;
 pub(crate) use jitmap::JitMap;
 pub(crate) use resolve::{symbolicate, Resolved};
 
+use crate::address::Svma;
 use crate::image::ImageData;
 use gimli::EndianArcSlice;
 use gimli::RunTimeEndian;
@@ -85,7 +86,8 @@ impl<'a> Symbolizer<'a> {
 
     /// Function levels at `svma` (a lookup address: return addresses already
     /// moved back by one), innermost first; empty if nothing is known.
-    pub fn lookup(&self, svma: u64, inline: bool) -> Vec<FrameLine> {
+    pub fn lookup(&self, svma: Svma, inline: bool) -> Vec<FrameLine> {
+        let Svma(svma) = svma;
         let mut lines = self.lookup_dwarf(svma);
         if !inline && lines.len() > 1 {
             lines.drain(..lines.len() - 1);

@@ -3,7 +3,7 @@
 use super::{DwarfSections, FrameLine, JitMap, Symbolizer};
 use crate::image::LoadedImage;
 use crate::options::Progress;
-use crate::pipeline::{FrameKey, NO_IMAGE};
+use crate::pipeline::FrameKey;
 use rayon::prelude::*;
 use std::collections::HashMap;
 
@@ -19,26 +19,27 @@ pub(crate) fn symbolicate(
     inline: bool,
     progress: &dyn Progress,
 ) -> Vec<Resolved> {
-    let mut by_image: HashMap<u32, Vec<usize>> = HashMap::new();
+    // Frames outside images form the group `None`.
+    let mut by_image: HashMap<Option<u32>, Vec<usize>> = HashMap::new();
     for (i, f) in frames.iter().enumerate() {
-        by_image.entry(f.image).or_default().push(i);
+        by_image.entry(f.image()).or_default().push(i);
     }
-    let mut groups: Vec<(u32, Vec<usize>)> = by_image.into_iter().collect();
+    let mut groups: Vec<(Option<u32>, Vec<usize>)> = by_image.into_iter().collect();
     groups.sort_by_key(|g| g.0);
     // Split big images so that one large executable still uses every worker.
     let per_chunk = (frames.len() / rayon::current_num_threads().max(1)).max(512);
-    let work: Vec<(u32, &[usize])> = groups
+    let work: Vec<(Option<u32>, &[usize])> = groups
         .iter()
         .flat_map(|(img, idx)| idx.chunks(per_chunk).map(move |c| (*img, c)))
         .collect();
     // DWARF copied once per image, shared by that image's chunks.
     let dwarf: HashMap<u32, DwarfSections> = groups
         .par_iter()
-        .filter(|(img, _)| *img != NO_IMAGE)
         .filter_map(|(img, _)| {
-            let data = images[*img as usize].data.as_ref()?;
+            let img = (*img)?;
+            let data = images[img as usize].data.as_ref()?;
             let sections = std::panic::catch_unwind(|| DwarfSections::new(data)).ok()??;
-            Some((*img, sections))
+            Some((img, sections))
         })
         .collect();
     let total = work.len() as u64;
@@ -46,55 +47,23 @@ pub(crate) fn symbolicate(
     let results: Vec<Vec<(usize, Resolved)>> = work
         .par_iter()
         .map(|(img, idx)| {
-            let out = if *img == NO_IMAGE {
-                idx.iter()
-                    .map(|&i| {
-                        let f = frames[i];
-                        let name = jit_maps.get(&f.pid).and_then(|m| m.lookup(f.addr));
-                        (
-                            i,
-                            match name {
-                                Some(n) => (vec![line(n.to_string())], true),
-                                None => (vec![line(format!("{:#x}", f.addr))], false),
-                            },
-                        )
-                    })
-                    .collect()
-            } else {
-                let image = &images[*img as usize];
-                // Debug info may come from an untrusted trace: a panic in
-                // the DWARF readers leaves the frames unresolved.
-                let guard = |f: &dyn Fn() -> Vec<FrameLine>| {
-                    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or_default()
-                };
-                let symbolizer = image.data.as_ref().and_then(|d| {
-                    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                        Symbolizer::new(d, dwarf.get(img))
-                    }))
-                    .ok()
-                });
-                idx.iter()
-                    .map(|&i| {
-                        let f = frames[i];
-                        let lines = symbolizer
-                            .as_ref()
-                            .map(|s| guard(&|| s.lookup(f.addr, inline)))
-                            .unwrap_or_default();
-                        (
-                            i,
-                            if lines.is_empty() {
-                                let base = image.data.as_ref().map_or(0, |d| d.base_svma);
-                                let off = f.addr.wrapping_sub(base);
-                                (
-                                    vec![line(format!("{}+{off:#x}", image.short_name()))],
-                                    false,
-                                )
-                            } else {
-                                (lines, true)
-                            },
-                        )
-                    })
-                    .collect()
+            let out = match img {
+                None => idx
+                    .iter()
+                    .map(|&i| (i, resolve_outside(frames[i], jit_maps)))
+                    .collect(),
+                Some(img) => {
+                    let image = &images[*img as usize];
+                    let symbolizer = image.data.as_ref().and_then(|d| {
+                        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                            Symbolizer::new(d, dwarf.get(img))
+                        }))
+                        .ok()
+                    });
+                    idx.iter()
+                        .map(|&i| (i, resolve_in(image, symbolizer.as_ref(), frames[i], inline)))
+                        .collect()
+                }
             };
             let d = done.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
             progress.update("symbolicating", d, total);
@@ -106,6 +75,55 @@ pub(crate) fn symbolicate(
         lines[i] = l;
     }
     lines
+}
+
+/// A frame outside every image: named by its process's JIT map, else
+/// shown as its address.
+fn resolve_outside(frame: FrameKey, jit_maps: &HashMap<u32, JitMap>) -> Resolved {
+    let FrameKey::Outside { pid, avma } = frame else {
+        return (vec![line(format!("{:#x}", frame.address()))], false);
+    };
+    match jit_maps.get(&pid.0).and_then(|m| m.lookup(avma)) {
+        Some(n) => (vec![line(n.to_string())], true),
+        None => (vec![line(format!("{:#x}", avma.0))], false),
+    }
+}
+
+/// A frame in `image`: named by its symbolizer, else shown as
+/// `IMAGE+OFFSET` (from the image's base for an SVMA, which is the
+/// `__TEXT` address on Mach-O and 0 on ELF; the file offset when the image
+/// has no data).
+fn resolve_in(
+    image: &LoadedImage,
+    symbolizer: Option<&Symbolizer>,
+    frame: FrameKey,
+    inline: bool,
+) -> Resolved {
+    let offset = match frame {
+        FrameKey::Image { svma, .. } => {
+            // Debug info may come from an untrusted trace: a panic in the
+            // DWARF readers leaves the frame unresolved.
+            let lines = symbolizer
+                .and_then(|s| {
+                    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        s.lookup(svma, inline)
+                    }))
+                    .ok()
+                })
+                .unwrap_or_default();
+            if !lines.is_empty() {
+                return (lines, true);
+            }
+            let base = image.data.as_ref().map_or(0, |d| d.base_svma);
+            svma.0.wrapping_sub(base)
+        }
+        FrameKey::Unresolved { offset, .. } => offset.0,
+        FrameKey::Outside { avma, .. } => avma.0,
+    };
+    (
+        vec![line(format!("{}+{offset:#x}", image.short_name()))],
+        false,
+    )
 }
 
 fn line(function: String) -> FrameLine {

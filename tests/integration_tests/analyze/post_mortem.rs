@@ -12,7 +12,7 @@ fn packed_post_mortem(dir: &Path) -> (PathBuf, PathBuf, PathBuf, String, String)
     let app = dir.join("app");
     std::fs::create_dir_all(&app).unwrap();
     let exe = build_inline_fixture(&app, NO_FP);
-    let trace = record(dir, "pm", embed_none(), &exe, &["800"]);
+    let trace = record(dir, "pm", EMBED_NONE, &exe, &["800"]);
     let before = folded_text(&trace, &[]);
     let before_no_inline = folded_text(&trace, &["--no-inline"]);
     assert!(before.contains("hot_outer;mix_step") && before.contains("lib_entry;lib_leaf"));
@@ -57,10 +57,6 @@ fn packed_trace_analyzes_after_the_binaries_are_gone() {
 #[test]
 fn recorder_embedded_debug_data_suffices() {
     require_perf!();
-    if !recorder_embeds() {
-        eprintln!("skipping: this lrnprof-rec has no --embed option");
-        return;
-    }
     let dir = scratch_dir("an-embed-debug");
     let app = dir.join("app");
     std::fs::create_dir_all(&app).unwrap();
@@ -196,7 +192,7 @@ fn symbols_dir_with_build_id_layout_names_a_stripped_binary() {
     std::fs::create_dir_all(&sub).unwrap();
     std::fs::rename(&debug, sub.join(format!("{}.debug", &id[2..]))).unwrap();
 
-    let trace = record(&dir, "sy", embed_none(), &exe, &["600"]);
+    let trace = record(&dir, "sy", EMBED_NONE, &exe, &["600"]);
     let without = folded_text(&trace, &[]);
     assert!(!without.contains("mix_step"), "{without}");
     let with = folded_text(&trace, &["--symbols", syms.to_str().unwrap()]);
@@ -213,4 +209,102 @@ fn symbols_dir_with_build_id_layout_names_a_stripped_binary() {
     ]);
     assert!(!bad.status.success());
     assert!(String::from_utf8_lossy(&bad.stderr).contains("symbols directory"));
+}
+
+/// The separate debug file of this machine's dynamic loader (Debian:
+/// libc6-dbg), if any: only its full symbol table names the loader's entry
+/// code.
+fn loader_debug_file() -> Option<PathBuf> {
+    use object::Object;
+    let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
+    let loader = maps
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(5))
+        .find(|p| p.contains("/ld-linux"))?;
+    let bytes = std::fs::read(loader).ok()?;
+    let id = object::File::parse(&*bytes).ok()?.build_id().ok()??;
+    let hex: String = id.iter().map(|b| format!("{b:02x}")).collect();
+    let file = PathBuf::from(format!(
+        "/usr/lib/debug/.build-id/{}/{}.debug",
+        &hex[..2],
+        &hex[2..]
+    ));
+    file.exists().then_some(file)
+}
+
+/// Code that no function symbol covers, sampled on purpose (an_stubs.c):
+/// an untyped assembly label and PLT stubs in the program, and the dynamic
+/// loader's entry code running a library constructor. A sample taken while
+/// the loader starts a process ends in such code (`_start`, a label); it
+/// used to stay unnamed locally and offline, and made
+/// `offline_uses_only_embedded_data` fail whenever a loaded machine let one
+/// be taken.
+#[test]
+fn code_without_function_symbols_is_named_locally_and_offline() {
+    require_perf!();
+    let dir = scratch_dir("an-stubs");
+    let app = dir.join("app");
+    std::fs::create_dir_all(&app).unwrap();
+    let exe = build_with_library(
+        &app,
+        &["-O2", "-g"],
+        ("an_stubs.c", "an_stubs"),
+        ("an_stubs_lib.c", "libanstubs.so"),
+    );
+    let embedded = record(&dir, "emb", &[], &exe, &[]);
+    let bare = record(&dir, "bare", EMBED_NONE, &exe, &[]);
+    let packed = dir.join("packed.lpt");
+    ok(&[
+        "pack",
+        bare.to_str().unwrap(),
+        "-o",
+        packed.to_str().unwrap(),
+    ]);
+    let local = folded(&embedded, &[]);
+    std::fs::remove_dir_all(&app).unwrap();
+    let offline = folded(&embedded, &["--offline"]);
+    let packed_offline = folded(&packed, &["--offline"]);
+
+    let pairs = [
+        ("main", "spin_untyped"),
+        ("call_tiny", "tiny_call@plt"),
+        ("call_tiny", "tiny_call"),
+    ];
+    for (a, b) in pairs {
+        // The same trace, unwound from the same bytes: the same counts.
+        let n = calls(&local, "", a, b);
+        assert!(n >= 10, "{a};{b}: {n} samples: {local:?}");
+        assert_eq!(calls(&offline, "", a, b), n, "{a};{b}: {offline:?}");
+        assert!(
+            calls(&packed_offline, "", a, b) >= 10,
+            "{a};{b}: {packed_offline:?}"
+        );
+    }
+    for f in [&local, &offline, &packed_offline] {
+        let unnamed: Vec<_> = f
+            .keys()
+            .flatten()
+            .filter(|n| n.starts_with("an_stubs+") || n.starts_with("libanstubs.so+"))
+            .collect();
+        assert!(unnamed.is_empty(), "unnamed program frames: {unnamed:?}");
+    }
+
+    // The loader's entry labels live in its full symbol table: in its debug
+    // file, which pack embeds and local analysis reads.
+    if loader_debug_file().is_none() {
+        skip!("the dynamic loader has no debug file to name its entry code (Debian: libc6-dbg)");
+    }
+    for f in [&local, &packed_offline] {
+        let in_constructor: Vec<_> = f
+            .iter()
+            .filter(|(s, _)| s.last().is_some_and(|n| n == "in_constructor"))
+            .collect();
+        let n: u64 = in_constructor.iter().map(|(_, c)| **c).sum();
+        assert!(n >= 10, "{n} samples in the constructor: {f:?}");
+        for (stack, _) in in_constructor {
+            assert_eq!(stack[1], "_dl_start_user", "{stack:?}");
+            assert!(!stack.iter().any(|n| n.contains("+0x")), "{stack:?}");
+        }
+    }
+    remove_scratch_dir(&dir);
 }

@@ -9,8 +9,7 @@ use std::net::TcpListener;
 fn pprof_opens_in_go_tool_pprof() {
     require_perf!();
     if Command::new("go").arg("version").output().is_err() {
-        eprintln!("skipping: `go` is not installed (Debian: golang-go)");
-        return;
+        skip!("`go` is not installed (Debian: golang-go)");
     }
     let dir = scratch_dir("an-pprof");
     let exe = build_inline_fixture(&dir, NO_FP);
@@ -159,15 +158,11 @@ fn speedscope_dom(app: &Path, profile: &Path, dir: &Path) -> String {
 fn speedscope_output_loads_in_speedscope() {
     require_perf!();
     if Command::new("chromium").arg("--version").output().is_err() {
-        eprintln!("skipping: chromium is not installed (Debian: chromium)");
-        return;
+        skip!("chromium is not installed (Debian: chromium)");
     }
     let app = match speedscope_app() {
         Ok(app) => app,
-        Err(why) => {
-            eprintln!("skipping: the speedscope app is not available: {why}");
-            return;
-        }
+        Err(why) => skip!("the speedscope app is not available: {why}"),
     };
     let dir = scratch_dir("an-speedscope");
     let exe = build_c(&["rec_threads.c"], NO_FP, &dir, "rec_threads");

@@ -8,7 +8,7 @@ use lrnprof_format::{
     SampleFlags, SampleKind, StackSnapshot, Summary, Target, ThreadEvent, ThreadRecord, Tid,
     Timestamp, TraceHeader, TraceWriter, WriterOptions,
 };
-use lrnprof_tests::{fixture_source, lrnprof_analyze};
+use lrnprof_tests::{cannot_check, fixture_source, lrnprof_analyze};
 use object::{Object, ObjectSection, ObjectSegment, ObjectSymbol};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -57,8 +57,9 @@ pub(super) fn find_tool(name: &str) -> Option<String> {
 
 /// Compile the fixture for `target` (`ARM64` or `X86_64`) with `cflags` and
 /// link it into `dir/out_name`;
-/// `None` (after printing why) when the toolchain is missing. A toolchain
-/// that is present but fails is a test failure.
+/// `None` when the toolchain is missing (after [`cannot_check`], which
+/// fails the test under `CI=true`). A toolchain that is present but fails
+/// is a test failure.
 pub(super) fn build_fixture(
     dir: &Path,
     target: &str,
@@ -66,11 +67,11 @@ pub(super) fn build_fixture(
     cflags: &[&str],
 ) -> Option<PathBuf> {
     if !runs("clang", "--version") {
-        eprintln!("SKIP: clang is not installed (Debian: apt-get install clang lld)");
+        cannot_check("clang is not installed (Debian: apt-get install clang lld)");
         return None;
     }
     let Some(linker) = find_tool("ld64.lld") else {
-        eprintln!("SKIP: ld64.lld is not installed (Debian: apt-get install lld)");
+        cannot_check("ld64.lld is not installed (Debian: apt-get install lld)");
         return None;
     };
     let object = dir.join(format!("{out_name}.o"));

@@ -3,16 +3,16 @@
 //! recorded or living in another root, and JIT perf maps.
 
 use super::support::{
-    assert_complete, assert_exit_code, assert_success, build_id, build_threads, images, launch,
-    load, load_complete, os, rec, rec_command, root_pid, section_blobs,
+    assert_complete, assert_exit_code, assert_success, build_id, build_threads, holds_open, images,
+    launch, load, load_complete, os, rec, rec_command, root_pid, section_blobs,
 };
 use lrnprof_format::{ImageKind, Record};
 use lrnprof_tests::{
     build_c, has_program, is_root, lrnprof_analyze, remove_scratch_dir, require_perf, scratch_dir,
+    skip, wait_until,
 };
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::Duration;
 
 #[test]
 fn embedding_carries_unwind_and_symbol_sections() {
@@ -154,8 +154,7 @@ fn images_inside_a_changed_root_are_found_through_proc() {
     // A chroot stands in for a container: the program's path inside its
     // root (/fx) does not exist on the host.
     if !is_root() || !has_program("chroot") {
-        eprintln!("skipping: needs root and chroot");
-        return;
+        skip!("needs root and chroot");
     }
     let dir = scratch_dir("rec-chroot");
     let root = dir.join("root");
@@ -201,16 +200,23 @@ fn a_program_deleted_while_recorded_is_still_embedded() {
     let exe = build_threads(&dir);
     let id = build_id(&exe);
     let out = dir.join("t.lpt");
+    // The fixture waits for the go file before it works and exits.
+    let go = dir.join("go");
     let recorder = rec_command(&out)
         .arg("--")
         .arg(&exe)
-        .arg("1500")
+        .arg("300")
+        .env("REC_GO_FILE", &go)
         .stdin(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    std::thread::sleep(Duration::from_millis(300));
+    // Deleted once the recorder has opened it (when it saw it mapped).
+    wait_until("the recorder opening the program", || {
+        holds_open(recorder.id(), &exe)
+    });
     std::fs::remove_file(&exe).unwrap();
+    std::fs::write(&go, "").unwrap();
     let result = recorder.wait_with_output().unwrap();
     assert_exit_code(&result, 7);
     let (_, records) = load_complete(&out);

@@ -7,10 +7,11 @@ use super::support::{
     root_pid, samples, stack_holds_address_in, symbol_avma, thread_names, NO_FP,
 };
 use lrnprof_format::{ImageKind, Pid, ProcessEvent, Record, Sample, Target, ThreadEvent};
-use lrnprof_tests::{build_c, is_root, remove_scratch_dir, require_perf, scratch_dir};
+use lrnprof_tests::{
+    build_c, is_root, remove_scratch_dir, require_perf, scratch_dir, skip, wait_until,
+};
 use std::path::Path;
 use std::process::Command;
-use std::time::{Duration, Instant};
 
 #[test]
 fn launch_records_named_threads_images_and_samples() {
@@ -79,21 +80,15 @@ fn attach_by_pid_records_existing_threads_and_images() {
     let exe = build_threads(&dir);
     let mut child = Command::new(&exe).arg("20000").spawn().unwrap();
     let pid = child.id();
-    // Wait until both workers have named themselves.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
+    wait_until("both workers naming themselves", || {
         let names: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/task"))
             .map(|d| {
                 d.filter_map(|e| std::fs::read_to_string(e.ok()?.path().join("comm")).ok())
                     .collect()
             })
             .unwrap_or_default();
-        if names.iter().filter(|n| n.starts_with("worker-")).count() == 2 {
-            break;
-        }
-        assert!(Instant::now() < deadline, "fixture threads never got named");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+        names.iter().filter(|n| n.starts_with("worker-")).count() == 2
+    });
     let out = dir.join("t.lpt");
     let result = rec(&[
         os("--pid"),
@@ -312,8 +307,7 @@ fn many_busy_threads_lose_nothing_at_1khz() {
     // Without root the recorder cannot run above the target's priority,
     // and 48 busy threads on a small machine starve it.
     if !is_root() {
-        eprintln!("skipping: needs root (CAP_SYS_NICE) to favour the recorder's threads");
-        return;
+        skip!("needs root (CAP_SYS_NICE) to favour the recorder's threads");
     }
     let dir = scratch_dir("rec-many");
     let exe = build_threads(&dir);

@@ -2,17 +2,17 @@
 //! `--duration`, `--freq` clamping, and the recorder killed or signalled.
 
 use super::support::{
-    assert_exit_code, assert_samples_plausible, build_threads, load, os, rec, rec_command,
-    root_pid, samples, wait_for_size,
+    assert_exit_code, assert_samples_plausible, build_threads, has_child_running, load, os, rec,
+    rec_command, root_pid, samples, wait_for_a_readable_sample,
 };
 use lrnprof_format::{ProcessEvent, Record, Target};
 use lrnprof_tests::{
-    has_program, is_root, lrnprof_rec, remove_scratch_dir, require_perf, scratch_dir,
+    has_program, is_root, lrnprof_rec, remove_scratch_dir, require_perf, scratch_dir, skip,
+    wait_until,
 };
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
 
 #[test]
 fn sigkilled_recorder_leaves_a_readable_unfinished_trace() {
@@ -27,9 +27,7 @@ fn sigkilled_recorder_leaves_a_readable_unfinished_trace() {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    // The header is written at once; wait for the first whole block too.
-    wait_for_size(&out, 2048, Duration::from_secs(20));
-    std::thread::sleep(Duration::from_millis(1500));
+    wait_for_a_readable_sample(&out);
     recorder.kill().unwrap();
     recorder.wait().unwrap();
     let (reader, records) = load(&out);
@@ -59,8 +57,11 @@ fn sigterm_reaches_the_launched_command() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    wait_for_size(&out, 0, Duration::from_secs(10));
-    std::thread::sleep(Duration::from_millis(300));
+    // The recorder catches SIGTERM before it launches the command, and
+    // passes it on once the command runs: wait until `sleep` runs.
+    wait_until("the recorder's command running", || {
+        has_child_running(recorder.id(), "sleep")
+    });
     let status = Command::new("kill")
         .args(["-TERM", &recorder.id().to_string()])
         .status()
@@ -88,10 +89,11 @@ fn assert_fails_cleanly(args: &[&OsStr], out: &Path, expect: &str) {
 }
 
 #[test]
+#[cfg_attr(
+    not(target_os = "linux"),
+    ignore = "the messages checked are the Linux backend's"
+)]
 fn startup_errors_are_one_line_and_leave_no_file() {
-    if !cfg!(target_os = "linux") {
-        return;
-    }
     let dir = scratch_dir("rec-errors");
     let out = dir.join("t.lpt");
     let o = out.as_os_str();
@@ -127,8 +129,7 @@ fn startup_errors_are_one_line_and_leave_no_file() {
 fn another_users_process_is_refused_with_advice() {
     // Needs root to run the recorder as an unprivileged user.
     if !cfg!(target_os = "linux") || !is_root() || !has_program("runuser") {
-        eprintln!("skipping: needs root and runuser to act as the user nobody");
-        return;
+        skip!("needs Linux, root and runuser to act as the user nobody");
     }
     let dir = scratch_dir("rec-perm");
     let rec_copy = dir.join("lrnprof-rec");
@@ -195,11 +196,7 @@ fn duration_stops_recording_and_leaves_the_command_running() {
         if p.pid == shell && matches!(p.event, ProcessEvent::Exit { .. }))));
     // The command was not killed: told to, it finishes.
     std::fs::write(&go, "").unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !done.exists() {
-        assert!(Instant::now() < deadline, "the command did not finish");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_until("the command finishing when told to", || done.exists());
     remove_scratch_dir(&dir);
 }
 

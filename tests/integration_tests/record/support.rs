@@ -2,12 +2,11 @@
 //! traces back with `TraceReader`, and the checks most tests make of them.
 
 use lrnprof_format::{ImageMapRecord, Pid, Record, Sample, Summary, Target, TraceReader};
-use lrnprof_tests::{build_c, lrnprof_rec};
+use lrnprof_tests::{build_c, lrnprof_rec, wait_until};
 use object::{Object, ObjectSegment, ObjectSymbol};
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
-use std::time::{Duration, Instant};
 
 /// Flags that make unwinding depend on DWARF CFI.
 pub(super) const NO_FP: &[&str] = &["-O2", "-g", "-fomit-frame-pointer", "-pthread"];
@@ -258,11 +257,46 @@ pub(super) fn section_blobs(records: &[Record], id: &[u8]) -> Vec<(String, u64, 
         .collect()
 }
 
-/// Wait until `path` is larger than `len` bytes.
-pub(super) fn wait_for_size(path: &Path, len: u64, within: Duration) {
-    let deadline = Instant::now() + within;
-    while std::fs::metadata(path).map_or(0, |m| m.len()) <= len {
-        assert!(Instant::now() < deadline, "{} never grew", path.display());
-        std::thread::sleep(Duration::from_millis(50));
-    }
+/// Wait until the trace being written at `path` holds a whole block with
+/// at least one sample (the recorder flushes a block at least once a
+/// second while sampling).
+pub(super) fn wait_for_a_readable_sample(path: &Path) {
+    wait_until("a whole block with a sample in the trace", || {
+        TraceReader::open(path).is_ok_and(|r| {
+            r.records()
+                .flatten()
+                .any(|r| matches!(r, Record::Sample(_)))
+        })
+    });
+}
+
+/// Whether a child process of `parent` runs the program named `comm`
+/// (so it has called `execve`).
+pub(super) fn has_child_running(parent: u32, comm: &str) -> bool {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return false;
+    };
+    dir.flatten().any(|e| {
+        // /proc/PID/stat: "PID (COMM) STATE PPID ..."; COMM may hold spaces.
+        let Ok(stat) = std::fs::read_to_string(e.path().join("stat")) else {
+            return false;
+        };
+        let Some((name, rest)) = stat.split_once(" (").and_then(|(_, r)| r.rsplit_once(") "))
+        else {
+            return false;
+        };
+        let ppid = rest.split(' ').nth(1).and_then(|p| p.parse::<u32>().ok());
+        name == comm && ppid == Some(parent)
+    })
+}
+
+/// Whether process `pid` has `file` open.
+pub(super) fn holds_open(pid: u32, file: &Path) -> bool {
+    let Ok(file) = file.canonicalize() else {
+        return false;
+    };
+    std::fs::read_dir(format!("/proc/{pid}/fd")).is_ok_and(|fds| {
+        fds.flatten()
+            .any(|fd| std::fs::read_link(fd.path()).is_ok_and(|target| target == file))
+    })
 }

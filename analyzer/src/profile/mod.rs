@@ -1,6 +1,10 @@
 //! The result of an analysis: unique stacks, locations and functions, in
 //! first-seen order so that output is deterministic.
 
+mod build;
+
+pub(crate) use build::{ProfileBuilder, UnwoundSample};
+
 use lrnprof_format::{BuildId, Pid, Tid, Timestamp, TraceHeader};
 use serde::Serialize;
 
@@ -119,8 +123,9 @@ pub struct LocationLine {
 pub struct Location {
     /// Index into [`Profile::images`], `None` for addresses outside any image.
     pub image: Option<u32>,
-    /// The lookup address: SVMA within the image (return addresses already
-    /// moved back by one byte), or the AVMA outside images.
+    /// The lookup address (return addresses already moved back by one
+    /// byte): the SVMA within an image whose data was found, the file
+    /// offset within an image without data, the AVMA outside images.
     pub address: u64,
     /// Function levels, innermost (inlined) first; never empty.
     pub lines: Vec<LocationLine>,

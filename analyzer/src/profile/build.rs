@@ -1,0 +1,321 @@
+//! Building a [`Profile`] from unwound samples: streaming aggregation in
+//! sample order, then, once each unique frame is symbolicated, functions,
+//! locations, roots, totals and warnings.
+
+use super::{
+    hex, Function, ImageInfo, Location, LocationLine, ProcessInfo, Profile, SequenceEntry, Stack,
+    Stats, ThreadProfile,
+};
+use crate::image::Source;
+use crate::pipeline::{FrameKey, Prepared};
+use crate::symbolicate::Resolved;
+use lrnprof_format::TraceReader;
+use std::collections::HashMap;
+
+/// Outermost functions that mean a stack reached its thread's root.
+const ROOT_FUNCTIONS: &[&str] = &[
+    "_start",
+    // The dynamic loader's entry code after `_start`, while it runs the
+    // libraries' constructors (glibc).
+    "_dl_start_user",
+    "__libc_start_main",
+    "__libc_start_call_main",
+    "__libc_start_main_impl",
+    "start_thread",
+    "clone",
+    "clone3",
+    "__clone",
+    "__clone3",
+    "__GI___clone",
+    "__GI___clone3",
+    "thread_start",
+    "_pthread_start",
+    "pthread_start",
+    "start",
+];
+
+/// One sample after unwinding, as the builder takes it.
+pub(crate) struct UnwoundSample {
+    /// Index into the timeline's threads.
+    pub thread: u32,
+    pub time: lrnprof_format::Timestamp,
+    pub weight: u64,
+    /// Leaf first.
+    pub frames: Vec<FrameKey>,
+    /// Whether the unwinder stopped cleanly (at a zero return address).
+    pub clean: bool,
+    pub used_kernel_chain: bool,
+    /// Whether the sample came unwound (a stripped trace).
+    pub presymbolized: bool,
+}
+
+/// Builds a [`Profile`]: [`add`](Self::add) every sample in trace order,
+/// symbolicate [`frames`](Self::frames), then [`finish`](Self::finish).
+/// Ids are given in first-seen order, so the result does not depend on how
+/// work was split between threads.
+pub(crate) struct ProfileBuilder {
+    frames: Vec<FrameKey>,
+    frame_ids: HashMap<FrameKey, u32>,
+    stacks: Vec<Stack>,
+    stack_clean: Vec<u64>,
+    stack_ids: HashMap<(u32, Vec<u32>), u32>,
+    sequences: Vec<Vec<SequenceEntry>>,
+    keep_sequences: bool,
+    thread_samples: Vec<(u64, u64)>,
+    kernel_chain: u64,
+    presymbolized: u64,
+}
+
+impl ProfileBuilder {
+    /// For the timeline's `threads`; with `keep_sequences`, each thread's
+    /// samples in time order too ([`Profile::sequences`]).
+    pub fn new(threads: usize, keep_sequences: bool) -> ProfileBuilder {
+        ProfileBuilder {
+            frames: Vec::new(),
+            frame_ids: HashMap::new(),
+            stacks: Vec::new(),
+            stack_clean: Vec::new(),
+            stack_ids: HashMap::new(),
+            sequences: vec![Vec::new(); threads],
+            keep_sequences,
+            thread_samples: vec![(0, 0); threads],
+            kernel_chain: 0,
+            presymbolized: 0,
+        }
+    }
+
+    /// Count one sample (in trace order).
+    pub fn add(&mut self, u: UnwoundSample) {
+        let ids: Vec<u32> = u
+            .frames
+            .iter()
+            .map(|f| {
+                let next = self.frames.len() as u32;
+                *self.frame_ids.entry(*f).or_insert_with(|| {
+                    self.frames.push(*f);
+                    next
+                })
+            })
+            .collect();
+        let next = self.stacks.len() as u32;
+        let stacks = &mut self.stacks;
+        let clean = &mut self.stack_clean;
+        let id = *self
+            .stack_ids
+            .entry((u.thread, ids))
+            .or_insert_with_key(|(thread, ids)| {
+                stacks.push(Stack {
+                    thread: *thread,
+                    locations: ids.clone(),
+                    samples: 0,
+                    weight: 0,
+                    root_samples: 0,
+                });
+                clean.push(0);
+                next
+            });
+        let s = &mut self.stacks[id as usize];
+        s.samples += 1;
+        s.weight = s.weight.saturating_add(u.weight);
+        self.stack_clean[id as usize] += u64::from(u.clean);
+        let t = &mut self.thread_samples[u.thread as usize];
+        t.0 += 1;
+        t.1 = t.1.saturating_add(u.weight);
+        self.kernel_chain += u64::from(u.used_kernel_chain);
+        self.presymbolized += u64::from(u.presymbolized);
+        if self.keep_sequences {
+            let seq = &mut self.sequences[u.thread as usize];
+            match seq.last_mut() {
+                Some(last) if last.stack == id => {
+                    last.samples += 1;
+                    last.weight = last.weight.saturating_add(u.weight);
+                    last.last_time = u.time;
+                }
+                _ => seq.push(SequenceEntry {
+                    stack: id,
+                    time: u.time,
+                    last_time: u.time,
+                    samples: 1,
+                    weight: u.weight,
+                }),
+            }
+        }
+    }
+
+    /// The unique frames so far, in first-seen order.
+    pub fn frames(&self) -> &[FrameKey] {
+        &self.frames
+    }
+
+    /// The profile, given what symbolication found for each of
+    /// [`frames`](Self::frames) (in the same order).
+    pub fn finish<D: AsRef<[u8]>>(
+        self,
+        reader: &TraceReader<D>,
+        trace_name: &str,
+        prepared: Prepared,
+        lines: Vec<Resolved>,
+    ) -> Profile {
+        let Prepared {
+            timeline,
+            images,
+            mut warnings,
+            ..
+        } = prepared;
+        // Functions and locations in first-seen frame order.
+        let mut functions: Vec<Function> = Vec::new();
+        let mut function_ids: HashMap<(String, Option<String>), u32> = HashMap::new();
+        let mut image_frames = vec![0u64; images.len()];
+        let mut locations = Vec::with_capacity(self.frames.len());
+        for (key, (frame_lines, known)) in self.frames.iter().zip(lines) {
+            let lines = frame_lines
+                .into_iter()
+                .map(|l| {
+                    let k = (l.function, l.file);
+                    let next = functions.len() as u32;
+                    let id = *function_ids.entry(k.clone()).or_insert_with(|| {
+                        functions.push(Function {
+                            name: k.0,
+                            file: k.1,
+                            first_line: None,
+                        });
+                        next
+                    });
+                    let f = &mut functions[id as usize];
+                    if let Some(line) = l.line {
+                        f.first_line = Some(f.first_line.map_or(line, |x| x.min(line)));
+                    }
+                    LocationLine {
+                        function: id,
+                        line: l.line,
+                    }
+                })
+                .collect();
+            locations.push(Location {
+                image: key.image(),
+                address: key.address(),
+                lines,
+                unknown: !known,
+            });
+        }
+
+        let mut stats = Stats {
+            trace_samples: timeline.samples,
+            presymbolized_samples: self.presymbolized,
+            kernel_callchain_samples: self.kernel_chain,
+            lost_samples: timeline.lost,
+            trace_bytes: reader.len(),
+            finished: reader.report().finished,
+            ..Default::default()
+        };
+        if let (Some(a), Some(b)) = (timeline.first_time, timeline.last_time) {
+            stats.duration_ns = b.0 - a.0;
+        }
+        let mut threads: Vec<ThreadProfile> = timeline
+            .threads
+            .iter()
+            .enumerate()
+            .map(|(i, ((pid, tid), t))| ThreadProfile {
+                pid: *pid,
+                tid: *tid,
+                name: t.name.clone(),
+                trace_samples: t.samples,
+                samples: self.thread_samples[i].0,
+                weight: self.thread_samples[i].1,
+                root_samples: 0,
+                idle_ticks: t.idle_ticks,
+            })
+            .collect();
+        stats.stack_bytes = timeline.threads.values().map(|t| t.stack_bytes).sum();
+        let mut stacks = self.stacks;
+        for (s, clean) in stacks.iter_mut().zip(self.stack_clean) {
+            let outer_is_root = s.locations.last().is_some_and(|&l| {
+                locations[l as usize].lines.last().is_some_and(|ll| {
+                    ROOT_FUNCTIONS.contains(&functions[ll.function as usize].name.as_str())
+                })
+            });
+            s.root_samples = if outer_is_root { s.samples } else { clean };
+            stats.samples += s.samples;
+            stats.root_samples += s.root_samples;
+            threads[s.thread as usize].root_samples += s.root_samples;
+            stats.frames += s.samples * s.locations.len() as u64;
+            for &l in &s.locations {
+                let loc = &locations[l as usize];
+                if loc.unknown {
+                    stats.unknown_frames += s.samples;
+                }
+                if let Some(img) = loc.image {
+                    image_frames[img as usize] += s.samples;
+                }
+            }
+        }
+
+        let mut missing = Vec::new();
+        let image_infos: Vec<ImageInfo> = images
+            .iter()
+            .zip(&image_frames)
+            .map(|(img, &frames)| {
+                let has_debug_info = img.data.as_ref().is_some_and(|d| d.has_dwarf());
+                if frames > 0
+                    && img.key.kind != lrnprof_format::ImageKind::Anonymous
+                    && (img.unwind_source == Source::Missing
+                        || img.symbol_source == Source::Missing)
+                {
+                    missing.push(format!(
+                        "{} ({})",
+                        img.key.path,
+                        hex(&img.key.build_id).unwrap_or_else(|| "no build id".into())
+                    ));
+                }
+                ImageInfo {
+                    path: img.key.path.clone(),
+                    build_id: hex(&img.key.build_id),
+                    unwind_data: source_text(&img.unwind_source),
+                    symbol_data: source_text(&img.symbol_source),
+                    has_debug_info,
+                    notes: img.notes.clone(),
+                    frames,
+                }
+            })
+            .collect();
+        if !missing.is_empty() {
+            warnings.push(format!(
+                "unwind or symbol data missing for {}: give their files with --symbols DIR or record with embedded data",
+                missing.join(", ")
+            ));
+        }
+        for img in &images {
+            for n in &img.notes {
+                if n.starts_with("not using") {
+                    warnings.push(n.clone());
+                }
+            }
+        }
+        let processes = timeline
+            .processes
+            .iter()
+            .map(|(pid, p)| ProcessInfo {
+                pid: pid.0,
+                command: p.command.clone(),
+                executable: p.executable.clone(),
+            })
+            .collect();
+        Profile {
+            header: timeline.header,
+            trace_name: trace_name.to_string(),
+            threads,
+            processes,
+            images: image_infos,
+            functions,
+            locations,
+            stacks,
+            sequences: self.sequences,
+            stats,
+            warnings,
+        }
+    }
+}
+
+fn source_text(s: &Source) -> String {
+    s.to_string()
+}
