@@ -2,7 +2,7 @@
 //! stops; a launched command gets the first signal (unless the terminal
 //! already delivered the Ctrl-C to it) and dies of the second.
 
-use super::support::{assert_exit_code, load, rec_command, wait_for_size};
+use super::support::{assert_exit_code, load, rec_command};
 use lrnprof_format::{ProcessEvent, Record};
 use lrnprof_tests::{remove_scratch_dir, require_perf, scratch_dir};
 use std::fs::File;
@@ -89,7 +89,9 @@ fn sigint_stops_an_attached_recording_and_leaves_the_process_running() {
         .spawn()
         .unwrap();
     // The header is written once the recorder catches signals.
-    wait_for_size(&out, 0, PATIENCE);
+    lrnprof_tests::wait_until("the recorder writes the trace header", || {
+        std::fs::metadata(&out).is_ok_and(|m| m.len() > 0)
+    });
     send("-INT", recorder.id());
     let result = recorder.wait_with_output().unwrap();
     let still_running = victim.try_wait().unwrap().is_none();
