@@ -1,58 +1,40 @@
-//! Raw ELF symbol tables, for images whose `.symtab`/`.strtab` (or
-//! `.dynsym`/`.dynstr`) travel as embedded sections without the rest of the
-//! file.
+//! ELF symbol tables embedded as raw sections (`.symtab`/`.strtab` or
+//! `.dynsym`/`.dynstr`) without the rest of the file, read through object's
+//! raw `Elf64_Sym` in the image's byte order.
 
 use super::Symbol;
-
-const STT_FUNC: u8 = 2;
-const STT_GNU_IFUNC: u8 = 10;
+use object::elf::{Sym64, SHN_UNDEF, STT_FUNC, STT_GNU_IFUNC};
+use object::read::elf::Sym as _;
+use object::read::StringTable;
+use object::Endianness;
 
 /// Function symbols of a 64-bit ELF symbol table `syms` with string table
-/// `strs`. Malformed entries are skipped.
+/// `strs`. Entries that are not defined functions or whose name cannot be
+/// read are skipped; a partial entry at the end is ignored.
 pub(crate) fn parse_elf64_symbols(syms: &[u8], strs: &[u8], little_endian: bool) -> Vec<Symbol> {
-    let u32_at = |b: &[u8]| {
-        let a = [b[0], b[1], b[2], b[3]];
-        if little_endian {
-            u32::from_le_bytes(a)
-        } else {
-            u32::from_be_bytes(a)
-        }
+    let endian = if little_endian {
+        Endianness::Little
+    } else {
+        Endianness::Big
     };
-    let u64_at = |b: &[u8]| {
-        let mut a = [0u8; 8];
-        a.copy_from_slice(&b[..8]);
-        if little_endian {
-            u64::from_le_bytes(a)
-        } else {
-            u64::from_be_bytes(a)
-        }
+    let count = syms.len() / std::mem::size_of::<Sym64<Endianness>>();
+    let Ok((table, _)) = object::pod::slice_from_bytes::<Sym64<Endianness>>(syms, count) else {
+        return Vec::new();
     };
-    let mut out = Vec::new();
-    // Elf64_Sym: st_name u32, st_info u8, st_other u8, st_shndx u16,
-    // st_value u64, st_size u64.
-    for entry in syms.chunks_exact(24) {
-        let kind = entry[4] & 0xf;
-        let shndx = u16::from_le_bytes([entry[6], entry[7]]);
-        if (kind != STT_FUNC && kind != STT_GNU_IFUNC) || shndx == 0 {
-            continue;
-        }
-        let value = u64_at(&entry[8..]);
-        let size = u64_at(&entry[16..]);
-        let name_off = u32_at(entry) as usize;
-        let Some(rest) = strs.get(name_off..) else {
-            continue;
-        };
-        let end = rest.iter().position(|&b| b == 0).unwrap_or(rest.len());
-        let name = String::from_utf8_lossy(&rest[..end]).into_owned();
-        if value != 0 && !name.is_empty() {
-            out.push(Symbol {
-                svma: value,
-                size,
-                name,
-            });
-        }
-    }
-    out
+    let strings = StringTable::new(strs, 0, strs.len() as u64);
+    table
+        .iter()
+        .filter(|sym| matches!(sym.st_type(), STT_FUNC | STT_GNU_IFUNC))
+        .filter(|sym| sym.st_shndx(endian) != SHN_UNDEF && sym.st_value(endian) != 0)
+        .filter_map(|sym| {
+            let name = sym.name(endian, strings).ok()?;
+            (!name.is_empty()).then(|| Symbol {
+                svma: sym.st_value(endian),
+                size: sym.st_size(endian),
+                name: String::from_utf8_lossy(name).into_owned(),
+            })
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -60,102 +42,52 @@ mod tests {
     use super::*;
 
     #[rustfmt::skip]
-    const SYMS: [u8; 72] = [
+    const SYMS: [u8; 96] = [
         // null symbol
         0,0,0,0, 0, 0, 0,0, 0,0,0,0,0,0,0,0, 0,0,0,0,0,0,0,0,
         // "main": name 1, STB_GLOBAL|STT_FUNC, shndx 14, value 0x1130, size 0x20
         1,0,0,0, 0x12, 0, 14,0, 0x30,0x11,0,0,0,0,0,0, 0x20,0,0,0,0,0,0,0,
         // "data": name 6, STT_OBJECT, skipped
         6,0,0,0, 0x11, 0, 20,0, 0x00,0x40,0,0,0,0,0,0, 8,0,0,0,0,0,0,0,
+        // "puts": name 11, STT_FUNC, shndx 0 (undefined), skipped
+        11,0,0,0, 0x12, 0, 0,0, 0x50,0x11,0,0,0,0,0,0, 0,0,0,0,0,0,0,0,
     ];
 
-    #[test]
-    fn functions_only() {
-        let strs = b"\0main\0data\0";
-        let syms = parse_elf64_symbols(&SYMS, strs, true);
-        assert_eq!(
-            syms,
-            vec![Symbol {
-                svma: 0x1130,
-                size: 0x20,
-                name: "main".into()
-            }]
-        );
+    fn main_symbol() -> Vec<Symbol> {
+        vec![Symbol {
+            svma: 0x1130,
+            size: 0x20,
+            name: "main".into(),
+        }]
     }
-}
 
-/// Name of the embedded text table of an image's segments and sections
-/// that `lrnprof_recorder::embed` writes: one `segment FILE_OFFSET
-/// FILE_SIZE SVMA MEM_SIZE` or `section NAME SVMA SIZE` line per entry,
-/// numbers in lowercase hex without `0x`.
-pub(crate) const EMBEDDED_LAYOUT: &str = ".lrnprof.layout";
+    #[test]
+    fn defined_functions_only() {
+        let strs = b"\0main\0data\0puts\0";
+        assert_eq!(parse_elf64_symbols(&SYMS, strs, true), main_symbol());
+        // A partial entry at the end is ignored.
+        let mut longer = SYMS.to_vec();
+        longer.extend_from_slice(&[0x12; 10]);
+        assert_eq!(parse_elf64_symbols(&longer, strs, true), main_symbol());
+    }
 
-/// Segments and (name, SVMA, size) of sections from an embedded layout
-/// table. Lines that do not parse are skipped.
-pub(crate) fn parse_layout(text: &str) -> (Vec<super::Segment>, Vec<(String, u64, u64)>) {
-    let hex = |s: &str| u64::from_str_radix(s, 16).ok();
-    let mut segments = Vec::new();
-    let mut sections = Vec::new();
-    for line in text.lines() {
-        let f: Vec<&str> = line.split(' ').collect();
-        match f.as_slice() {
-            ["segment", off, size, svma, _mem] => {
-                if let (Some(file_offset), Some(file_size), Some(svma)) =
-                    (hex(off), hex(size), hex(svma))
-                {
-                    if file_size > 0 {
-                        segments.push(super::Segment {
-                            file_offset,
-                            file_size,
-                            svma,
-                            executable: None,
-                        });
-                    }
-                }
+    /// Every field, `st_shndx` included, is read in the image's byte order.
+    #[test]
+    fn big_endian_tables() {
+        let mut syms = SYMS.to_vec();
+        for entry in syms.chunks_exact_mut(24) {
+            for (at, len) in [(0, 4), (6, 2), (8, 8), (16, 8)] {
+                entry[at..at + len].reverse();
             }
-            ["section", name, svma, size] => {
-                if let (Some(svma), Some(size)) = (hex(svma), hex(size)) {
-                    sections.push((name.to_string(), svma, size));
-                }
-            }
-            _ => {}
         }
+        let strs = b"\0main\0data\0puts\0";
+        assert_eq!(parse_elf64_symbols(&syms, strs, false), main_symbol());
     }
-    (segments, sections)
-}
-
-#[cfg(test)]
-mod layout_tests {
-    use super::*;
 
     #[test]
-    fn layout_table() {
-        let (segs, secs) = parse_layout(
-            "segment 0 628 0 628\nsegment 1000 1c5 1000 1c5\nsection .text 1040 113\nbad line\nsection .got 3fd8 28\n",
-        );
-        assert_eq!(
-            segs,
-            vec![
-                crate::image::Segment {
-                    file_offset: 0,
-                    file_size: 0x628,
-                    svma: 0,
-                    executable: None,
-                },
-                crate::image::Segment {
-                    file_offset: 0x1000,
-                    file_size: 0x1c5,
-                    svma: 0x1000,
-                    executable: None,
-                },
-            ]
-        );
-        assert_eq!(
-            secs,
-            vec![
-                (".text".into(), 0x1040, 0x113),
-                (".got".into(), 0x3fd8, 0x28)
-            ]
-        );
+    fn names_outside_the_string_table_are_skipped() {
+        assert!(parse_elf64_symbols(&SYMS, b"\0ma", true).is_empty());
+        assert!(parse_elf64_symbols(&SYMS, b"", true).is_empty());
+        assert!(parse_elf64_symbols(&SYMS[..23], b"\0main\0", true).is_empty());
     }
 }

@@ -10,13 +10,13 @@ use super::images::Images;
 use super::parse::{self, Layout, Mmap2Record, PerfRecord, SampleRecord};
 use super::procfs::{self, MapsEntry};
 use super::regs::ArchRegs;
-use crate::embed::EmbedLevel;
 use crate::error::RecordError;
 use crate::sink::Convert;
 use lrnprof_format::{
     LostRecord, Pid, ProcessEvent, ProcessRecord, Record, Sample, SampleKind, StackSnapshot,
     ThreadEvent, ThreadRecord, Tid, Timestamp,
 };
+use lrnprof_image::EmbedLevel;
 use std::cmp::{Ordering, Reverse};
 use std::collections::{BinaryHeap, HashMap, HashSet};
 use std::time::{Duration, Instant};
