@@ -190,46 +190,23 @@ mod tests {
         assert_eq!(stored("__eh_frame", EmbedLevel::Debug), None);
     }
 
+    #[rustfmt::skip]
     #[test]
     fn names_are_canonical_and_have_roles() {
+        use SectionRole::*;
         for (name, macho, canonical, role) in [
-            ("__text", true, ".text", Some(SectionRole::Range)),
-            ("__got", true, ".got", Some(SectionRole::Range)),
-            ("__stubs", true, "__stubs", Some(SectionRole::Range)),
-            ("__eh_frame", true, ".eh_frame", Some(SectionRole::Unwind)),
-            (
-                "__unwind_info",
-                true,
-                "__unwind_info",
-                Some(SectionRole::Unwind),
-            ),
-            (
-                "__debug_info",
-                true,
-                ".debug_info",
-                Some(SectionRole::Debug),
-            ),
-            (
-                "__zdebug_line",
-                true,
-                ".debug_line",
-                Some(SectionRole::Debug),
-            ),
-            ("__data", true, "__data", None),
-            (
-                ".zdebug_line",
-                false,
-                ".debug_line",
-                Some(SectionRole::Debug),
-            ),
-            (
-                ".debug_frame",
-                false,
-                ".debug_frame",
-                Some(SectionRole::Unwind),
-            ),
-            (".dynstr", false, ".dynstr", Some(SectionRole::Symbols)),
-            (".data", false, ".data", None),
+            ("__text",        true,  ".text",         Some(Range)),
+            ("__got",         true,  ".got",          Some(Range)),
+            ("__stubs",       true,  "__stubs",       Some(Range)),
+            ("__eh_frame",    true,  ".eh_frame",     Some(Unwind)),
+            ("__unwind_info", true,  "__unwind_info", Some(Unwind)),
+            ("__debug_info",  true,  ".debug_info",   Some(Debug)),
+            ("__zdebug_line", true,  ".debug_line",   Some(Debug)),
+            ("__data",        true,  "__data",        None),
+            (".zdebug_line",  false, ".debug_line",   Some(Debug)),
+            (".debug_frame",  false, ".debug_frame",  Some(Unwind)),
+            (".dynstr",       false, ".dynstr",       Some(Symbols)),
+            (".data",         false, ".data",         None),
         ] {
             let c = canonical_section_name(name, macho);
             assert_eq!(c, canonical, "{name}");
