@@ -9,8 +9,9 @@ use crate::write_file::write_atomically;
 use lrnprof_format::{
     Blob, BlobKind, BuildId, ImageKind, Pid, Record, TraceReader, TraceWriter, WriterOptions,
 };
-use lrnprof_recorder::embed::split_into;
-use lrnprof_recorder::{blobs_for_file, EmbedLevel};
+use lrnprof_image::{
+    blobs_for_file, section_role, split_blob, EmbedLevel, SectionRole, MAX_BLOB_PART,
+};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -50,9 +51,9 @@ fn section_name(b: &Blob) -> &str {
     }
 }
 
-/// Blobs for the image file at `path` with build id `id`, extracted by
-/// the recorder's own `embed` functions. Sections in `have` (already
-/// embedded) are left out.
+/// Blobs for the image file at `path` with build id `id`, extracted as the
+/// recorder extracts them. Sections in `have` (already embedded) are left
+/// out.
 fn image_blobs(
     path: &Path,
     id: &BuildId,
@@ -76,7 +77,7 @@ fn image_blobs(
     } else {
         EmbedLevel::Symbols
     };
-    let mut blobs = blobs_for_file(path, id, level)?;
+    let mut blobs = blobs_for_file(path, id, level).map_err(|e| e.to_string())?;
     let has = |blobs: &[Blob], n: &str| blobs.iter().any(|b| section_name(b) == n);
     let mut what = Vec::new();
     if !has(&blobs, ".symtab") || (debug && !has(&blobs, ".debug_info")) {
@@ -97,9 +98,11 @@ fn image_blobs(
             if dparsed.build_id.as_ref() != Some(&id.0) {
                 continue;
             }
-            for b in blobs_for_file(&c, id, level)? {
+            for b in blobs_for_file(&c, id, level).map_err(|e| e.to_string())? {
                 let name = section_name(&b);
-                let wanted = (name.starts_with(".debug_") && name != ".debug_frame")
+                // Its DWARF and full symbol table; unwind tables and the
+                // layout are the binary's.
+                let wanted = section_role(name) == Some(SectionRole::Debug)
                     || name == ".symtab"
                     || name == ".strtab";
                 if wanted && !has(&blobs, name) {
@@ -197,7 +200,8 @@ pub fn pack(
                 match vdso {
                     Some(bytes) => {
                         report.embedded.push(format!("{path} ({id}): whole image"));
-                        split_into(&mut new_blobs, id, BlobKind::Image, false, bytes);
+                        let kind = BlobKind::Image;
+                        new_blobs.extend(split_blob(id, kind, false, bytes, MAX_BLOB_PART));
                     }
                     None => report.skipped.push(format!(
                         "{path} ({id}): this machine's vDSO has another build id (kernel changed since recording)"
@@ -212,7 +216,8 @@ pub fn pack(
         if let Ok(text) = std::fs::read(&map) {
             report.embedded.push(format!("{} (JIT map)", map.display()));
             let kind = BlobKind::JitMap { pid: Pid(pid.0) };
-            split_into(&mut new_blobs, &BuildId(Vec::new()), kind, false, text);
+            let jit = split_blob(&BuildId(Vec::new()), kind, false, text, MAX_BLOB_PART);
+            new_blobs.extend(jit);
         }
     }
     report.bytes = new_blobs.iter().map(|b| b.data.len() as u64).sum();

@@ -74,8 +74,9 @@
 
 #![deny(missing_docs)]
 
-pub mod embed;
 mod error;
+#[doc(hidden)]
+pub mod fuzz;
 mod host;
 mod macho;
 mod options;
@@ -99,8 +100,8 @@ mod unsupported;
 #[cfg(not(any(target_os = "linux", target_os = "macos")))]
 use unsupported as native;
 
-pub use embed::{blobs_for_file, blobs_for_image, blobs_for_open_file, EmbedLevel};
 pub use error::RecordError;
+pub use lrnprof_image::EmbedLevel;
 pub use options::{RecordOptions, TargetSpec, DEFAULT_FREQUENCY_HZ, DEFAULT_STACK_SIZE};
 pub use report::{NoReporter, RecordStatus, RecordWarning, Reporter};
 pub use stop::{StopReason, StopRequest, StopToken};

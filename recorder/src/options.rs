@@ -1,7 +1,7 @@
 //! What to record and how: a plain options struct, filled by the binary's
 //! flags or by any other caller.
 
-use crate::embed::EmbedLevel;
+use lrnprof_image::EmbedLevel;
 use std::ffi::OsString;
 use std::path::PathBuf;
 use std::time::Duration;

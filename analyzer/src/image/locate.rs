@@ -2,13 +2,17 @@
 //! the usual debug-file places and data embedded in the trace. A local file
 //! is used only if its build id matches the one recorded.
 
-use super::elfsym::{parse_elf64_symbols, parse_layout, EMBEDDED_LAYOUT};
-use super::parse::{parse_file, wanted_name, ParsedFile};
+use super::elfsym::parse_elf64_symbols;
+use super::parse::{parse_file, ParsedFile};
 use super::plt::{plt_symbols, PltTables};
-use super::{short_name, ImageData, LoadedImage, Section, SectionBytes, Source, Symbol};
+use super::{short_name, ImageData, LoadedImage, Section, SectionBytes, Segment, Source, Symbol};
 use crate::blobs::BlobStore;
 use crate::timeline::ImageKey;
 use lrnprof_format::{BuildId, ImageKind};
+use lrnprof_image::{
+    canonical_section_name, section_role, universal_slices, Layout, SectionRole, LAYOUT_SECTION,
+    MACHO_HEADER_SECTION,
+};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -21,14 +25,6 @@ pub(crate) struct LocateOptions {
     /// Extra roots for the usual debug directories (tests); `/` always.
     pub debug_roots: Vec<PathBuf>,
 }
-
-/// Unwind sections: what framehop needs.
-const UNWIND_SECTIONS: [&str; 4] = [
-    ".eh_frame",
-    ".eh_frame_hdr",
-    ".debug_frame",
-    "__unwind_info",
-];
 
 fn candidates_in_dir(dir: &Path, key: &ImageKey) -> Vec<PathBuf> {
     let name = short_name(&key.path);
@@ -55,13 +51,13 @@ fn read_candidate(path: &Path, want: Option<&BuildId>) -> Option<ParsedFile> {
         return None;
     }
     let bytes = std::fs::read(path).ok()?;
-    match fat_slices(&bytes) {
+    match universal_slices(&bytes).ok()? {
         // A universal binary: the slice with the recorded UUID (or the
         // first one, which the build-id check will then refuse).
         Some(slices) => {
             let mut first = None;
-            for slice in slices {
-                let Ok(f) = parse_file(Arc::new(slice)) else {
+            for slice in slices.iter().filter_map(|s| s.data) {
+                let Ok(f) = parse_file(Arc::new(slice.to_vec())) else {
                     continue;
                 };
                 if want.is_some_and(|w| f.build_id.as_ref() == Some(&w.0)) {
@@ -72,33 +68,6 @@ fn read_candidate(path: &Path, want: Option<&BuildId>) -> Option<ParsedFile> {
             first
         }
         None => parse_file(Arc::new(bytes)).ok(),
-    }
-}
-
-/// The architecture slices of a Mach-O universal binary, or `None` if
-/// `bytes` is not one.
-fn fat_slices(bytes: &[u8]) -> Option<Vec<Vec<u8>>> {
-    use object::read::macho::{FatArch, MachOFatFile32, MachOFatFile64};
-    match object::FileKind::parse(bytes).ok()? {
-        object::FileKind::MachOFat32 => {
-            let fat = MachOFatFile32::parse(bytes).ok()?;
-            Some(
-                fat.arches()
-                    .iter()
-                    .filter_map(|a| Some(a.data(bytes).ok()?.to_vec()))
-                    .collect(),
-            )
-        }
-        object::FileKind::MachOFat64 => {
-            let fat = MachOFatFile64::parse(bytes).ok()?;
-            Some(
-                fat.arches()
-                    .iter()
-                    .filter_map(|a| Some(a.data(bytes).ok()?.to_vec()))
-                    .collect(),
-            )
-        }
-        _ => None,
     }
 }
 
@@ -371,32 +340,21 @@ fn merge_embedded(into: &mut ImageData, id: &BuildId, blobs: &BlobStore) -> (boo
         };
         // Mach-O sections travel under their own names (`__eh_frame`);
         // the analyzer uses ELF-style ones (`.eh_frame`).
-        let name = match blob_name.strip_prefix("__") {
-            Some(_) if blob_name != "__TEXT" => {
-                wanted_name(&blob_name, true).unwrap_or_else(|| blob_name.clone())
-            }
-            _ => blob_name.clone(),
-        };
+        let name = canonical_section_name(&blob_name, true).into_owned();
+        let role = section_role(&name);
         let have = into
             .sections
             .get(&name)
             .is_some_and(|s| !s.bytes.is_empty());
-        let special = [
-            ".symtab",
-            ".strtab",
-            ".dynsym",
-            ".dynstr",
-            ".rela.plt",
-            EMBEDDED_LAYOUT,
-        ];
-        if have || special.contains(&name.as_str()) {
+        // Symbol tables are read below; the layout is not a section.
+        if have || role == Some(SectionRole::Symbols) || name == LAYOUT_SECTION {
             continue;
         }
-        if name == "__TEXT" {
+        if name == MACHO_HEADER_SECTION {
             into.base_svma = svma;
             into.is_macho = true;
         }
-        gave_unwind |= UNWIND_SECTIONS.contains(&name.as_str());
+        gave_unwind |= role == Some(SectionRole::Unwind);
         gave_symbols |= name == ".debug_info";
         let size = bytes.len() as u64;
         into.sections.insert(
@@ -408,21 +366,34 @@ fn merge_embedded(into: &mut ImageData, id: &BuildId, blobs: &BlobStore) -> (boo
             },
         );
     }
-    if let Some((_, layout)) = blobs.section(id, EMBEDDED_LAYOUT) {
-        let (segments, sections) = parse_layout(&String::from_utf8_lossy(&layout));
+    if let Some((_, layout)) = blobs.section(id, LAYOUT_SECTION) {
+        let layout = Layout::parse(&layout);
         if into.segments.is_empty() {
-            into.segments = segments;
+            // Segments without file bytes (`.bss`-only, `__PAGEZERO`) map
+            // nothing.
+            into.segments = layout
+                .segments
+                .iter()
+                .filter(|s| s.file_size > 0)
+                .map(|s| Segment {
+                    file_offset: s.file_offset,
+                    file_size: s.file_size,
+                    svma: s.svma,
+                    executable: None,
+                })
+                .collect();
         }
-        // Ranges without bytes (e.g. `.text`, `.got`) still help the unwinder.
-        for (name, svma, size) in sections {
-            let name = match name.as_str() {
-                "__text" => ".text".to_string(),
-                "__got" => ".got".to_string(),
-                _ => name,
+        // Ranges without bytes (e.g. `.text`, `.got`) still help the
+        // unwinder, under the names it looks them up by.
+        for s in layout.sections {
+            let canonical = canonical_section_name(&s.name, true);
+            let name = match section_role(&canonical) {
+                Some(SectionRole::Range) => canonical.into_owned(),
+                _ => s.name,
             };
             into.sections.entry(name).or_insert_with(|| Section {
-                svma,
-                size,
+                svma: s.svma,
+                size: s.size,
                 bytes: SectionBytes::whole(Arc::new(Vec::new())),
             });
         }

@@ -2,11 +2,10 @@
 
 use super::plt::{plt_symbols, PltTables};
 use super::{ImageData, Section, SectionBytes, Segment, Symbol};
+use lrnprof_image::{canonical_section_name, section_role, SectionRole};
+use object::read::macho::MachHeader as _;
 use object::{Object, ObjectSection, ObjectSegment, ObjectSymbol, SymbolKind};
 use std::sync::Arc;
-
-/// Mach-O `filetype` of a dSYM companion file.
-const MH_DSYM: u32 = 0xa;
 
 /// An image file parsed into [`ImageData`], with what identifies it.
 pub(crate) struct ParsedFile {
@@ -15,27 +14,14 @@ pub(crate) struct ParsedFile {
     pub debuglink: Option<String>,
 }
 
-/// The ELF-style name the analyzer uses for a section, or `None` for
-/// sections it never needs.
-pub(crate) fn wanted_name(name: &str, macho: bool) -> Option<String> {
-    if macho {
-        return match name {
-            "__text" => Some(".text".into()),
-            "__eh_frame" => Some(".eh_frame".into()),
-            "__got" => Some(".got".into()),
-            "__unwind_info" | "__stubs" | "__stub_helper" => Some(name.into()),
-            n if n.starts_with("__debug_") || n.starts_with("__zdebug_") => Some(format!(
-                ".{}",
-                n.trim_start_matches("__z").trim_start_matches("__")
-            )),
-            _ => None,
-        };
-    }
-    match name {
-        ".text" | ".eh_frame" | ".eh_frame_hdr" | ".debug_frame" | ".got" => Some(name.into()),
-        n if n.starts_with(".debug_") => Some(n.into()),
-        n if n.starts_with(".zdebug_") => Some(format!(".{}", &n[2..])),
-        _ => None,
+/// The ELF-style name the analyzer uses for a section of a file, or `None`
+/// for sections it never reads as sections (symbol tables go through
+/// object's symbol API).
+fn wanted_name(name: &str, macho: bool) -> Option<String> {
+    let name = canonical_section_name(name, macho);
+    match section_role(&name) {
+        None | Some(SectionRole::Symbols) => None,
+        Some(_) => Some(name.into_owned()),
     }
 }
 
@@ -46,15 +32,12 @@ pub(crate) fn parse_file(bytes: Arc<Vec<u8>>) -> Result<ParsedFile, String> {
     let macho = matches!(obj.format(), object::BinaryFormat::MachO);
     // A dSYM companion (Mach-O file type MH_DSYM) keeps the section table of
     // its binary but none of the code or unwind bytes: use only its DWARF.
-    let dsym = macho && bytes.len() >= 16 && {
-        let ft = [bytes[12], bytes[13], bytes[14], bytes[15]];
-        let ft = if obj.is_little_endian() {
-            u32::from_le_bytes(ft)
-        } else {
-            u32::from_be_bytes(ft)
-        };
-        ft == MH_DSYM
+    let filetype = match &obj {
+        object::File::MachO32(f) => Some(f.macho_header().filetype(f.endian())),
+        object::File::MachO64(f) => Some(f.macho_header().filetype(f.endian())),
+        _ => None,
     };
+    let dsym = filetype == Some(object::macho::MH_DSYM);
     let mut data = ImageData {
         is_macho: macho,
         little_endian: obj.is_little_endian(),

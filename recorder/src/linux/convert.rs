@@ -10,7 +10,6 @@ use super::images::Images;
 use super::parse::{self, Layout, Mmap2Record, PerfRecord, SampleRecord};
 use super::procfs::{self, MapsEntry};
 use super::regs::ArchRegs;
-use crate::embed::EmbedLevel;
 use crate::error::RecordError;
 use crate::report::RecordWarning;
 use crate::sink::Convert;
@@ -18,6 +17,7 @@ use lrnprof_format::{
     LostRecord, LostSource, Pid, ProcessEvent, ProcessRecord, Record, Sample, SampleDetail,
     SampleFlags, SampleKind, StackSnapshot, ThreadEvent, ThreadRecord, Tid, Timestamp,
 };
+use lrnprof_image::EmbedLevel;
 use std::cmp::{Ordering, Reverse};
 use std::collections::{BinaryHeap, HashMap, HashSet};
 use std::time::{Duration, Instant};

@@ -2,12 +2,13 @@
 //! the ELF file or the vDSO's memory), which ones samples touched, and
 //! what of them to embed when recording ends. Runs on the writer thread.
 
-use super::elf;
 use super::procfs::{self, MapsEntry};
 use super::sys;
-use crate::embed::{self, EmbedLevel};
 use crate::report::RecordWarning;
 use lrnprof_format::{Blob, BlobKind, BuildId, ImageKind, ImageMapRecord, Pid, Record, Timestamp};
+use lrnprof_image::{
+    blobs_for_open_file, build_id_of_bytes, build_id_of_file, split_blob, EmbedLevel, MAX_BLOB_PART,
+};
 use std::collections::{HashMap, HashSet};
 use std::os::unix::fs::MetadataExt;
 
@@ -226,14 +227,14 @@ impl Images {
             match (&image.file, image.kind) {
                 (_, ImageKind::Vdso) => {
                     if let Some(bytes) = self.vdso.get(id) {
-                        embed::split_into(&mut out, id, BlobKind::Image, false, bytes.clone());
+                        let kind = BlobKind::Image;
+                        out.extend(split_blob(id, kind, false, bytes.clone(), MAX_BLOB_PART));
                     }
                 }
                 (Some(file), ImageKind::File) => {
-                    let result = file
-                        .try_clone()
-                        .map_err(|e| e.to_string())
-                        .and_then(|f| embed::blobs_for_open_file(f, id, self.embed));
+                    let result = file.try_clone().map_err(|e| e.to_string()).and_then(|f| {
+                        blobs_for_open_file(f, id, self.embed).map_err(|e| e.to_string())
+                    });
                     match result {
                         Ok(blobs) => out.extend(blobs),
                         Err(reason) => warnings.push(RecordWarning::NotEmbedded {
@@ -244,10 +245,9 @@ impl Images {
                 }
                 (None, ImageKind::File) => {
                     let reopened = std::fs::File::open(&image.path).ok().filter(|_| {
-                        elf::build_id_of_file(std::path::Path::new(&image.path)).as_ref()
-                            == Some(id)
+                        build_id_of_file(std::path::Path::new(&image.path)).as_ref() == Some(id)
                     });
-                    match reopened.map(|f| embed::blobs_for_open_file(f, id, self.embed)) {
+                    match reopened.map(|f| blobs_for_open_file(f, id, self.embed)) {
                         Some(Ok(blobs)) => out.extend(blobs),
                         _ => warnings.push(RecordWarning::NotEmbedded {
                             path: image.path.clone(),
@@ -264,13 +264,13 @@ impl Images {
             let host = format!("/tmp/perf-{pid}.map");
             let in_root = format!("/proc/{pid}/root/tmp/perf-{pid}.map");
             if let Some(data) = [host, in_root].iter().find_map(|p| std::fs::read(p).ok()) {
-                embed::split_into(
-                    &mut out,
+                out.extend(split_blob(
                     &BuildId(Vec::new()),
                     BlobKind::JitMap { pid: Pid(pid) },
                     false,
                     data,
-                );
+                    MAX_BLOB_PART,
+                ));
             }
         }
         out
@@ -302,7 +302,7 @@ impl Images {
                     // Keep the file only if it is still the one mapped.
                     let file = self
                         .host_path(pid, start, end, path)
-                        .filter(|p| elf::build_id_of_file(p).as_ref() == Some(&id))
+                        .filter(|p| build_id_of_file(p).as_ref() == Some(&id))
                         .and_then(|p| self.open_image_file(&p));
                     self.seen.insert(
                         id.clone(),
@@ -367,7 +367,7 @@ impl Images {
         let id = match self.build_ids.get(&key) {
             Some(id) => id.clone(),
             None => {
-                let id = elf::build_id_of_file(&host);
+                let id = build_id_of_file(&host);
                 self.build_ids.insert(key, id.clone());
                 id
             }
@@ -394,7 +394,7 @@ impl Images {
             return None;
         }
         let bytes = sys::read_process_memory(pid, start, len).ok()?;
-        let id = elf::build_id_of_bytes(&bytes)?;
+        let id = build_id_of_bytes(&bytes)?;
         self.seen.entry(id.clone()).or_insert(SeenImage {
             file: None,
             path: "[vdso]".to_string(),

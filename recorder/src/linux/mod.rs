@@ -10,7 +10,6 @@
 
 mod attr;
 mod convert;
-mod elf;
 mod images;
 mod launch;
 mod parse;
@@ -30,6 +29,7 @@ use lrnprof_format::{
     Clock, Endian, EventSettings, Os, Pid, SampleEvent, SampleKind, SamplingSettings, Target,
     Timestamp, TraceHeader,
 };
+pub(crate) use parse::fuzz_records;
 use parse::Layout;
 use std::collections::HashSet;
 use std::io;

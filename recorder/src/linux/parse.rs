@@ -417,6 +417,37 @@ fn parse_sample<'a>(layout: &Layout, c: &mut Cursor<'a>) -> Result<SampleRecord<
     Ok(s)
 }
 
+/// The body of the `perf_records` fuzz target (see `crate::fuzz`).
+pub(crate) fn fuzz_records(data: &[u8]) {
+    let Some((head, buf)) = data.split_first_chunk::<9>() else {
+        return;
+    };
+    let (sample_type, regs) = head.split_at(8);
+    let layout = Layout {
+        sample_type: u64::from_le_bytes(sample_type.try_into().expect("8 bytes")),
+        // The popcount of a 64-bit register mask.
+        user_regs: usize::from(regs[0]) % 65,
+    };
+    let mut compacted = Vec::new();
+    let mut pos = 0;
+    while pos < buf.len() {
+        let n = super::ring::compact_samples(&layout, &buf[pos..], &mut compacted, 4096);
+        assert!(n > 0, "compaction made no progress");
+        pos += n;
+    }
+    let mut after = split_records(&compacted);
+    for (kind, misc, record) in split_records(buf) {
+        let before = parse_record(&layout, kind, misc, record);
+        // Each whole record comes out as one record.
+        let (kind2, misc2, record2) = after.next().expect("a record per record");
+        assert_eq!((kind, misc), (kind2, misc2));
+        if let Ok(PerfRecord::Sample(sample)) = before {
+            let again = parse_record(&layout, kind2, misc2, record2);
+            assert_eq!(again, Ok(PerfRecord::Sample(sample)));
+        }
+    }
+}
+
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
@@ -461,9 +492,10 @@ pub(crate) mod tests {
         assert_eq!(LAYOUT.sample_id_len(), 24);
     }
 
+    /// A sample as the kernel writes it for [`LAYOUT`], with 8 of its 16
+    /// bytes of stack copy live.
     #[rustfmt::skip]
-    #[test]
-    fn parses_a_sample() {
+    fn sample_record() -> Vec<u8> {
         let mut body = Vec::new();
         body.extend(u32s(&[10, 11]));           // pid, tid
         body.extend(u64s(&[123_456]));          // time
@@ -479,12 +511,33 @@ pub(crate) mod tests {
         body.extend(u64s(&[8]));                // dyn_size: only 8 live bytes
         let mut rec = header(kind::SAMPLE, 2, body.len());
         rec.extend(&body);
+        rec
+    }
+
+    #[rustfmt::skip]
+    #[test]
+    fn parses_a_sample() {
+        let rec = sample_record();
         let parsed = parse_record(&LAYOUT, kind::SAMPLE, 2, &rec).unwrap();
         let PerfRecord::Sample(s) = parsed else { panic!("not a sample: {parsed:?}") };
         assert_eq!((s.pid, s.tid, s.time, s.cpu, s.period), (10, 11, 123_456, Some(1), 1_000_000));
         assert_eq!(s.callchain, [0x401000, 0x401100]);
         assert_eq!(s.regs, [0x7ff0, 0x7fe0, 0x401000]);
         assert_eq!(s.stack, &[7u8; 8]);
+    }
+
+    /// The fuzz target's checks hold on what the kernel writes: samples
+    /// compacted, whole or cut short, still parse the same.
+    #[test]
+    fn fuzz_entry_accepts_kernel_records() {
+        let mut data = LAYOUT.sample_type.to_le_bytes().to_vec();
+        data.push(LAYOUT.user_regs as u8);
+        for _ in 0..3 {
+            data.extend(sample_record());
+        }
+        for len in 0..=data.len() {
+            fuzz_records(&data[..len]);
+        }
     }
 
     #[rustfmt::skip]

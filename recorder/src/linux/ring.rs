@@ -70,7 +70,9 @@ fn stack_field(layout: &Layout, rec: &[u8]) -> Option<(usize, u64, u64)> {
         return None;
     }
     let read = |at: usize| -> Option<u64> {
-        Some(u64::from_ne_bytes(rec.get(at..at + 8)?.try_into().ok()?))
+        Some(u64::from_ne_bytes(
+            rec.get(at..at.checked_add(8)?)?.try_into().ok()?,
+        ))
     };
     let fixed = [
         sample::IDENTIFIER,
@@ -129,6 +131,26 @@ mod tests {
         // Counters are free-running: 14 % 8 = 6, so bytes 6, 7, 0, 1.
         assert_eq!(copy_wrapped(&data, 14, 18, &mut out), 4);
         assert_eq!(out, [6, 7, 0, 1]);
+    }
+
+    /// Found by the `perf_records` fuzz target: a callchain count that
+    /// puts the stack field within 8 bytes of the end of the address space
+    /// overflowed the offset arithmetic.
+    #[test]
+    fn callchain_counts_near_the_address_space_end_are_malformed() {
+        let layout = Layout {
+            sample_type: sample::CALLCHAIN | sample::STACK_USER,
+            user_regs: 0,
+        };
+        // The stack field would be at 8 + 8 + nr * 8 = usize::MAX - 7.
+        let nr = (usize::MAX - 7 - 16) / 8;
+        let mut rec = kind::SAMPLE.to_ne_bytes().to_vec();
+        rec.extend(0u16.to_ne_bytes());
+        rec.extend(16u16.to_ne_bytes());
+        rec.extend((nr as u64).to_ne_bytes());
+        let mut out = Vec::new();
+        assert_eq!(compact_samples(&layout, &rec, &mut out, 64), rec.len());
+        assert_eq!(out, rec);
     }
 
     #[test]

@@ -1,39 +1,26 @@
 //! `mach_header_64` and the load commands that follow it, as read from a
-//! target's memory (or a file: the layout is the same).
+//! target's memory (or a file: the layout is the same), through object's
+//! raw Mach-O structures: object checks every command against `cmdsize`
+//! and `sizeofcmds` and every section table against its command, and this
+//! module adds the recorder's bound on what a header may make it read.
 
-use super::{malformed, Le};
+use super::malformed;
 use crate::error::RecordError;
+use object::macho::{self, MachHeader64};
+use object::read::macho::{MachHeader as _, Section as _, Segment as _};
+use object::LittleEndian as LE;
 
-/// `MH_MAGIC_64`: a 64-bit Mach-O in the host's (little-endian) byte order.
-const MH_MAGIC_64: u32 = 0xfeed_facf;
-/// `MH_CIGAM_64`: a 64-bit Mach-O in the other byte order.
-const MH_CIGAM_64: u32 = 0xcffa_edfe;
-/// `MH_MAGIC`: a 32-bit Mach-O.
-const MH_MAGIC: u32 = 0xfeed_face;
 /// `MH_DYLIB_IN_CACHE`: the image lives in the dyld shared cache.
 const MH_DYLIB_IN_CACHE: u32 = 0x8000_0000;
 /// `CPU_TYPE_X86_64`.
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-pub(crate) const CPU_TYPE_X86_64: u32 = 0x0100_0007;
+pub(crate) const CPU_TYPE_X86_64: u32 = macho::CPU_TYPE_X86_64;
 /// `CPU_TYPE_ARM64`.
 #[cfg_attr(not(target_arch = "aarch64"), allow(dead_code))]
-pub(crate) const CPU_TYPE_ARM64: u32 = 0x0100_000c;
-
-/// `LC_SEGMENT_64`.
-const LC_SEGMENT_64: u32 = 0x19;
-/// `LC_UUID`.
-const LC_UUID: u32 = 0x1b;
+pub(crate) const CPU_TYPE_ARM64: u32 = macho::CPU_TYPE_ARM64;
 
 /// Size of `mach_header_64`, in bytes: the load commands start right after.
-pub(crate) const MACH_HEADER_64_LEN: usize = 32;
-/// Size of `load_command` (`cmd`, `cmdsize`), the smallest possible command.
-const LOAD_COMMAND_LEN: usize = 8;
-/// Size of `segment_command_64` without its sections.
-const SEGMENT_COMMAND_64_LEN: usize = 72;
-/// Size of one `section_64`.
-const SECTION_64_LEN: usize = 80;
-/// Size of `uuid_command`.
-const UUID_COMMAND_LEN: usize = 24;
+pub(crate) const MACH_HEADER_64_LEN: usize = std::mem::size_of::<MachHeader64<LE>>();
 /// The most bytes of load commands accepted (`sizeofcmds`). Real images
 /// have a few KiB; this bounds what a corrupt header can make us read.
 pub(crate) const MAX_LOAD_COMMANDS_LEN: usize = 1 << 20;
@@ -129,51 +116,69 @@ impl MachOImage {
     }
 }
 
-/// Parse the 32-byte `mach_header_64` at the start of `bytes`.
-pub(crate) fn parse_header(bytes: &[u8]) -> Result<MachHeader, RecordError> {
+/// The `mach_header_64` at the start of `bytes`, if it is a 64-bit
+/// little-endian one whose load commands are within the bound.
+fn raw_header(bytes: &[u8]) -> Result<&MachHeader64<LE>, RecordError> {
     const WHAT: &str = "Mach-O header";
-    let le = Le::new(bytes, WHAT);
-    let magic = le.u32(0)?;
-    match magic {
-        MH_MAGIC_64 => {}
-        MH_CIGAM_64 => return Err(malformed(WHAT, 0, "big-endian Mach-O is not supported")),
-        MH_MAGIC => return Err(malformed(WHAT, 0, "32-bit Mach-O is not supported")),
+    let (header, _) = object::pod::from_bytes::<MachHeader64<LE>>(bytes).map_err(|()| {
+        malformed(
+            WHAT,
+            0,
+            format!(
+                "truncated: needs {MACH_HEADER_64_LEN} bytes, only {} present",
+                bytes.len()
+            ),
+        )
+    })?;
+    // object keeps `magic` big-endian to tell the byte orders apart; the
+    // constants are for the file's own (here little-endian) order.
+    match header.magic.get(object::BigEndian).swap_bytes() {
+        macho::MH_MAGIC_64 => {}
+        macho::MH_CIGAM_64 => return Err(malformed(WHAT, 0, "big-endian Mach-O is not supported")),
+        macho::MH_MAGIC => return Err(malformed(WHAT, 0, "32-bit Mach-O is not supported")),
         other => return Err(malformed(WHAT, 0, format!("bad magic {other:#010x}"))),
     }
-    let header = MachHeader {
-        cputype: le.u32(4)?,
-        filetype: le.u32(12)?,
-        ncmds: le.u32(16)?,
-        sizeofcmds: le.u32(20)?,
-        flags: le.u32(24)?,
-    };
-    // `reserved` at 28 completes the header; require it so a header that
-    // stops early is reported as truncated.
-    le.u32(28)?;
-    if header.sizeofcmds as usize > MAX_LOAD_COMMANDS_LEN {
+    let sizeofcmds = header.sizeofcmds.get(LE);
+    if sizeofcmds as usize > MAX_LOAD_COMMANDS_LEN {
         return Err(malformed(
             WHAT,
             20,
-            format!(
-                "sizeofcmds {} exceeds the {MAX_LOAD_COMMANDS_LEN}-byte limit",
-                header.sizeofcmds
-            ),
+            format!("sizeofcmds {sizeofcmds} exceeds the {MAX_LOAD_COMMANDS_LEN}-byte limit"),
         ));
     }
     Ok(header)
 }
 
+/// Parse the 32-byte `mach_header_64` at the start of `bytes`.
+pub(crate) fn parse_header(bytes: &[u8]) -> Result<MachHeader, RecordError> {
+    let h = raw_header(bytes)?;
+    Ok(MachHeader {
+        cputype: h.cputype(LE),
+        filetype: h.filetype(LE),
+        ncmds: h.ncmds(LE),
+        sizeofcmds: h.sizeofcmds(LE),
+        flags: h.flags(LE),
+    })
+}
+
+/// A fixed-size, NUL-trimmed name such as `segname`.
+fn name(raw: &[u8]) -> String {
+    String::from_utf8_lossy(raw).into_owned()
+}
+
 /// Parse a header and its load commands: `bytes` starts with the
 /// `mach_header_64` and holds at least [`MachHeader::total_len`] bytes.
 ///
-/// Each command is stepped by its `cmdsize`, which must be at least 8 and
-/// stay within `sizeofcmds`; `ncmds` commands are read, so a huge `ncmds`
-/// fails at the end of the bytes instead of looping.
+/// object steps each command by its `cmdsize`, which must be at least 8 and
+/// stay within `sizeofcmds`, and reads `ncmds` commands, so a huge `ncmds`
+/// fails at the end of the bytes instead of looping; a segment's `nsects`
+/// must fit in its command.
 pub(crate) fn parse_load_commands(bytes: &[u8]) -> Result<MachOImage, RecordError> {
     const WHAT: &str = "Mach-O load commands";
+    let raw = raw_header(bytes)?;
     let header = parse_header(bytes)?;
     let end = header.total_len();
-    let commands = bytes.get(..end).ok_or_else(|| {
+    let mut commands = raw.load_commands(LE, bytes, 0).map_err(|_| {
         malformed(
             WHAT,
             bytes.len(),
@@ -191,99 +196,63 @@ pub(crate) fn parse_load_commands(bytes: &[u8]) -> Result<MachOImage, RecordErro
     };
     let mut offset = MACH_HEADER_64_LEN;
     for index in 0..header.ncmds {
-        if end - offset < LOAD_COMMAND_LEN {
-            return Err(malformed(
+        let at = |e: object::Error| {
+            malformed(
                 WHAT,
                 offset,
-                format!(
-                    "ncmds is {} but command {index} would start past sizeofcmds",
-                    header.ncmds
-                ),
-            ));
+                format!("command {index} of ncmds {}: {e}", header.ncmds),
+            )
+        };
+        let Some(command) = commands.next().map_err(at)? else {
+            break;
+        };
+        if let Some((segment, section_table)) = command.segment_64().map_err(at)? {
+            let sections = segment.sections(LE, section_table).map_err(|e| {
+                malformed(
+                    WHAT,
+                    offset,
+                    format!(
+                        "segment {} claims {} sections, more than cmdsize {} holds: {e}",
+                        name(segment.name()),
+                        segment.nsects(LE),
+                        command.cmdsize()
+                    ),
+                )
+            })?;
+            image.sections.extend(sections.iter().map(|s| Section {
+                segment: name(s.segment_name()),
+                name: name(s.name()),
+                addr: s.addr(LE),
+                size: s.size(LE),
+            }));
+            image.segments.push(Segment {
+                name: name(segment.name()),
+                vmaddr: segment.vmaddr(LE),
+                vmsize: segment.vmsize(LE),
+                fileoff: segment.fileoff(LE),
+                initprot: segment.initprot(LE),
+            });
+        } else if let Some(uuid) = command.uuid().map_err(at)? {
+            image.uuid = Some(uuid.uuid);
         }
-        let le = Le::new(&commands[offset..], WHAT);
-        let cmd = le.u32(0)?;
-        let cmdsize = le.u32(4)? as usize;
-        if cmdsize < LOAD_COMMAND_LEN {
-            return Err(malformed(
-                WHAT,
-                offset + 4,
-                format!("command {index} ({cmd:#x}) has cmdsize {cmdsize}, less than 8"),
-            ));
-        }
-        if cmdsize > end - offset {
-            return Err(malformed(
-                WHAT,
-                offset + 4,
-                format!("command {index} ({cmd:#x}) has cmdsize {cmdsize}, past sizeofcmds"),
-            ));
-        }
-        let body = &commands[offset..offset + cmdsize];
-        match cmd {
-            LC_SEGMENT_64 => parse_segment(body, offset, &mut image)?,
-            LC_UUID => {
-                if cmdsize < UUID_COMMAND_LEN {
-                    return Err(malformed(
-                        WHAT,
-                        offset + 4,
-                        format!("LC_UUID has cmdsize {cmdsize}, less than {UUID_COMMAND_LEN}"),
-                    ));
-                }
-                image.uuid = Some(Le::new(body, WHAT).array::<16>(8)?);
-            }
-            _ => {}
-        }
-        offset += cmdsize;
+        offset += command.cmdsize() as usize;
     }
     Ok(image)
 }
 
-/// One `LC_SEGMENT_64` (`body` is the whole command) and its sections.
-fn parse_segment(body: &[u8], at: usize, image: &mut MachOImage) -> Result<(), RecordError> {
-    const WHAT: &str = "Mach-O LC_SEGMENT_64";
-    let le = Le::new(body, WHAT);
-    if body.len() < SEGMENT_COMMAND_64_LEN {
-        return Err(malformed(
-            WHAT,
-            at + 4,
-            format!(
-                "cmdsize {} is less than {SEGMENT_COMMAND_64_LEN}",
-                body.len()
-            ),
-        ));
-    }
-    let segment = Segment {
-        name: le.name16(8)?,
-        vmaddr: le.u64(24)?,
-        vmsize: le.u64(32)?,
-        fileoff: le.u64(40)?,
-        initprot: le.u32(60)?,
+/// The body of the `macho_load_commands` fuzz target (see `crate::fuzz`):
+/// what the image tracker does with the bytes at an image's load address.
+pub(crate) fn fuzz(bytes: &[u8]) {
+    let Ok(header) = parse_header(bytes) else {
+        assert!(parse_load_commands(bytes).is_err());
+        return;
     };
-    let nsects = le.u32(64)? as usize;
-    // Checked before the loop so a huge nsects is rejected, not iterated.
-    let room = (body.len() - SEGMENT_COMMAND_64_LEN) / SECTION_64_LEN;
-    if nsects > room {
-        return Err(malformed(
-            WHAT,
-            at + 64,
-            format!(
-                "segment {} claims {nsects} sections but cmdsize {} holds {room}",
-                segment.name,
-                body.len()
-            ),
-        ));
+    if let Ok(image) = parse_load_commands(bytes) {
+        assert_eq!(image.header, header);
+        assert!(header.total_len() <= bytes.len());
+        let _ = image.slide(0x1_0400_0000);
+        let _ = image.section("__TEXT", "__unwind_info");
     }
-    for i in 0..nsects {
-        let s = Le::new(&body[SEGMENT_COMMAND_64_LEN + i * SECTION_64_LEN..], WHAT);
-        image.sections.push(Section {
-            name: s.name16(0)?,
-            segment: s.name16(16)?,
-            addr: s.u64(32)?,
-            size: s.u64(40)?,
-        });
-    }
-    image.segments.push(segment);
-    Ok(())
 }
 
 #[cfg(test)]
@@ -414,17 +383,20 @@ mod tests {
     #[test]
     fn rejects_cmdsize_zero_and_past_end() {
         let mut bytes = fixture();
-        set_u32(&mut bytes, FIRST_CMDSIZE, 0);
-        assert!(reason(parse_load_commands(&bytes)).contains("less than 8"));
-        set_u32(&mut bytes, FIRST_CMDSIZE, 0x10_0000);
-        assert!(reason(parse_load_commands(&bytes)).contains("past sizeofcmds"));
+        for cmdsize in [0, 7, 0x10_0000] {
+            set_u32(&mut bytes, FIRST_CMDSIZE, cmdsize);
+            let msg = reason(parse_load_commands(&bytes));
+            assert!(msg.contains("offset 32: command 0 of ncmds 2"), "{msg}");
+            assert!(msg.contains("load command size"), "{msg}");
+        }
     }
 
     #[test]
     fn huge_ncmds_fails_at_the_end_of_the_commands() {
         let mut bytes = fixture();
         set_u32(&mut bytes, 16, u32::MAX);
-        assert!(reason(parse_load_commands(&bytes)).contains("past sizeofcmds"));
+        let msg = reason(parse_load_commands(&bytes));
+        assert!(msg.contains("command 2 of ncmds 4294967295"), "{msg}");
     }
 
     #[test]
@@ -449,11 +421,13 @@ mod tests {
         // Shrink sizeofcmds to match so the short command is what fails.
         let sizeofcmds = (bytes.len() - 32 - 8) as u32;
         set_u32(&mut bytes, 20, sizeofcmds);
-        assert!(reason(parse_load_commands(&bytes)).contains("LC_UUID"));
+        let msg = reason(parse_load_commands(&bytes));
+        assert!(msg.contains("command 1 of ncmds 2"), "{msg}");
 
         let mut bytes = fixture();
         set_u32(&mut bytes, FIRST_CMDSIZE, 64);
-        assert!(reason(parse_load_commands(&bytes)).contains("less than 72"));
+        let msg = reason(parse_load_commands(&bytes));
+        assert!(msg.contains("offset 32: command 0 of ncmds 2"), "{msg}");
     }
 
     #[test]
@@ -461,12 +435,15 @@ mod tests {
         let bytes = fixture();
         for len in 0..bytes.len() {
             assert!(parse_load_commands(&bytes[..len]).is_err());
+            fuzz(&bytes[..len]);
         }
+        fuzz(&bytes);
         for i in 0..bytes.len() {
             for flip in [0x01, 0x80, 0xff] {
                 let mut b = bytes.clone();
                 b[i] ^= flip;
                 let _ = parse_load_commands(&b);
+                fuzz(&b);
             }
         }
     }

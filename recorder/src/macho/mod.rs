@@ -2,8 +2,9 @@
 //! compiled and unit-tested on every host (Linux included):
 //!
 //! - pure parsers for what the backend reads out of a target task: Mach-O
-//!   headers and load commands, the dyld image list, thread states; and for
-//!   the universal (fat) files its images come from;
+//!   headers and load commands (through object's raw Mach-O structures),
+//!   the dyld image list, thread states (universal files and UUIDs of image
+//!   files are `lrnprof_image`'s);
 //! - the image tracker ([`Images`]) and one sampling round
 //!   ([`ThreadSampler`]), written against the [`TaskMemory`] and
 //!   [`TaskThreads`] traits that `crate::macos` implements with Mach calls
@@ -21,7 +22,6 @@
 #![cfg_attr(not(target_os = "macos"), allow(dead_code, unused_imports))]
 
 mod dyld;
-mod fat;
 mod images;
 mod load_commands;
 mod sampling;
@@ -31,9 +31,10 @@ pub(crate) use dyld::{
     parse_all_image_infos, parse_c_string, parse_image_info_array, AllImageInfos,
     DYLD_ALL_IMAGE_INFOS_LEN, MAX_PATH_LEN,
 };
-pub(crate) use fat::thin_image;
 pub(crate) use images::{embed_file, FileToEmbed, Images, TaskMemory};
-pub(crate) use load_commands::{parse_header, parse_load_commands, MachOImage, MACH_HEADER_64_LEN};
+pub(crate) use load_commands::{
+    fuzz as fuzz_load_commands, parse_header, parse_load_commands, MachOImage, MACH_HEADER_64_LEN,
+};
 pub(crate) use sampling::{effective_stack_size, TaskThreads, ThreadSampler};
 pub(crate) use thread_state::strip_pac;
 // Each macOS build records its own architecture; the other one's thread
@@ -96,12 +97,5 @@ impl<'a> Le<'a> {
 
     fn u64(&self, offset: usize) -> Result<u64, RecordError> {
         self.array::<8>(offset).map(u64::from_le_bytes)
-    }
-
-    /// A fixed-size, NUL-padded name such as `segname[16]`.
-    fn name16(&self, offset: usize) -> Result<String, RecordError> {
-        let raw = self.array::<16>(offset)?;
-        let len = raw.iter().position(|&b| b == 0).unwrap_or(raw.len());
-        Ok(String::from_utf8_lossy(&raw[..len]).into_owned())
     }
 }

@@ -360,8 +360,8 @@ fn copy_stack(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::embed::EmbedLevel;
     use lrnprof_format::RegsX86_64;
+    use lrnprof_image::EmbedLevel;
     use std::cell::{Cell, RefCell};
 
     const PERIOD_NS: u64 = 1_000_000;

@@ -3,11 +3,11 @@
 
 use super::regs_native;
 use super::sys::{self, MachClock, Port, Suspended, ThreadList};
-use crate::embed::EmbedLevel;
 use crate::error::RecordError;
 use crate::macho::{FileToEmbed, Images, TaskMemory, TaskThreads, ThreadSampler};
 use crate::sink::SinkSender;
 use lrnprof_format::{Pid, Record, Regs, Timestamp};
+use lrnprof_image::EmbedLevel;
 use mach2::mach_types::thread_act_t;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;

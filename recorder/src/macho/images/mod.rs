@@ -10,17 +10,15 @@ use super::{
     parse_load_commands, AllImageInfos, MachOImage, DYLD_ALL_IMAGE_INFOS_LEN, MACH_HEADER_64_LEN,
     MAX_PATH_LEN,
 };
-use crate::embed::EmbedLevel;
 use crate::error::RecordError;
 use lrnprof_format::{
-    Blob, BlobKind, BuildId, ImageKind, ImageMapRecord, ImageUnmapRecord, Pid, Record, Timestamp,
+    BlobKind, BuildId, ImageKind, ImageMapRecord, ImageUnmapRecord, Pid, Record, Timestamp,
+};
+use lrnprof_image::{
+    build_id_of_bytes, split_blob, thin_slice, EmbedLevel, MACHO_HEADER_SECTION,
+    MACHO_UNWIND_SECTIONS,
 };
 use std::collections::{BTreeMap, BTreeSet};
-
-/// Sections of a shared-cache image copied into the trace: what the
-/// analyzer needs to unwind through code whose file it will never have.
-const EMBEDDED_SECTIONS: [(&str, &str); 2] =
-    [("__TEXT", "__unwind_info"), ("__TEXT", "__eh_frame")];
 /// The most bytes copied for one section; bigger ones are skipped.
 const MAX_SECTION_LEN: u64 = 64 << 20;
 /// Blob data per record: well under the format's record size limit.
@@ -337,9 +335,11 @@ impl Images {
         let build_id = BuildId(uuid.to_vec());
         let mut header = vec![0u8; image.header.total_len()];
         if task.read(start, &mut header) {
-            push_blob(out, &build_id, "__TEXT", text.vmaddr, header);
+            push_blob(out, &build_id, MACHO_HEADER_SECTION, text.vmaddr, header);
         }
-        for (segment, name) in EMBEDDED_SECTIONS {
+        // What the analyzer needs to unwind through code whose file it
+        // will never have.
+        for (segment, name) in MACHO_UNWIND_SECTIONS {
             let Some(section) = image.section(segment, name) else {
                 continue;
             };
@@ -364,22 +364,13 @@ fn push_blob(out: &mut Vec<Record>, build_id: &BuildId, name: &str, svma: u64, d
         name: name.to_string(),
         svma,
     };
-    push_blob_parts(out, build_id, kind, &data);
+    push_blob_parts(out, build_id, kind, data);
 }
 
 /// `data` as blob records of at most [`BLOB_PART_LEN`] bytes each.
-fn push_blob_parts(out: &mut Vec<Record>, build_id: &BuildId, kind: BlobKind, data: &[u8]) {
-    let total_len = data.len() as u64;
-    for (i, part) in data.chunks(BLOB_PART_LEN).enumerate() {
-        out.push(Record::Blob(Blob {
-            build_id: build_id.clone(),
-            kind: kind.clone(),
-            compressed: false,
-            offset: (i * BLOB_PART_LEN) as u64,
-            total_len,
-            data: part.to_vec(),
-        }));
-    }
+fn push_blob_parts(out: &mut Vec<Record>, build_id: &BuildId, kind: BlobKind, data: Vec<u8>) {
+    let parts = split_blob(build_id, kind, false, data, BLOB_PART_LEN);
+    out.extend(parts.into_iter().map(Record::Blob));
 }
 
 /// Read the Mach-O header and load commands at `address` of `task`.
@@ -435,18 +426,19 @@ pub(crate) fn embed_file(file: &FileToEmbed, out: &mut Vec<Record>) -> Result<()
         ));
     }
     let bytes = std::fs::read(&file.path).map_err(|e| format!("{}: {e}", file.path))?;
-    let image =
-        super::thin_image(&bytes, file.cputype).map_err(|e| format!("{}: {e}", file.path))?;
-    let uuid = parse_load_commands(image)
-        .map_err(|e| format!("{}: {e}", file.path))?
-        .uuid;
-    if uuid != Some(file.uuid) {
+    let image = thin_slice(&bytes, file.cputype).map_err(|e| format!("{}: {e}", file.path))?;
+    if build_id_of_bytes(image).map(|id| id.0) != Some(file.uuid.to_vec()) {
         return Err(format!(
             "{}: the file on disk is not the mapped image (UUID differs)",
             file.path
         ));
     }
-    push_blob_parts(out, &BuildId(file.uuid.to_vec()), BlobKind::Image, image);
+    push_blob_parts(
+        out,
+        &BuildId(file.uuid.to_vec()),
+        BlobKind::Image,
+        image.to_vec(),
+    );
     Ok(())
 }
 

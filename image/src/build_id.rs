@@ -1,0 +1,183 @@
+//! An image's identity: the GNU build-id note of an ELF image, the
+//! `LC_UUID` of a Mach-O image. Found through the program headers or the
+//! load commands only, so reading a file touches a few hundred bytes of it,
+//! whatever its size.
+
+use lrnprof_format::BuildId;
+use object::read::elf::{FileHeader, ProgramHeader};
+use object::read::macho::MachHeader;
+use object::{elf, FileKind, ReadCache, ReadRef};
+use std::path::Path;
+
+/// Bound on the program header table and on a note segment: what a corrupt
+/// header can make us read. Real ones are a few hundred bytes.
+const MAX_NOTES_LEN: u64 = 1 << 16;
+
+/// The build id of the ELF or thin Mach-O image `data` (e.g. the vDSO, read
+/// from memory): its GNU build-id note or its `LC_UUID`. `None` if it has
+/// none or is not such an image.
+pub fn build_id_of_bytes(data: &[u8]) -> Option<BuildId> {
+    build_id(data)
+}
+
+/// [`build_id_of_bytes`] for the file at `path`, reading only the headers
+/// and the note segments. `None` if the file is unreadable, not an image,
+/// or without a build id.
+pub fn build_id_of_file(path: &Path) -> Option<BuildId> {
+    let file = std::fs::File::open(path).ok()?;
+    build_id(&ReadCache::new(file))
+}
+
+fn build_id<'data, R: ReadRef<'data>>(data: R) -> Option<BuildId> {
+    let id = match FileKind::parse(data).ok()? {
+        FileKind::Elf32 => elf_build_id::<elf::FileHeader32<object::Endianness>, R>(data),
+        FileKind::Elf64 => elf_build_id::<elf::FileHeader64<object::Endianness>, R>(data),
+        FileKind::MachO32 => macho_uuid::<object::macho::MachHeader32<object::Endianness>, R>(data),
+        FileKind::MachO64 => macho_uuid::<object::macho::MachHeader64<object::Endianness>, R>(data),
+        _ => None,
+    }?;
+    Some(BuildId(id))
+}
+
+/// The descriptor of the first `NT_GNU_BUILD_ID` note named `GNU` in a
+/// `PT_NOTE` segment.
+fn elf_build_id<'data, Elf: FileHeader, R: ReadRef<'data>>(data: R) -> Option<Vec<u8>> {
+    let header = Elf::parse(data).ok()?;
+    let endian = header.endian().ok()?;
+    let phnum = header.phnum(endian, data).ok()? as u64;
+    let phentsize = u64::from(header.e_phentsize(endian));
+    if phnum == 0 || phnum.saturating_mul(phentsize) > MAX_NOTES_LEN {
+        return None;
+    }
+    let phdrs = header.program_headers(endian, data).ok()?;
+    phdrs
+        .iter()
+        .filter(|ph| ph.p_type(endian) == elf::PT_NOTE)
+        .filter(|ph| ph.p_filesz(endian).into() <= MAX_NOTES_LEN)
+        .find_map(|ph| {
+            let mut notes = ph.notes(endian, data).ok()??;
+            // A malformed note ends the search in its segment.
+            while let Ok(Some(note)) = notes.next() {
+                if note.name() == elf::ELF_NOTE_GNU
+                    && note.n_type(endian) == elf::NT_GNU_BUILD_ID
+                    && !note.desc().is_empty()
+                {
+                    return Some(note.desc().to_vec());
+                }
+            }
+            None
+        })
+}
+
+/// The `LC_UUID` of a thin Mach-O image.
+fn macho_uuid<'data, Mach: MachHeader, R: ReadRef<'data>>(data: R) -> Option<Vec<u8>> {
+    let header = Mach::parse(data, 0).ok()?;
+    let endian = header.endian().ok()?;
+    header.uuid(endian, data, 0).ok()?.map(|uuid| uuid.to_vec())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A minimal little-endian ELF64 image: header, one PT_NOTE program
+    /// header, one note of `kind` named `note_name`.
+    #[rustfmt::skip]
+    pub(crate) fn tiny_elf(note_name: &[u8; 4], kind: u32) -> Vec<u8> {
+        let mut b = vec![0u8; 64];
+        b[..4].copy_from_slice(b"\x7fELF");
+        b[4] = 2;                                            // ELFCLASS64
+        b[5] = 1;                                            // little endian
+        b[6] = 1;                                            // EV_CURRENT
+        b[0x20..0x28].copy_from_slice(&64u64.to_le_bytes()); // e_phoff
+        b[0x34..0x36].copy_from_slice(&64u16.to_le_bytes()); // e_ehsize
+        b[0x36..0x38].copy_from_slice(&56u16.to_le_bytes()); // e_phentsize
+        b[0x38..0x3a].copy_from_slice(&1u16.to_le_bytes());  // e_phnum
+        let mut ph = vec![0u8; 56];
+        ph[..4].copy_from_slice(&elf::PT_NOTE.to_le_bytes()); // p_type
+        ph[8..16].copy_from_slice(&120u64.to_le_bytes());    // p_offset
+        ph[32..40].copy_from_slice(&20u64.to_le_bytes());    // p_filesz
+        ph[48..56].copy_from_slice(&4u64.to_le_bytes());     // p_align
+        b.extend(ph);
+        b.extend(4u32.to_le_bytes());                        // namesz
+        b.extend(4u32.to_le_bytes());                        // descsz
+        b.extend(kind.to_le_bytes());                        // type
+        b.extend(note_name);                                 // name
+        b.extend([0xde, 0xad, 0xbe, 0xef]);                  // desc: the id
+        b
+    }
+
+    #[test]
+    fn finds_the_gnu_build_id() {
+        let id = build_id_of_bytes(&tiny_elf(b"GNU\0", elf::NT_GNU_BUILD_ID)).unwrap();
+        assert_eq!(id.to_hex(), "deadbeef");
+    }
+
+    #[test]
+    fn ignores_other_notes() {
+        assert_eq!(build_id_of_bytes(&tiny_elf(b"GNU\0", 1)), None);
+        assert_eq!(
+            build_id_of_bytes(&tiny_elf(b"Go\0\0", elf::NT_GNU_BUILD_ID)),
+            None
+        );
+    }
+
+    #[test]
+    fn big_endian_images_are_read_in_their_byte_order() {
+        let mut elf = tiny_elf(b"GNU\0", elf::NT_GNU_BUILD_ID);
+        elf[5] = 2; // ELFDATA2MSB
+        for (at, len) in [(0x20, 8), (0x34, 2), (0x36, 2), (0x38, 2)] {
+            elf[at..at + len].reverse();
+        }
+        for (at, len) in [
+            (64, 4),
+            (72, 8),
+            (96, 8),
+            (112, 8),
+            (120, 4),
+            (124, 4),
+            (128, 4),
+        ] {
+            elf[at..at + len].reverse();
+        }
+        assert_eq!(build_id_of_bytes(&elf).unwrap().to_hex(), "deadbeef");
+    }
+
+    #[test]
+    fn malformed_input_is_none_never_a_panic() {
+        assert_eq!(build_id_of_bytes(b"not an elf file at all"), None);
+        let elf = tiny_elf(b"GNU\0", elf::NT_GNU_BUILD_ID);
+        for len in 0..elf.len() {
+            assert_eq!(build_id_of_bytes(&elf[..len]), None, "prefix of {len}");
+        }
+        for i in 0..elf.len() {
+            for flip in [0x01, 0x80, 0xff] {
+                let mut b = elf.clone();
+                b[i] ^= flip;
+                let _ = build_id_of_bytes(&b);
+            }
+        }
+        // Note sizes near u32::MAX cannot overflow.
+        let mut huge = elf.clone();
+        huge[120..124].copy_from_slice(&u32::MAX.to_le_bytes());
+        huge[124..128].copy_from_slice(&u32::MAX.to_le_bytes());
+        assert_eq!(build_id_of_bytes(&huge), None);
+    }
+
+    /// This test binary, read whole and piecewise, has the id object finds
+    /// through its section headers (if the linker gave it one) or its UUID.
+    #[test]
+    fn reads_files_piecewise() {
+        use object::Object;
+        let exe = std::env::current_exe().unwrap();
+        let bytes = std::fs::read(&exe).unwrap();
+        let file = object::File::parse(&bytes[..]).unwrap();
+        let by_sections = match file.build_id().unwrap() {
+            Some(id) => Some(BuildId(id.to_vec())),
+            None => file.mach_uuid().unwrap().map(|u| BuildId(u.to_vec())),
+        };
+        assert_eq!(build_id_of_bytes(&bytes), by_sections);
+        assert_eq!(build_id_of_file(&exe), by_sections);
+        assert_eq!(build_id_of_file(Path::new("/nonexistent")), None);
+    }
+}

@@ -1,0 +1,241 @@
+//! Extracting what of an image a trace carries, so it can be analyzed
+//! where the image does not exist: from an image's bytes to [`Blob`]s.
+//!
+//! Each section an [`EmbedLevel`] wants becomes `BlobKind::Section { name,
+//! svma }` keyed by the image's build id, `name` the section's canonical
+//! name and `svma` its address in the file. DWARF sections compressed in the
+//! file (`SHF_COMPRESSED`, `.zdebug_*`) are stored decompressed under their
+//! `.debug_*` name. Blobs of `.debug_*` sections are zstd-compressed on
+//! their own (`compressed: true`); others are not (the trace's blocks are
+//! compressed anyway). Every level but `None` adds the layout table
+//! ([`LAYOUT_SECTION`]). A blob whose stored bytes exceed its part size is
+//! split into parts with the same key ([`split_blob`]).
+
+use crate::layout::{Layout, LAYOUT_SECTION};
+use crate::sections::{EmbedLevel, DEBUG_SECTION_PREFIX};
+use crate::ImageError;
+use lrnprof_format::{Blob, BlobKind, BuildId};
+use object::{Object, ObjectSection, ReadRef, SectionKind};
+use std::path::Path;
+
+/// Stored bytes per blob record at most for [`blobs_for_image`] and the
+/// like; larger blobs are split.
+pub const MAX_BLOB_PART: usize = 32 << 20;
+
+/// zstd level for `.debug_*` blobs.
+const DEBUG_ZSTD_LEVEL: i32 = 9;
+
+/// The blobs that carry `level`'s sections of the ELF image `bytes`, and
+/// its layout table, keyed by `build_id`. Errors if the bytes are not an
+/// image. A Mach-O image gets its layout table only: Mach-O images travel
+/// whole or as the sections a recorder copies from memory
+/// ([`MACHO_UNWIND_SECTIONS`](crate::MACHO_UNWIND_SECTIONS)).
+pub fn blobs_for_image(
+    bytes: &[u8],
+    build_id: &BuildId,
+    level: EmbedLevel,
+) -> Result<Vec<Blob>, ImageError> {
+    blobs_for_data(bytes, build_id, level)
+}
+
+/// [`blobs_for_image`] reading the image file at `path` piecewise, so only
+/// the wanted sections are read into memory.
+pub fn blobs_for_file(
+    path: &Path,
+    build_id: &BuildId,
+    level: EmbedLevel,
+) -> Result<Vec<Blob>, ImageError> {
+    let file = std::fs::File::open(path).map_err(|source| ImageError::Read {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    blobs_for_open_file(file, build_id, level)
+}
+
+/// [`blobs_for_file`] for a file already open (e.g. kept open since the
+/// image was mapped, in case its path goes away).
+pub fn blobs_for_open_file(
+    file: std::fs::File,
+    build_id: &BuildId,
+    level: EmbedLevel,
+) -> Result<Vec<Blob>, ImageError> {
+    let cache = object::ReadCache::new(file);
+    blobs_for_data(&cache, build_id, level)
+}
+
+fn blobs_for_data<'data, R: ReadRef<'data>>(
+    data: R,
+    build_id: &BuildId,
+    level: EmbedLevel,
+) -> Result<Vec<Blob>, ImageError> {
+    if level == EmbedLevel::None {
+        return Ok(Vec::new());
+    }
+    let file = object::File::parse(data).map_err(|e| ImageError::NotAnImage(e.to_string()))?;
+    let mut blobs = Vec::new();
+    for section in file.sections() {
+        let Ok(name) = section.name() else { continue };
+        let Some(stored_name) = level.stored_name(name) else {
+            continue;
+        };
+        if section.kind() == SectionKind::UninitializedData {
+            continue;
+        }
+        let bytes = section
+            .uncompressed_data()
+            .map_err(|e| ImageError::Section {
+                name: name.to_string(),
+                reason: e.to_string(),
+            })?;
+        if bytes.is_empty() {
+            continue;
+        }
+        let compress = stored_name.starts_with(DEBUG_SECTION_PREFIX);
+        let stored = if compress {
+            zstd::bulk::compress(&bytes, DEBUG_ZSTD_LEVEL).map_err(|source| {
+                ImageError::Compress {
+                    name: name.to_string(),
+                    source,
+                }
+            })?
+        } else {
+            bytes.into_owned()
+        };
+        let kind = BlobKind::Section {
+            name: stored_name.into_owned(),
+            svma: section.address(),
+        };
+        blobs.extend(split_blob(build_id, kind, compress, stored, MAX_BLOB_PART));
+    }
+    let layout = BlobKind::Section {
+        name: LAYOUT_SECTION.to_string(),
+        svma: 0,
+    };
+    let table = Layout::of(&file).to_bytes();
+    blobs.extend(split_blob(build_id, layout, false, table, MAX_BLOB_PART));
+    Ok(blobs)
+}
+
+/// `data` as one blob, or as parts of at most `max_part` bytes (taken as
+/// at least one) with the same key, each saying where it starts (`offset`)
+/// in the whole (`total_len`). Empty data is one empty blob.
+pub fn split_blob(
+    build_id: &BuildId,
+    kind: BlobKind,
+    compressed: bool,
+    data: Vec<u8>,
+    max_part: usize,
+) -> Vec<Blob> {
+    let max_part = max_part.max(1);
+    let total_len = data.len() as u64;
+    if data.len() <= max_part {
+        return vec![Blob {
+            build_id: build_id.clone(),
+            kind,
+            compressed,
+            offset: 0,
+            total_len,
+            data,
+        }];
+    }
+    data.chunks(max_part)
+        .enumerate()
+        .map(|(i, part)| Blob {
+            build_id: build_id.clone(),
+            kind: kind.clone(),
+            compressed,
+            offset: (i * max_part) as u64,
+            total_len,
+            data: part.to_vec(),
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn large_blobs_are_split() {
+        let id = BuildId(vec![1]);
+        let len = MAX_BLOB_PART * 2 + 5;
+        let out = split_blob(&id, BlobKind::Image, false, vec![7u8; len], MAX_BLOB_PART);
+        assert_eq!(out.len(), 3);
+        assert_eq!(out[2].offset, (MAX_BLOB_PART * 2) as u64);
+        assert_eq!(out[2].data.len(), 5);
+        assert!(out.iter().all(|b| b.total_len == len as u64));
+        let one = split_blob(&id, BlobKind::Image, true, vec![1, 2], 2);
+        assert_eq!(one.len(), 1);
+        assert!(one[0].compressed);
+        assert_eq!(
+            split_blob(&id, BlobKind::Image, false, Vec::new(), 0).len(),
+            1
+        );
+    }
+
+    #[test]
+    fn garbage_is_not_an_image() {
+        let id = BuildId(vec![1]);
+        let msg = blobs_for_image(b"garbage", &id, EmbedLevel::Symbols)
+            .unwrap_err()
+            .to_string();
+        assert!(msg.starts_with("not an image: "), "{msg}");
+        assert!(blobs_for_image(b"garbage", &id, EmbedLevel::None)
+            .unwrap()
+            .is_empty());
+        let missing = Path::new("/nonexistent/image");
+        let msg = blobs_for_file(missing, &id, EmbedLevel::Unwind)
+            .unwrap_err()
+            .to_string();
+        assert!(msg.contains("/nonexistent/image"), "{msg}");
+    }
+
+    fn section_names(blobs: &[Blob]) -> Vec<&str> {
+        blobs
+            .iter()
+            .filter_map(|b| match &b.kind {
+                BlobKind::Section { name, .. } => Some(name.as_str()),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn find<'a>(blobs: &'a [Blob], wanted: &str) -> Option<&'a Blob> {
+        blobs
+            .iter()
+            .find(|b| matches!(&b.kind, BlobKind::Section { name, .. } if name == wanted))
+    }
+
+    /// This test binary is an image with unwind info, symbols and DWARF.
+    #[test]
+    fn extracts_sections_of_a_real_image() {
+        let exe = std::env::current_exe().unwrap();
+        let bytes = std::fs::read(&exe).unwrap();
+        let id = BuildId(vec![9]);
+        let blobs = blobs_for_image(&bytes, &id, EmbedLevel::Symbols).unwrap();
+        let names = section_names(&blobs);
+        if object::File::parse(&bytes[..]).unwrap().format() == object::BinaryFormat::MachO {
+            assert_eq!(names, [LAYOUT_SECTION]);
+            return;
+        }
+        assert!(names.contains(&".eh_frame"), "{names:?}");
+        assert!(names.contains(&".symtab"), "{names:?}");
+        assert_eq!(names.last(), Some(&LAYOUT_SECTION));
+        assert!(!names.iter().any(|n| n.starts_with(".debug_info")));
+        let layout = Layout::parse(&find(&blobs, LAYOUT_SECTION).unwrap().data);
+        assert!(!layout.segments.is_empty());
+        let text = layout.sections.iter().find(|s| s.name == ".text").unwrap();
+        assert!(text.size > 0);
+        let debug = blobs_for_image(&bytes, &id, EmbedLevel::Debug).unwrap();
+        let info = find(&debug, ".debug_info").expect("test binaries have DWARF");
+        assert!(info.compressed);
+        let unwind = blobs_for_file(&exe, &id, EmbedLevel::Unwind).unwrap();
+        assert!(find(&unwind, ".eh_frame").is_some());
+        assert!(find(&unwind, ".symtab").is_none());
+        // Piecewise and whole reads give the same blobs.
+        assert_eq!(
+            unwind,
+            blobs_for_image(&bytes, &id, EmbedLevel::Unwind).unwrap()
+        );
+    }
+}

@@ -1,0 +1,62 @@
+//! An image's bytes as both sides of lrnprof need them: the recorder (and
+//! `lrnprof-analyze pack`) embeds what the analyzer later reads, and this
+//! crate defines that contract once.
+//!
+//! - **Build ids**: [`build_id_of_file`] and [`build_id_of_bytes`] find an
+//!   ELF image's GNU build-id note or a Mach-O image's `LC_UUID`, reading
+//!   only the headers.
+//! - **Universal binaries**: [`universal_slices`] lists the architectures
+//!   of a fat Mach-O file, [`thin_slice`] picks the one a process ran.
+//! - **Embedding**: [`blobs_for_file`] turns the sections an [`EmbedLevel`]
+//!   wants into trace [`Blob`](lrnprof_format::Blob)s, with the layout
+//!   table ([`Layout`], blob [`LAYOUT_SECTION`]) that lets an analyzer map
+//!   addresses without the file.
+//! - **Section names and roles**: the one list of which sections each
+//!   level carries ([`UNWIND_SECTIONS`], [`SYMBOL_SECTIONS`],
+//!   [`DEBUG_SECTION_PREFIX`], [`MACHO_UNWIND_SECTIONS`]) and what the
+//!   analyzer uses each for ([`section_role`]).
+//!
+//! Everything here is a pure function over bytes or a file's contents: no
+//! process is touched, so the crate builds and behaves the same on every
+//! host. Malformed input gives an error or `None`, never a panic, and no
+//! length read from the input is allocated without a bound. Reading goes
+//! through the `object` crate.
+//!
+//! ```no_run
+//! use lrnprof_image::{blobs_for_file, build_id_of_file, EmbedLevel, Layout, LAYOUT_SECTION};
+//! use lrnprof_format::BlobKind;
+//! let path = std::path::Path::new("/usr/bin/true");
+//! let id = build_id_of_file(path).expect("no build id");
+//! let blobs = blobs_for_file(path, &id, EmbedLevel::Symbols)?;
+//! for blob in &blobs {
+//!     if let BlobKind::Section { name, .. } = &blob.kind {
+//!         if name == LAYOUT_SECTION {
+//!             println!("{} segments", Layout::parse(&blob.data).segments.len());
+//!         }
+//!     }
+//! }
+//! # Ok::<(), lrnprof_image::ImageError>(())
+//! ```
+//!
+//! `docs/format.md` in the repository specifies the blobs and the layout
+//! table byte for byte.
+
+#![deny(missing_docs)]
+#![forbid(unsafe_code)]
+
+mod build_id;
+mod embed;
+mod error;
+mod layout;
+mod sections;
+mod universal;
+
+pub use build_id::{build_id_of_bytes, build_id_of_file};
+pub use embed::{blobs_for_file, blobs_for_image, blobs_for_open_file, split_blob, MAX_BLOB_PART};
+pub use error::ImageError;
+pub use layout::{Layout, LayoutSection, LayoutSegment, LAYOUT_SECTION};
+pub use sections::{
+    canonical_section_name, section_role, EmbedLevel, SectionRole, DEBUG_SECTION_PREFIX,
+    MACHO_HEADER_SECTION, MACHO_UNWIND_SECTIONS, SYMBOL_SECTIONS, UNWIND_SECTIONS,
+};
+pub use universal::{thin_slice, universal_slices, UniversalSlice};
