@@ -8,11 +8,11 @@ use crate::error::AnalyzeError;
 use crate::options::SampleFilter;
 use crate::options::{AnalyzeOptions, Progress};
 use crate::pipeline::{open, pool, prepare};
-use crate::profile::{Profile, ProfileBuilder, UnwoundSample};
+use crate::profile::{amounts, kinds_of, HeapScale, Profile, ProfileBuilder, UnwoundSample};
 use crate::symbolicate::symbolicate;
 use crate::timeline::chunk_blocks;
 use crate::unwind::ArchCache;
-use lrnprof_format::{Record, Sample, TraceReader};
+use lrnprof_format::{Record, Sample, Timestamp, TraceReader};
 use rayon::prelude::*;
 use std::path::Path;
 
@@ -46,9 +46,40 @@ fn run<D: AsRef<[u8]> + Sync>(
     options: &AnalyzeOptions,
     progress: &dyn Progress,
 ) -> Result<Profile, AnalyzeError> {
+    let kinds = kinds_of(reader.header());
+    if let Some(value) = options.value {
+        if !kinds.contains(&value) {
+            return Err(AnalyzeError::ValueNotRecorded {
+                value: value.name().to_string(),
+                recorded: kinds
+                    .iter()
+                    .map(|k| k.name())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            });
+        }
+    }
     let mut prepared = prepare(reader, options, progress, true);
     let mut cache = std::mem::take(&mut prepared.cache);
-    let mut builder = ProfileBuilder::new(prepared.timeline.threads.len(), options.keep_sequences);
+    let mut builder = ProfileBuilder::new(
+        prepared.timeline.threads.len(),
+        options.keep_sequences,
+        kinds,
+        options.value,
+    );
+    let heap = reader.header().events.heap.as_ref().map(|h| HeapScale {
+        mean_interval: h.mean_interval,
+    });
+    // Memory in use is counted at the end of the selected time range.
+    let inuse_at = options.filter.to_secs.map(|secs| {
+        Timestamp(
+            reader
+                .header()
+                .start_time
+                .0
+                .saturating_add((secs.max(0.0) * 1e9) as u64),
+        )
+    });
     let blocks = reader.blocks();
     let total = blocks.len() as u64;
     let mut done = 0;
@@ -83,10 +114,14 @@ fn run<D: AsRef<[u8]> + Sync>(
                 || ArchCache::new(prepared.arch),
                 |cache, s| {
                     let u = prepared.unwind(cache, s);
+                    let outcome = prepared
+                        .timeline
+                        .outcomes
+                        .get(&(s.pid, s.tid, s.time, s.kind));
                     UnwoundSample {
                         thread: prepared.timeline.thread_index[&(s.pid, s.tid)],
                         time: s.time,
-                        weight: s.weight,
+                        amounts: amounts(s.kind, s.weight, outcome, heap, inuse_at),
                         frames: prepared.frame_keys(s, &u.frames),
                         clean: u.clean,
                         used_kernel_chain: u.used_kernel_chain,
@@ -117,6 +152,7 @@ mod tests {
     use super::*;
     use crate::options::NoProgress;
     use crate::output::OutputFormat;
+    use crate::profile::ValueKind;
     use lrnprof_format::*;
 
     fn sample(time: u64, frames: Vec<u64>) -> Record {
@@ -205,9 +241,13 @@ mod tests {
 
     /// Write `records` as a finished trace at `path`.
     fn write_trace_file(path: &Path, records: &[Record]) {
+        write_trace_with(path, &TraceHeader::example(), records);
+    }
+
+    /// Write `records` as a finished trace with `header` at `path`.
+    fn write_trace_with(path: &Path, header: &TraceHeader, records: &[Record]) {
         let mut out = Vec::new();
-        let mut w =
-            TraceWriter::new(&mut out, &TraceHeader::example(), WriterOptions::default()).unwrap();
+        let mut w = TraceWriter::new(&mut out, header, WriterOptions::default()).unwrap();
         for r in records {
             w.write(r).unwrap();
         }
@@ -375,6 +415,241 @@ mod tests {
             assert!(profile.stats.samples > 0);
             format.writer().write(&profile, &mut Vec::new()).unwrap();
         }
+        std::fs::remove_file(&path).unwrap();
+    }
+
+    fn event(
+        time: u64,
+        frames: Vec<u64>,
+        kind: SampleKind,
+        weight: u64,
+        detail: SampleDetail,
+    ) -> Record {
+        let Record::Sample(s) = sample(time, frames) else {
+            unreachable!()
+        };
+        Record::Sample(lrnprof_format::Sample {
+            kind,
+            weight,
+            detail,
+            ..s
+        })
+    }
+
+    /// One thread that runs on CPU in liba+0x100, allocates 100 bytes
+    /// (freed) and 50 bytes (never freed) in +0x200, makes a 5 ns syscall
+    /// that fails in +0x300 and waits 1000 ns off CPU in +0x400.
+    fn every_event_trace(path: &Path) {
+        let mut header = TraceHeader::example();
+        header.events = EventSettings {
+            cpu: true,
+            heap: Some(HeapSettings { mean_interval: 1 }),
+            syscalls: Some(SyscallSettings {
+                filter: Vec::new(),
+                stack_size: 1024,
+                stack_every: 1,
+            }),
+            off_cpu: Some(OffCpuSettings { stack_size: 1024 }),
+        };
+        let (p, t) = (Pid(1), Tid(1));
+        let records = vec![
+            Record::Thread(ThreadRecord {
+                time: Timestamp(1),
+                pid: p,
+                tid: t,
+                event: ThreadEvent::Existing,
+                name: Some("main".into()),
+            }),
+            map(2, "/nonexistent/liba.so", 1),
+            sample(10, vec![0x10100]),
+            event(
+                20,
+                vec![0x10200],
+                SampleKind::Allocation,
+                100,
+                SampleDetail::Allocation { address: 0xa1 },
+            ),
+            Record::Free(FreeRecord {
+                time: Timestamp(25),
+                pid: p,
+                tid: t,
+                address: 0xa1,
+            }),
+            event(
+                30,
+                vec![0x10200],
+                SampleKind::Allocation,
+                50,
+                SampleDetail::Allocation { address: 0xa2 },
+            ),
+            event(
+                40,
+                vec![0x10300],
+                SampleKind::Syscall,
+                1,
+                SampleDetail::Syscall {
+                    nr: 2,
+                    args: [0; 6],
+                },
+            ),
+            Record::SyscallExit(SyscallExitRecord {
+                time: Timestamp(45),
+                pid: p,
+                tid: t,
+                nr: 2,
+                ret: -2,
+            }),
+            event(
+                50,
+                vec![0x10400],
+                SampleKind::OffCpu,
+                0,
+                SampleDetail::OffCpu { preempted: false },
+            ),
+            Record::SwitchIn(SwitchInRecord {
+                time: Timestamp(1050),
+                pid: p,
+                tid: t,
+            }),
+        ];
+        write_trace_with(path, &header, &records);
+    }
+
+    #[test]
+    fn every_value_the_trace_recorded_is_a_profile_value() {
+        let path =
+            std::env::temp_dir().join(format!("lrnprof-an-values-{}.lpt", std::process::id()));
+        every_event_trace(&path);
+        let with = |value: Option<&str>| AnalyzeOptions {
+            offline: true,
+            value: value.map(|v| ValueKind::from_name(v).unwrap()),
+            ..Default::default()
+        };
+        let profile = analyze(&path, &with(None), &NoProgress).unwrap();
+        assert_eq!(profile.value_kinds.len(), 9);
+        assert_eq!(profile.primary_value(), Some(ValueKind::Cpu));
+        // Folded shows CPU sample counts unless asked otherwise.
+        assert_eq!(folded(&path, &with(None)), "main-1;liba.so+0x100 1\n");
+        for (value, expected) in [
+            ("cpu", "main-1;liba.so+0x100 1000\n"),
+            ("alloc_objects", "main-1;liba.so+0x200 2\n"),
+            ("alloc_space", "main-1;liba.so+0x200 150\n"),
+            ("inuse_objects", "main-1;liba.so+0x200 1\n"),
+            ("inuse_space", "main-1;liba.so+0x200 50\n"),
+            ("syscalls", "main-1;liba.so+0x300 1\n"),
+            ("syscall_time", "main-1;liba.so+0x300 5\n"),
+            ("off_cpu", "main-1;liba.so+0x400 1000\n"),
+        ] {
+            assert_eq!(
+                folded(&path, &with(Some(value))),
+                expected,
+                "--value {value}"
+            );
+        }
+        // Memory in use at the end of a range: the freed block was still
+        // live 22 ns in.
+        let early = AnalyzeOptions {
+            filter: SampleFilter {
+                to_secs: Some(22e-9),
+                ..Default::default()
+            },
+            ..with(Some("inuse_space"))
+        };
+        assert_eq!(folded(&path, &early), "main-1;liba.so+0x200 100\n");
+        // A value the trace did not record is an error that lists the others.
+        let err = analyze(&path, &with(Some("cycles")), &NoProgress).unwrap_err();
+        assert!(
+            matches!(err, AnalyzeError::ValueNotRecorded { .. }),
+            "{err}"
+        );
+        assert!(err.to_string().contains("inuse_space"), "{err}");
+        // pprof has every sample type, the selected one as its default.
+        let profile = analyze(&path, &with(Some("syscall_time")), &NoProgress).unwrap();
+        let pb = crate::output::pprof_bytes(&profile);
+        for name in [
+            "alloc_objects",
+            "inuse_space",
+            "syscall_time",
+            "off_cpu",
+            "bytes",
+        ] {
+            assert!(
+                pb.windows(name.len()).any(|w| w == name.as_bytes()),
+                "{name}"
+            );
+        }
+        // speedscope weighs bytes in bytes.
+        let profile = analyze(
+            &path,
+            &AnalyzeOptions {
+                keep_sequences: true,
+                ..with(Some("alloc_space"))
+            },
+            &NoProgress,
+        )
+        .unwrap();
+        let mut out = Vec::new();
+        OutputFormat::Speedscope
+            .writer()
+            .write(&profile, &mut out)
+            .unwrap();
+        let json: serde_json::Value = serde_json::from_slice(&out).unwrap();
+        assert_eq!(json["profiles"][0]["unit"], "bytes");
+        assert_eq!(json["profiles"][0]["weights"], serde_json::json!([150]));
+        let info = crate::info::TraceInfo::new(&profile);
+        assert!(info.events.contains("every allocation"), "{}", info.events);
+        assert!(
+            info.to_text().contains("syscall_time 0.000 s"),
+            "{}",
+            info.to_text()
+        );
+        std::fs::remove_file(&path).unwrap();
+    }
+
+    #[test]
+    fn cycle_samples_are_labelled_cycles() {
+        let path =
+            std::env::temp_dir().join(format!("lrnprof-an-cycles-{}.lpt", std::process::id()));
+        let mut header = TraceHeader::example();
+        header.sampling.event = SampleEvent::Cycles;
+        let records = vec![
+            map(2, "/nonexistent/liba.so", 1),
+            event(
+                10,
+                vec![0x10100],
+                SampleKind::Cycles,
+                3_000_000,
+                SampleDetail::None,
+            ),
+            event(
+                20,
+                vec![0x10100],
+                SampleKind::Cycles,
+                1_000_000,
+                SampleDetail::None,
+            ),
+        ];
+        write_trace_with(&path, &header, &records);
+        let options = AnalyzeOptions {
+            offline: true,
+            keep_sequences: true,
+            ..Default::default()
+        };
+        let profile = analyze(&path, &options, &NoProgress).unwrap();
+        assert_eq!(profile.value_kinds, [ValueKind::Samples, ValueKind::Cycles]);
+        assert_eq!(profile.stacks[0].values, [2, 4_000_000]);
+        let pb = crate::output::pprof_bytes(&profile);
+        let has = |s: &str| pb.windows(s.len()).any(|w| w == s.as_bytes());
+        assert!(has("cycles") && !has("nanoseconds"), "cycles are not time");
+        let mut out = Vec::new();
+        OutputFormat::Speedscope
+            .writer()
+            .write(&profile, &mut out)
+            .unwrap();
+        let json: serde_json::Value = serde_json::from_slice(&out).unwrap();
+        assert_eq!(json["profiles"][0]["unit"], "none");
+        let info = crate::info::TraceInfo::new(&profile);
+        assert!(info.events.contains("cycle counter"), "{}", info.events);
         std::fs::remove_file(&path).unwrap();
     }
 }

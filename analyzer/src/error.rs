@@ -41,6 +41,16 @@ pub enum AnalyzeError {
     /// A `--symbols` directory does not exist.
     #[error("symbols directory {0} does not exist or is not a directory")]
     SymbolsDir(PathBuf),
+    /// `--value` names a value the trace did not record.
+    #[error(
+        "the trace has no {value} values: it recorded {recorded}; pick one of those with --value"
+    )]
+    ValueNotRecorded {
+        /// The value asked for.
+        value: String,
+        /// The values the trace has, comma-separated.
+        recorded: String,
+    },
     /// A filter matched nothing.
     #[error("no samples left after filtering ({0}); run `lrnprof-analyze info` to see the trace's processes, threads and time range")]
     NothingSelected(String),

@@ -1,7 +1,7 @@
 //! `lrnprof-analyze info`: what is in a trace, as text or JSON.
 
 use crate::profile::{ImageInfo, ProcessInfo, Profile, Stats};
-use lrnprof_format::{Arch, Os};
+use lrnprof_format::{Arch, Os, SampleEvent, TraceHeader};
 use serde::Serialize;
 use std::fmt::Write as _;
 
@@ -18,6 +18,11 @@ pub struct TraceInfo {
     pub hostname: String,
     /// Wall-clock start, ns since the Unix epoch.
     pub start_wall_ns: u64,
+    /// What was recorded: the CPU sampling event (`cpu-clock`, `cycles`,
+    /// `timer`) and the other event kinds, as a phrase.
+    pub events: String,
+    /// Totals of every value the trace has, in profile order.
+    pub values: Vec<ValueTotal>,
     /// Requested sampling frequency, Hz.
     pub frequency_hz: u32,
     /// Largest stack copy per sample, bytes.
@@ -36,6 +41,76 @@ pub struct TraceInfo {
     pub unwound_to_root_pct: f64,
     /// Warnings of the analysis.
     pub warnings: Vec<String>,
+}
+
+/// The total of one value in [`TraceInfo`].
+#[derive(Debug, Clone, Serialize)]
+pub struct ValueTotal {
+    /// The value's name (pprof sample type, `--value` name).
+    pub name: String,
+    /// Its unit: `count`, `nanoseconds` or `bytes`.
+    pub unit: String,
+    /// The total over the analyzed samples.
+    pub total: u64,
+}
+
+/// What the trace recorded, in words.
+fn describe_events(h: &TraceHeader) -> String {
+    let mut parts = Vec::new();
+    if h.events.cpu {
+        parts.push(match h.sampling.event {
+            SampleEvent::CpuClock => {
+                format!(
+                    "CPU samples of cpu-clock at {} Hz (weights: ns on CPU)",
+                    h.sampling.frequency_hz
+                )
+            }
+            SampleEvent::Cycles => format!(
+                "CPU samples of the cycle counter at {} Hz (weights: cycles)",
+                h.sampling.frequency_hz
+            ),
+            SampleEvent::Timer => format!(
+                "CPU samples of a {} Hz timer (weights: ns on CPU)",
+                h.sampling.frequency_hz
+            ),
+        });
+    }
+    if let Some(heap) = &h.events.heap {
+        parts.push(if heap.mean_interval <= 1 {
+            "every allocation".to_string()
+        } else {
+            format!(
+                "allocations sampled every {} bytes on average",
+                heap.mean_interval
+            )
+        });
+    }
+    if let Some(s) = &h.events.syscalls {
+        parts.push(if s.filter.is_empty() {
+            "every system call".to_string()
+        } else {
+            format!("{} kinds of system call", s.filter.len())
+        });
+    }
+    if h.events.off_cpu.is_some() {
+        parts.push("context switches (off-CPU time)".to_string());
+    }
+    if parts.is_empty() {
+        "nothing".to_string()
+    } else {
+        parts.join(", ")
+    }
+}
+
+/// `total` in its unit, for people.
+fn human(total: u64, unit: &str) -> String {
+    match unit {
+        "nanoseconds" => format!("{:.3} s", total as f64 / 1e9),
+        "bytes" if total >= 1 << 20 => format!("{:.1} MiB", total as f64 / (1u64 << 20) as f64),
+        "bytes" if total >= 1 << 10 => format!("{:.1} KiB", total as f64 / 1024.0),
+        "bytes" => format!("{total} bytes"),
+        _ => total.to_string(),
+    }
 }
 
 /// A thread in [`TraceInfo`].
@@ -74,6 +149,17 @@ impl TraceInfo {
             .into(),
             hostname: h.hostname.clone(),
             start_wall_ns: h.start_wall_ns,
+            events: describe_events(h),
+            values: profile
+                .value_kinds
+                .iter()
+                .zip(profile.totals())
+                .map(|(k, total)| ValueTotal {
+                    name: k.name().to_string(),
+                    unit: k.unit().to_string(),
+                    total,
+                })
+                .collect(),
             frequency_hz: h.sampling.frequency_hz,
             stack_size: h.sampling.stack_size,
             processes: profile.processes.clone(),
@@ -110,11 +196,18 @@ impl TraceInfo {
             "recorder:     {} ({}/{}, host {:?})",
             self.recorder, self.os, self.arch, self.hostname
         );
+        let _ = writeln!(s, "recorded:     {}", self.events);
         let _ = writeln!(
             s,
             "sampling:     {} Hz, stack copy up to {} bytes",
             self.frequency_hz, self.stack_size
         );
+        let values: Vec<String> = self
+            .values
+            .iter()
+            .map(|v| format!("{} {}", v.name, human(v.total, &v.unit)))
+            .collect();
+        let _ = writeln!(s, "values:       {}", values.join(", "));
         let _ = writeln!(s, "duration:     {:.3} s", st.duration_ns as f64 / 1e9);
         let _ = writeln!(
             s,

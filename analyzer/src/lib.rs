@@ -32,6 +32,7 @@ mod error;
 mod image;
 mod info;
 mod options;
+mod outcomes;
 mod output;
 mod pack;
 mod pipeline;
@@ -44,13 +45,13 @@ mod write_file;
 
 pub use analyze::analyze;
 pub use error::AnalyzeError;
-pub use info::{ThreadInfo, TraceInfo};
+pub use info::{ThreadInfo, TraceInfo, ValueTotal};
 pub use options::{AnalyzeOptions, NoProgress, Progress, SampleFilter};
 pub use output::{FoldedWriter, OutputFormat, PprofWriter, ProfileWriter, SpeedscopeWriter};
 pub use pack::{pack, PackOptions, PackReport};
 pub use profile::{
     Function, ImageInfo, Location, LocationLine, ProcessInfo, Profile, SequenceEntry, Stack, Stats,
-    ThreadProfile,
+    ThreadProfile, ValueKind,
 };
 pub use strip::{strip, StripReport};
 pub use symbolicate::FrameLine;

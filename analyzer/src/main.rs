@@ -4,7 +4,7 @@ use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use lrnprof_analyzer::{
     analyze, default_output_path, pack, strip, write_atomically, AnalyzeOptions, OutputFormat,
-    PackOptions, Progress, SampleFilter, TraceInfo,
+    PackOptions, Progress, SampleFilter, TraceInfo, ValueKind,
 };
 use lrnprof_format::{Pid, Tid};
 use std::io::IsTerminal;
@@ -110,8 +110,25 @@ struct RunArgs {
     /// Do not show inlined functions as their own frames.
     #[arg(long)]
     no_inline: bool,
+    /// The value to show: samples, cpu, cycles, alloc_objects, alloc_space,
+    /// inuse_objects, inuse_space, syscalls, syscall_time or off_cpu (pprof:
+    /// the default sample type; all recorded values are written). Default:
+    /// sample counts in folded output, CPU time (or cycles) elsewhere, or the
+    /// trace's main value when it has no CPU samples.
+    #[arg(long, value_name = "NAME", value_parser = parse_value)]
+    value: Option<ValueKind>,
     #[command(flatten)]
     common: CommonArgs,
+}
+
+fn parse_value(name: &str) -> Result<ValueKind, String> {
+    ValueKind::from_name(name).ok_or_else(|| {
+        let names: Vec<&str> = ValueKind::ALL.iter().map(|k| k.name()).collect();
+        format!(
+            "unknown value {name:?}; the values are {}",
+            names.join(", ")
+        )
+    })
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug)]
@@ -244,6 +261,7 @@ fn run(cli: Cli) -> Result<()> {
                 to_secs: args.to,
             };
             opts.no_inline = args.no_inline;
+            opts.value = args.value;
             opts.keep_sequences = format == OutputFormat::Speedscope;
             let profile = analyze(&trace, &opts, &progress)?;
             for w in &profile.warnings {

@@ -1,6 +1,7 @@
 //! Plain option structs of the analyzer (no clap here: the binary maps its
 //! flags onto these).
 
+use crate::profile::ValueKind;
 use lrnprof_format::{Pid, Tid};
 use std::path::PathBuf;
 
@@ -65,6 +66,11 @@ pub struct AnalyzeOptions {
     /// Keep each thread's sample sequence (needed for speedscope output;
     /// memory grows with runs of distinct consecutive stacks).
     pub keep_sequences: bool,
+    /// The value views show (`--value`): `None` for each view's default
+    /// (sample counts in folded output, CPU time or cycles elsewhere, or
+    /// the primary value of a trace without CPU samples). The trace must
+    /// have recorded it.
+    pub value: Option<ValueKind>,
 }
 
 /// Receives progress while an analysis runs. Implementations must be cheap:

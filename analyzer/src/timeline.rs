@@ -4,9 +4,10 @@
 
 use crate::blobs::BlobStore;
 use crate::options::Progress;
+use crate::outcomes::Outcomes;
 use lrnprof_format::{
-    BuildId, ImageKind, Pid, ProcessEvent, Record, Sample, Summary, Tid, Timestamp, TraceHeader,
-    TraceReader,
+    BuildId, ImageKind, Pid, ProcessEvent, Record, Sample, SampleDetail, SampleKind, Summary, Tid,
+    Timestamp, TraceHeader, TraceReader,
 };
 use rayon::prelude::*;
 use std::collections::{BTreeMap, HashMap};
@@ -142,6 +143,9 @@ pub(crate) struct Timeline {
     pub last_time: Option<Timestamp>,
     pub summary: Option<Summary>,
     pub warnings: Vec<String>,
+    /// What later records said about event samples (syscall returns,
+    /// switch-ins, frees).
+    pub outcomes: Outcomes,
 }
 
 impl Timeline {
@@ -161,6 +165,7 @@ impl Timeline {
             last_time: None,
             summary: None,
             warnings: Vec::new(),
+            outcomes: Outcomes::default(),
         }
     }
 
@@ -189,7 +194,10 @@ impl Timeline {
                 weight,
                 stack_bytes,
                 presymbolized,
+                kind,
+                detail,
             } => {
+                self.outcomes.sample(pid, tid, time, kind, &detail);
                 self.see_time(time);
                 self.samples += 1;
                 self.presymbolized_samples += u64::from(presymbolized);
@@ -206,6 +214,7 @@ impl Timeline {
         if let Some(t) = record.time() {
             self.see_time(t);
         }
+        self.outcomes.record(&record);
         match record {
             Record::Process(p) => {
                 let proc = self.processes.entry(p.pid).or_default();
@@ -273,6 +282,8 @@ enum Item {
         weight: u64,
         stack_bytes: u64,
         presymbolized: bool,
+        kind: SampleKind,
+        detail: SampleDetail,
     },
 }
 
@@ -316,6 +327,8 @@ pub(crate) fn scan<D: AsRef<[u8]> + Sync>(
                                     weight: s.weight,
                                     stack_bytes: s.stack.bytes.len() as u64,
                                     presymbolized: !s.frames.is_empty(),
+                                    kind: s.kind,
+                                    detail: s.detail,
                                 };
                                 if keep_samples {
                                     samples.push(s);
@@ -359,6 +372,9 @@ pub(crate) fn scan<D: AsRef<[u8]> + Sync>(
     }
     for (i, key) in timeline.threads.keys().enumerate() {
         timeline.thread_index.insert(*key, i as u32);
+    }
+    if let Some(end) = timeline.last_time {
+        timeline.outcomes.finish(end);
     }
     (timeline, cache)
 }

@@ -102,7 +102,7 @@ use unsupported as native;
 
 pub use error::RecordError;
 pub use lrnprof_image::EmbedLevel;
-pub use options::{RecordOptions, TargetSpec, DEFAULT_FREQUENCY_HZ, DEFAULT_STACK_SIZE};
+pub use options::{CpuEvent, RecordOptions, TargetSpec, DEFAULT_FREQUENCY_HZ, DEFAULT_STACK_SIZE};
 pub use report::{NoReporter, RecordStatus, RecordWarning, Reporter};
 pub use stop::{StopReason, StopRequest, StopToken};
 pub use summary::{RecordSummary, TargetExit};

@@ -17,6 +17,35 @@ pub enum TargetSpec {
     Command(Vec<OsString>),
 }
 
+/// What triggers a CPU sample.
+///
+/// The CPU clock is the default: its weights are time (ns on CPU), the
+/// same unit on every machine and in every view, and it works where no
+/// hardware counter is exposed (most virtual machines). Cycles measure work
+/// rather than time (a slowed-down or waiting core shows fewer); their
+/// weights are cycles, and the analyzer labels them so.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum CpuEvent {
+    /// The kernel's software CPU clock (`cpu-clock`), weights in ns.
+    #[default]
+    CpuClock,
+    /// The hardware cycle counter (`cycles`), weights in cycles. Recording
+    /// fails with advice where there is none.
+    Cycles,
+}
+
+impl std::str::FromStr for CpuEvent {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "cpu-clock" => Ok(CpuEvent::CpuClock),
+            "cycles" => Ok(CpuEvent::Cycles),
+            other => Err(format!("unknown event {other:?}: use cpu-clock or cycles")),
+        }
+    }
+}
+
 /// How to record. Build one with `..Default::default()`:
 ///
 /// ```
@@ -37,6 +66,8 @@ pub struct RecordOptions {
     /// Samples per second per running thread. Clamped (with a warning) to
     /// what the kernel allows.
     pub frequency_hz: u32,
+    /// What triggers a CPU sample.
+    pub event: CpuEvent,
     /// Stop after this long; `None` records until the target exits or the
     /// caller stops the recording through its [`StopToken`](crate::StopToken).
     pub duration: Option<Duration>,
@@ -66,6 +97,7 @@ impl Default for RecordOptions {
             target: TargetSpec::Command(Vec::new()),
             out: PathBuf::from("trace.lpt"),
             frequency_hz: DEFAULT_FREQUENCY_HZ,
+            event: CpuEvent::default(),
             duration: None,
             stack_size: DEFAULT_STACK_SIZE,
             kernel_callchain: true,

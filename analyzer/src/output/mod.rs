@@ -50,6 +50,12 @@ impl OutputFormat {
     }
 }
 
+/// The uncompressed pprof protobuf of `profile`, for tests.
+#[cfg(test)]
+pub(crate) fn pprof_bytes(profile: &Profile) -> Vec<u8> {
+    pprof::encode(profile)
+}
+
 #[cfg(test)]
 pub(crate) mod testing {
     //! A small hand-made profile shared by the writers' tests, and the
@@ -78,7 +84,7 @@ pub(crate) mod testing {
                     name: Some("main".into()),
                     trace_samples: 4,
                     samples: 4,
-                    weight: 4_000_000,
+                    values: vec![4, 4_000_000],
                     root_samples: 4,
                     idle_ticks: 0,
                 },
@@ -88,7 +94,7 @@ pub(crate) mod testing {
                     name: None,
                     trace_samples: 1,
                     samples: 1,
-                    weight: 1_000_000,
+                    values: vec![1, 1_000_000],
                     root_samples: 0,
                     idle_ticks: 0,
                 },
@@ -141,21 +147,21 @@ pub(crate) mod testing {
                     thread: 0,
                     locations: vec![0, 1],
                     samples: 3,
-                    weight: 3_000_000,
+                    values: vec![3, 3_000_000],
                     root_samples: 3,
                 },
                 Stack {
                     thread: 0,
                     locations: vec![2, 1],
                     samples: 1,
-                    weight: 1_000_000,
+                    values: vec![1, 1_000_000],
                     root_samples: 1,
                 },
                 Stack {
                     thread: 1,
                     locations: vec![3],
                     samples: 1,
-                    weight: 1_000_000,
+                    values: vec![1, 1_000_000],
                     root_samples: 0,
                 },
             ],
@@ -191,6 +197,8 @@ pub(crate) mod testing {
                     weight: 1_000_000,
                 }],
             ],
+            value_kinds: vec![ValueKind::Samples, ValueKind::Cpu],
+            selected: None,
             stats: Stats::default(),
             warnings: vec![],
         }

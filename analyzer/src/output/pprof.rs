@@ -1,11 +1,17 @@
 //! pprof: gzipped `profile.proto`, as `go tool pprof`, Pyroscope and
-//! friends read it. Sample types `samples/count` and `cpu/nanoseconds`;
-//! the thread name, tid and pid are sample labels. Addresses are SVMAs of
-//! their image (one mapping per image), or AVMAs outside images.
+//! friends read it. One sample type per value the trace recorded
+//! (`samples/count` and `cpu/nanoseconds` or `cycles/count` for CPU
+//! samples, `alloc_objects/count`, `alloc_space/bytes`,
+//! `inuse_objects/count`, `inuse_space/bytes` for allocations,
+//! `syscalls/count`, `syscall_time/nanoseconds`, `off_cpu/nanoseconds`),
+//! so `-sample_index=NAME` picks one; the default sample type is the
+//! selected value (or the primary one). The thread name, tid and pid are
+//! sample labels. Addresses are SVMAs of their image (one mapping per
+//! image), or AVMAs outside images.
 
 use super::proto::Message;
 use super::ProfileWriter;
-use crate::profile::Profile;
+use crate::profile::{Profile, ValueKind};
 use flate2::write::GzEncoder;
 use flate2::Compression;
 use std::collections::HashMap;
@@ -52,15 +58,16 @@ fn value_type(strings: &mut Strings, ty: &str, unit: &str) -> Message {
 pub(crate) fn encode(profile: &Profile) -> Vec<u8> {
     let mut strings = Strings::new();
     let mut p = Message::default();
-    let samples_type = value_type(&mut strings, "samples", "count");
-    let cpu_type = value_type(&mut strings, "cpu", "nanoseconds");
-    p.message(1, &samples_type).message(1, &cpu_type);
+    for kind in &profile.value_kinds {
+        let t = value_type(&mut strings, kind.name(), kind.unit());
+        p.message(1, &t);
+    }
 
     for stack in &profile.stacks {
         let thread = &profile.threads[stack.thread as usize];
         let mut s = Message::default();
         s.packed(1, stack.locations.iter().map(|&l| u64::from(l) + 1));
-        s.packed(2, [stack.samples, stack.weight]);
+        s.packed(2, stack.values.iter().copied());
         let mut label = Message::default();
         label.int(1, strings.id("thread") as i64);
         label.int(2, strings.id(&thread.label()) as i64);
@@ -139,9 +146,15 @@ pub(crate) fn encode(profile: &Profile) -> Vec<u8> {
         p.message(5, &m);
     }
 
-    let period_type = value_type(&mut strings, "cpu", "nanoseconds");
-    let freq = u64::from(profile.header.sampling.frequency_hz.max(1));
+    let (period_type, period) = period(profile, &mut strings);
     let comment = strings.id(&format!("recorded by {}", profile.header.recorder));
+    // A plain CPU profile leaves the default to pprof (its last sample
+    // type, the CPU time); anything else names it.
+    let classic = profile.value_kinds == [ValueKind::Samples, ValueKind::Cpu];
+    let default_type = match profile.shown_value() {
+        Some(v) if !classic || profile.selected.is_some() => Some(strings.id(v.name())),
+        _ => None,
+    };
     let strings_table = std::mem::take(&mut strings.table);
     for s in &strings_table {
         p.bytes(6, s.as_bytes());
@@ -149,9 +162,47 @@ pub(crate) fn encode(profile: &Profile) -> Vec<u8> {
     p.int(9, profile.header.start_wall_ns as i64)
         .int(10, profile.stats.duration_ns as i64)
         .message(11, &period_type)
-        .int(12, (1_000_000_000 / freq) as i64)
+        .int(12, period)
         .packed(13, [comment]);
+    if let Some(id) = default_type {
+        p.int(14, id as i64);
+    }
     p.buf
+}
+
+/// pprof's period type and period: what one sample stands for.
+fn period(profile: &Profile, strings: &mut Strings) -> (Message, i64) {
+    match profile.primary_value() {
+        Some(ValueKind::Cycles) => {
+            // Sampled at a frequency: the period varies; give the mean.
+            let (samples, cycles) = profile.stacks.iter().fold((0u64, 0u64), |(n, c), s| {
+                (
+                    n + profile.value(s, ValueKind::Samples),
+                    c.saturating_add(profile.value(s, ValueKind::Cycles)),
+                )
+            });
+            let mean = cycles.checked_div(samples).unwrap_or(0);
+            (value_type(strings, "cycles", "count"), mean as i64)
+        }
+        Some(ValueKind::InuseSpace) => {
+            let interval = profile
+                .header
+                .events
+                .heap
+                .as_ref()
+                .map_or(0, |h| h.mean_interval);
+            (value_type(strings, "space", "bytes"), interval as i64)
+        }
+        Some(ValueKind::SyscallTime) => (value_type(strings, "syscalls", "count"), 1),
+        Some(ValueKind::OffCpu) => (value_type(strings, "off_cpu", "nanoseconds"), 0),
+        _ => {
+            let freq = u64::from(profile.header.sampling.frequency_hz.max(1));
+            (
+                value_type(strings, "cpu", "nanoseconds"),
+                (1_000_000_000 / freq) as i64,
+            )
+        }
+    }
 }
 
 impl ProfileWriter for PprofWriter {

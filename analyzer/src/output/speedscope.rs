@@ -2,7 +2,9 @@
 //! (<https://www.speedscope.app/file-format-schema.json>): one `sampled`
 //! profile per thread, samples in time order (runs of identical
 //! consecutive stacks merged into one weighted sample), stacks root-first,
-//! weights in nanoseconds. Frames are functions.
+//! weights in the shown value's unit (nanoseconds of CPU time by default;
+//! bytes, or plain counts for cycles and other counts). Frames are
+//! functions.
 
 use super::ProfileWriter;
 use crate::profile::Profile;
@@ -77,6 +79,13 @@ impl ProfileWriter for SpeedscopeWriter {
             })
             .collect();
         let start = profile.header.start_time.0;
+        let value = profile.shown_value();
+        let index = value.and_then(|v| profile.value_index(v));
+        let unit = match value.map(|v| v.unit()) {
+            Some("nanoseconds") => "nanoseconds",
+            Some("bytes") => "bytes",
+            _ => "none",
+        };
         let mut profiles = Vec::new();
         for (i, thread) in profile.threads.iter().enumerate() {
             let mut samples = Vec::new();
@@ -93,9 +102,10 @@ impl ProfileWriter for SpeedscopeWriter {
                 // Without sequences: one sample per unique stack.
                 None => {
                     for (id, s) in profile.stacks.iter().enumerate() {
-                        if s.thread as usize == i {
+                        let weight = index.map_or(0, |x| s.values[x]);
+                        if s.thread as usize == i && weight > 0 {
                             samples.push(frame_ids(profile, id as u32));
-                            weights.push(s.weight);
+                            weights.push(weight);
                         }
                     }
                 }
@@ -103,11 +113,15 @@ impl ProfileWriter for SpeedscopeWriter {
             if samples.is_empty() {
                 continue;
             }
-            let start_value = first.map_or(0, |t| t.saturating_sub(start));
+            // Only time places samples on the recording's timeline.
+            let start_value = match unit {
+                "nanoseconds" => first.map_or(0, |t| t.saturating_sub(start)),
+                _ => 0,
+            };
             profiles.push(SampledProfile {
                 ty: "sampled",
                 name: thread.label(),
-                unit: "nanoseconds",
+                unit,
                 start_value,
                 end_value: weights
                     .iter()

@@ -3,8 +3,8 @@
 //! locations, roots, totals and warnings.
 
 use super::{
-    hex, Function, ImageInfo, Location, LocationLine, ProcessInfo, Profile, SequenceEntry, Stack,
-    Stats, ThreadProfile,
+    hex, primary, Amounts, Function, ImageInfo, Location, LocationLine, ProcessInfo, Profile,
+    SequenceEntry, Stack, Stats, ThreadProfile, ValueKind,
 };
 use crate::image::Source;
 use crate::pipeline::{FrameKey, Prepared};
@@ -39,7 +39,8 @@ pub(crate) struct UnwoundSample {
     /// Index into the timeline's threads.
     pub thread: u32,
     pub time: lrnprof_format::Timestamp,
-    pub weight: u64,
+    /// What the sample adds to each value.
+    pub amounts: Amounts,
     /// Leaf first.
     pub frames: Vec<FrameKey>,
     /// Whether the unwinder stopped cleanly (at a zero return address).
@@ -58,27 +59,47 @@ pub(crate) struct ProfileBuilder {
     frame_ids: HashMap<FrameKey, u32>,
     stacks: Vec<Stack>,
     stack_clean: Vec<u64>,
+    stack_amounts: Vec<Amounts>,
     stack_ids: HashMap<(u32, Vec<u32>), u32>,
     sequences: Vec<Vec<SequenceEntry>>,
-    keep_sequences: bool,
-    thread_samples: Vec<(u64, u64)>,
+    /// The value sequences weigh; `None`: no sequences kept.
+    sequence_value: Option<ValueKind>,
+    thread_samples: Vec<u64>,
+    thread_amounts: Vec<Amounts>,
+    value_kinds: Vec<ValueKind>,
+    selected: Option<ValueKind>,
     kernel_chain: u64,
     presymbolized: u64,
 }
 
 impl ProfileBuilder {
-    /// For the timeline's `threads`; with `keep_sequences`, each thread's
+    /// For the timeline's `threads` and a profile of `value_kinds`, of
+    /// which the user `selected` one; with `keep_sequences`, each thread's
     /// samples in time order too ([`Profile::sequences`]).
-    pub fn new(threads: usize, keep_sequences: bool) -> ProfileBuilder {
+    pub fn new(
+        threads: usize,
+        keep_sequences: bool,
+        value_kinds: Vec<ValueKind>,
+        selected: Option<ValueKind>,
+    ) -> ProfileBuilder {
+        let sequence_value = if keep_sequences {
+            selected.or_else(|| primary(&value_kinds))
+        } else {
+            None
+        };
         ProfileBuilder {
             frames: Vec::new(),
             frame_ids: HashMap::new(),
             stacks: Vec::new(),
             stack_clean: Vec::new(),
+            stack_amounts: Vec::new(),
             stack_ids: HashMap::new(),
             sequences: vec![Vec::new(); threads],
-            keep_sequences,
-            thread_samples: vec![(0, 0); threads],
+            sequence_value,
+            thread_samples: vec![0; threads],
+            thread_amounts: vec![Amounts::default(); threads],
+            value_kinds,
+            selected,
             kernel_chain: 0,
             presymbolized: 0,
         }
@@ -100,6 +121,7 @@ impl ProfileBuilder {
         let next = self.stacks.len() as u32;
         let stacks = &mut self.stacks;
         let clean = &mut self.stack_clean;
+        let stack_amounts = &mut self.stack_amounts;
         let id = *self
             .stack_ids
             .entry((u.thread, ids))
@@ -108,27 +130,31 @@ impl ProfileBuilder {
                     thread: *thread,
                     locations: ids.clone(),
                     samples: 0,
-                    weight: 0,
+                    values: Vec::new(),
                     root_samples: 0,
                 });
                 clean.push(0);
+                stack_amounts.push(Amounts::default());
                 next
             });
-        let s = &mut self.stacks[id as usize];
-        s.samples += 1;
-        s.weight = s.weight.saturating_add(u.weight);
+        self.stacks[id as usize].samples += 1;
+        self.stack_amounts[id as usize].add(&u.amounts);
         self.stack_clean[id as usize] += u64::from(u.clean);
-        let t = &mut self.thread_samples[u.thread as usize];
-        t.0 += 1;
-        t.1 = t.1.saturating_add(u.weight);
+        self.thread_samples[u.thread as usize] += 1;
+        self.thread_amounts[u.thread as usize].add(&u.amounts);
         self.kernel_chain += u64::from(u.used_kernel_chain);
         self.presymbolized += u64::from(u.presymbolized);
-        if self.keep_sequences {
+        if let Some(kind) = self.sequence_value {
+            let weight = u.amounts.get(kind);
+            if weight == 0 {
+                // Not an event of the value shown (or one worth nothing).
+                return;
+            }
             let seq = &mut self.sequences[u.thread as usize];
             match seq.last_mut() {
                 Some(last) if last.stack == id => {
                     last.samples += 1;
-                    last.weight = last.weight.saturating_add(u.weight);
+                    last.weight = last.weight.saturating_add(weight);
                     last.last_time = u.time;
                 }
                 _ => seq.push(SequenceEntry {
@@ -136,7 +162,7 @@ impl ProfileBuilder {
                     time: u.time,
                     last_time: u.time,
                     samples: 1,
-                    weight: u.weight,
+                    weight,
                 }),
             }
         }
@@ -220,14 +246,17 @@ impl ProfileBuilder {
                 tid: *tid,
                 name: t.name.clone(),
                 trace_samples: t.samples,
-                samples: self.thread_samples[i].0,
-                weight: self.thread_samples[i].1,
+                samples: self.thread_samples[i],
+                values: self.thread_amounts[i].project(&self.value_kinds),
                 root_samples: 0,
                 idle_ticks: t.idle_ticks,
             })
             .collect();
         stats.stack_bytes = timeline.threads.values().map(|t| t.stack_bytes).sum();
         let mut stacks = self.stacks;
+        for (s, amounts) in stacks.iter_mut().zip(&self.stack_amounts) {
+            s.values = amounts.project(&self.value_kinds);
+        }
         for (s, clean) in stacks.iter_mut().zip(self.stack_clean) {
             let outer_is_root = s.locations.last().is_some_and(|&l| {
                 locations[l as usize].lines.last().is_some_and(|ll| {
@@ -309,6 +338,8 @@ impl ProfileBuilder {
             functions,
             locations,
             stacks,
+            value_kinds: self.value_kinds,
+            selected: self.selected,
             sequences: self.sequences,
             stats,
             warnings,

@@ -2,8 +2,11 @@
 //! first-seen order so that output is deterministic.
 
 mod build;
+mod values;
 
 pub(crate) use build::{ProfileBuilder, UnwoundSample};
+pub use values::ValueKind;
+pub(crate) use values::{amounts, kinds_of, primary, Amounts, HeapScale};
 
 use lrnprof_format::{BuildId, Pid, Tid, Timestamp, TraceHeader};
 use serde::Serialize;
@@ -27,8 +30,17 @@ pub struct Profile {
     pub locations: Vec<Location>,
     /// Unique (thread, stack) pairs, in first-seen order.
     pub stacks: Vec<Stack>,
+    /// The values every stack and thread carries, in this order: pprof's
+    /// sample types. Which there are follows from what was recorded (CPU
+    /// samples, allocations, syscalls, context switches).
+    pub value_kinds: Vec<ValueKind>,
+    /// The value the user asked views to show
+    /// ([`AnalyzeOptions::value`](crate::AnalyzeOptions::value)), if any.
+    pub selected: Option<ValueKind>,
     /// Per thread (same index as `threads`), the selected samples in time
-    /// order, consecutive samples with the same stack merged. Empty unless
+    /// order, consecutive samples with the same stack merged; their
+    /// weights are amounts of [`sequence_value`](Self::sequence_value).
+    /// Empty unless
     /// [`AnalyzeOptions::keep_sequences`](crate::AnalyzeOptions::keep_sequences).
     pub sequences: Vec<Vec<SequenceEntry>>,
     /// Totals.
@@ -59,10 +71,10 @@ pub struct ThreadProfile {
     pub name: Option<String>,
     /// Samples of this thread in the trace.
     pub trace_samples: u64,
-    /// Samples kept by the filter.
+    /// Samples (events of every kind) kept by the filter.
     pub samples: u64,
-    /// Sum of the kept samples' weights (ns for time samples).
-    pub weight: u64,
+    /// Totals of the kept samples, one per [`Profile::value_kinds`].
+    pub values: Vec<u64>,
     /// Kept samples that unwound to the thread's root.
     pub root_samples: u64,
     /// Sampling ticks at which the thread was idle and not sampled (macOS).
@@ -140,10 +152,10 @@ pub struct Stack {
     pub thread: u32,
     /// Indexes into [`Profile::locations`], leaf first.
     pub locations: Vec<u32>,
-    /// Number of samples.
+    /// Number of samples (events of every kind).
     pub samples: u64,
-    /// Sum of weights (ns for time samples).
-    pub weight: u64,
+    /// Totals, one per [`Profile::value_kinds`].
+    pub values: Vec<u64>,
     /// Samples with this stack that reached the thread's root.
     pub root_samples: u64,
 }
@@ -159,7 +171,7 @@ pub struct SequenceEntry {
     pub last_time: Timestamp,
     /// Number of samples merged.
     pub samples: u64,
-    /// Sum of their weights.
+    /// Sum of their amounts of [`Profile::sequence_value`].
     pub weight: u64,
 }
 
@@ -211,6 +223,45 @@ impl Stats {
 }
 
 impl Profile {
+    /// Where `kind` is in [`value_kinds`](Self::value_kinds), if the
+    /// profile has it.
+    pub fn value_index(&self, kind: ValueKind) -> Option<usize> {
+        self.value_kinds.iter().position(|&k| k == kind)
+    }
+
+    /// The total of `kind` in `stack` (0 if the profile has no such value).
+    pub fn value(&self, stack: &Stack, kind: ValueKind) -> u64 {
+        self.value_index(kind).map_or(0, |i| stack.values[i])
+    }
+
+    /// Totals of the whole profile, one per [`value_kinds`](Self::value_kinds).
+    pub fn totals(&self) -> Vec<u64> {
+        let mut totals = vec![0u64; self.value_kinds.len()];
+        for s in &self.stacks {
+            for (t, v) in totals.iter_mut().zip(&s.values) {
+                *t = t.saturating_add(*v);
+            }
+        }
+        totals
+    }
+
+    /// The value a view shows when none is selected: time on CPU (or
+    /// cycles) for CPU samples, else memory in use, syscall time, off-CPU
+    /// time; `None` for a profile without values.
+    pub fn primary_value(&self) -> Option<ValueKind> {
+        primary(&self.value_kinds)
+    }
+
+    /// The value views show: the selected one, else the primary one.
+    pub fn shown_value(&self) -> Option<ValueKind> {
+        self.selected.or_else(|| self.primary_value())
+    }
+
+    /// The value [`sequences`](Self::sequences) weigh.
+    pub fn sequence_value(&self) -> Option<ValueKind> {
+        self.shown_value()
+    }
+
     /// Names of a stack from root to leaf, inline levels expanded (each
     /// location's lines reversed), without the thread.
     pub fn stack_names(&self, stack: &Stack) -> Vec<&str> {

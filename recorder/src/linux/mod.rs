@@ -22,7 +22,7 @@ use crate::error::RecordError;
 use crate::report::{RecordWarning, Reporter, StatusTicker};
 use crate::sink::{OutputFile, Sink, SinkSender};
 use crate::stop::{Deadline, StopReason, StopToken};
-use crate::{host, RecordOptions, RecordSummary, TargetExit, TargetSpec};
+use crate::{host, CpuEvent, RecordOptions, RecordSummary, TargetExit, TargetSpec};
 use attr::{AttrSettings, EventKind};
 use convert::{Converter, Initial, RawMsg};
 use lrnprof_format::{
@@ -167,7 +167,10 @@ pub(crate) fn record(
     );
     let stack_size = plan.stack_size;
     let settings = AttrSettings {
-        event: EventKind::Cycles,
+        event: match options.event {
+            CpuEvent::CpuClock => EventKind::CpuClock,
+            CpuEvent::Cycles => EventKind::Cycles,
+        },
         frequency_hz,
         stack_size,
         callchain: options.kernel_callchain,
@@ -302,12 +305,8 @@ fn open_first(
     page_size: usize,
     ring_pages: usize,
 ) -> Result<(Events, AttrSettings), RecordError> {
-    let candidates = [
-        (EventKind::Cycles, true),
-        (EventKind::Cycles, false),
-        (EventKind::CpuClock, true),
-        (EventKind::CpuClock, false),
-    ];
+    // Build-id MMAP2 records need Linux 5.12: older kernels get plain ones.
+    let candidates = [(settings.event, true), (settings.event, false)];
     let cpus = procfs::online_cpus(sys::cpu_count());
     let mut last_err = None;
     for (event, build_id) in candidates {
@@ -335,10 +334,16 @@ fn open_first(
         }
     }
     let e = last_err.unwrap_or_else(|| io::Error::from_raw_os_error(libc::ENOSYS));
-    Err(RecordError::Unsupported(format!(
-        "perf_event_open failed for both the cycles and cpu-clock events ({e}); \
-         the kernel needs CONFIG_PERF_EVENTS, and containers must allow the perf_event_open syscall"
-    )))
+    Err(RecordError::Unsupported(match settings.event {
+        EventKind::Cycles => format!(
+            "the hardware cycle counter cannot be sampled here ({e}); virtual machines often \
+             do not expose it: record with --event cpu-clock"
+        ),
+        EventKind::CpuClock => format!(
+            "perf_event_open failed for the cpu-clock event ({e}); the kernel needs \
+             CONFIG_PERF_EVENTS, and containers must allow the perf_event_open syscall"
+        ),
+    }))
 }
 
 fn permission_denied(pid: u32) -> RecordError {

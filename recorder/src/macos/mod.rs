@@ -32,7 +32,7 @@ use regs_x86_64 as regs_native;
 
 use crate::error::RecordError;
 use crate::host;
-use crate::options::{RecordOptions, TargetSpec};
+use crate::options::{CpuEvent, RecordOptions, TargetSpec};
 use crate::report::{RecordWarning, Reporter, StatusTicker};
 use crate::sink::{Identity, OutputFile, Sink};
 use crate::stop::{Deadline, StopReason, StopToken, Wakeup};
@@ -77,6 +77,11 @@ pub(crate) fn record(
     token: &StopToken,
     reporter: &dyn Reporter,
 ) -> Result<RecordSummary, RecordError> {
+    if options.event == CpuEvent::Cycles {
+        return Err(RecordError::InvalidOption(
+            "the macOS backend samples with a timer; --event cycles is Linux only".into(),
+        ));
+    }
     if options.frequency_hz > MAX_FREQUENCY_HZ {
         return Err(RecordError::InvalidOption(format!(
             "sampling frequency {} Hz is above the macOS backend's limit of {MAX_FREQUENCY_HZ} Hz",

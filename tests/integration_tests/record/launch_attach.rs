@@ -6,7 +6,9 @@ use super::support::{
     assert_time_ordered, build_id, build_threads, images, launch, load, load_complete, os, rec,
     root_pid, samples, stack_holds_address_in, symbol_avma, thread_names, NO_FP,
 };
-use lrnprof_format::{ImageKind, Pid, ProcessEvent, Record, Sample, Target, ThreadEvent};
+use lrnprof_format::{
+    ImageKind, Pid, ProcessEvent, Record, Sample, SampleEvent, SampleKind, Target, ThreadEvent,
+};
 use lrnprof_tests::{
     build_c, is_root, remove_scratch_dir, require_perf, scratch_dir, skip, wait_until,
 };
@@ -320,5 +322,47 @@ fn many_busy_threads_lose_nothing_at_1khz() {
     assert_samples_plausible(&records);
     let names = thread_names(&records);
     assert!(names.iter().any(|n| n == "worker-48"), "{names:?}");
+    remove_scratch_dir(&dir);
+}
+
+#[test]
+fn cpu_clock_by_default_and_cycles_on_request() {
+    require_perf!();
+    let dir = scratch_dir("rec-event");
+    let exe = build_threads(&dir);
+    let out = dir.join("clock.lpt");
+    let result = launch(&out, &["--embed", "none"], &exe, &["100"]);
+    assert_exit_code(&result, 7);
+    let (reader, records) = load_complete(&out);
+    assert_eq!(reader.header().sampling.event, SampleEvent::CpuClock);
+    assert!(samples(&records)
+        .iter()
+        .all(|s| s.kind == SampleKind::CpuTime));
+
+    // Where the machine has a cycle counter the trace says cycles; where it
+    // has none (most virtual machines), the recorder says what to do and
+    // leaves no file.
+    let out = dir.join("cycles.lpt");
+    let result = launch(
+        &out,
+        &["--embed", "none", "--event", "cycles"],
+        &exe,
+        &["100"],
+    );
+    let stderr = String::from_utf8_lossy(&result.stderr);
+    if result.status.code() == Some(7) {
+        let (reader, records) = load_complete(&out);
+        assert_eq!(reader.header().sampling.event, SampleEvent::Cycles);
+        let all = samples(&records);
+        assert!(!all.is_empty());
+        assert!(all.iter().all(|s| s.kind == SampleKind::Cycles));
+    } else {
+        assert_exit_code(&result, 2);
+        assert!(
+            stderr.contains("cycle counter") && stderr.contains("--event cpu-clock"),
+            "{stderr}"
+        );
+        assert!(!out.exists(), "no trace is left after a startup error");
+    }
     remove_scratch_dir(&dir);
 }

@@ -10,7 +10,7 @@ mod terminal;
 use anyhow::Result;
 use clap::Parser;
 use lrnprof_recorder::{
-    record, EmbedLevel, RecordOptions, StopToken, TargetSpec, DEFAULT_FREQUENCY_HZ,
+    record, CpuEvent, EmbedLevel, RecordOptions, StopToken, TargetSpec, DEFAULT_FREQUENCY_HZ,
     DEFAULT_STACK_SIZE,
 };
 use std::ffi::OsString;
@@ -38,6 +38,12 @@ struct Args {
     /// Samples per second per running thread.
     #[arg(long, short = 'F', default_value_t = DEFAULT_FREQUENCY_HZ)]
     freq: u32,
+
+    /// What triggers a sample: cpu-clock (time on CPU, weights in ns, works
+    /// everywhere) or cycles (the hardware cycle counter, weights in cycles;
+    /// most virtual machines have none). Linux only.
+    #[arg(long, short = 'e', default_value = "cpu-clock", value_parser = clap::value_parser!(CpuEvent))]
+    event: CpuEvent,
 
     /// Stop after this many seconds (default: until the target exits or Ctrl-C).
     #[arg(long, short)]
@@ -94,6 +100,7 @@ fn run(args: Args) -> Result<ExitCode> {
         target,
         out: args.out,
         frequency_hz: args.freq,
+        event: args.event,
         duration,
         stack_size: args.stack_size,
         kernel_callchain: args.callchain == "on",
