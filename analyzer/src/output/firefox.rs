@@ -78,7 +78,9 @@ impl ProfileWriter for FirefoxWriter {
         let mut tid_uses: HashMap<u32, u32> = HashMap::new();
         let mut patches: HashMap<String, ThreadPatch> = HashMap::new();
         for (i, thread) in profile.threads.iter().enumerate() {
-            if thread.samples == 0 {
+            // A thread the filters left out; one never sampled keeps its
+            // (empty) track: every recorded thread is there.
+            if thread.samples == 0 && thread.trace_samples > 0 {
                 continue;
             }
             let samples = thread_samples(profile, i, index);
