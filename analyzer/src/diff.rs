@@ -62,8 +62,11 @@ pub struct DiffReport {
     pub functions: usize,
 }
 
-/// Per function name: its costs of `kind` (self, total) and its file.
-fn by_name(profile: &Profile, kind: ValueKind) -> (HashMap<&str, (u64, u64, Option<&str>)>, u64) {
+/// A function's self and total amounts and its source file.
+type NamedCosts<'a> = (u64, u64, Option<&'a str>);
+
+/// Per function name: its [`NamedCosts`] of `kind`; and the total of `kind`.
+fn by_name(profile: &Profile, kind: ValueKind) -> (HashMap<&str, NamedCosts<'_>>, u64) {
     let Some(index) = profile.value_index(kind) else {
         return (HashMap::new(), 0);
     };
@@ -150,19 +153,22 @@ impl DiffReport {
         let mut out = String::new();
         let _ = writeln!(
             out,
-            "{} ({}), shares of each trace's total: base {} {}, new {} {}; \
-             {} of {} functions, largest change of self share first",
-            describe(kind),
-            kind.name(),
+            "{} {} -> {} {}: {} ({}) as shares of each total; {} of {} functions by change of self share",
             self.base.0,
             with_unit(kind, self.base.1 as f64),
             self.new.0,
             with_unit(kind, self.new.1 as f64),
+            describe(kind),
+            kind.name(),
             self.rows.len(),
             self.functions,
         );
         let pct = |v: f64| format!("{v:.1}%");
-        let change = |v: f64| format!("{v:+.1}%");
+        let change = |v: f64| match format!("{v:+.1}%") {
+            // No sign on what did not change (or less than it shows).
+            c if c == "+0.0%" || c == "-0.0%" => "0.0%".to_string(),
+            c => c,
+        };
         let cells: Vec<[String; 7]> = self
             .rows
             .iter()
