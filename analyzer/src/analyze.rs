@@ -64,6 +64,7 @@ fn run<D: AsRef<[u8]> + Sync>(
     let mut builder = ProfileBuilder::new(
         prepared.timeline.threads.len(),
         options.keep_sequences,
+        options.every_sample,
         kinds,
         options.value,
     );

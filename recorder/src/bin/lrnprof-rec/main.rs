@@ -15,7 +15,7 @@ use lrnprof_recorder::{
 };
 use std::ffi::OsString;
 use std::io::IsTerminal;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -118,10 +118,49 @@ fn run(args: Args) -> Result<ExitCode> {
     drop(terminal);
     let summary = recorded?;
     eprintln!("{summary}");
+    if summary.samples > 0 {
+        eprintln!(
+            "lrnprof-rec: to see the profile: {}",
+            view_command(&summary.out, has_display())
+        );
+    }
     Ok(match summary.target_exit {
         Some(exit) => ExitCode::from(exit.shell_code().clamp(0, 255) as u8),
         None => ExitCode::SUCCESS,
     })
+}
+
+/// The one command that shows a profile of `trace`: its flame graph in the
+/// browser where there is a display, else (a server, over ssh) the table
+/// of its hottest functions in the terminal.
+fn view_command(trace: &Path, display: bool) -> String {
+    let trace = shell_quote(&trace.display().to_string());
+    if display {
+        format!("lrnprof-analyze {trace} --format svg --open")
+    } else {
+        format!("lrnprof-analyze top {trace}")
+    }
+}
+
+/// Whether a browser can be shown: a graphical session on Linux, a Mac
+/// not reached over ssh.
+fn has_display() -> bool {
+    let set = |name: &str| std::env::var_os(name).is_some_and(|v| !v.is_empty());
+    if cfg!(target_os = "macos") {
+        !set("SSH_CONNECTION")
+    } else {
+        set("DISPLAY") || set("WAYLAND_DISPLAY")
+    }
+}
+
+/// `s` as one word for a POSIX shell.
+fn shell_quote(s: &str) -> String {
+    let plain = |c: char| c.is_ascii_alphanumeric() || "_./-+:,@%=".contains(c);
+    if !s.is_empty() && s.chars().all(plain) {
+        s.to_string()
+    } else {
+        format!("'{}'", s.replace('\'', r"'\''"))
+    }
 }
 
 /// Raise the soft limit of open files to the hard limit: attaching on
@@ -138,5 +177,27 @@ fn raise_open_file_limit() {
             lim.rlim_cur = lim.rlim_max;
             libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn view_command_fits_the_machine_and_the_shell() {
+        let trace = Path::new("runs/trace.lpt");
+        assert_eq!(
+            view_command(trace, true),
+            "lrnprof-analyze runs/trace.lpt --format svg --open"
+        );
+        assert_eq!(
+            view_command(trace, false),
+            "lrnprof-analyze top runs/trace.lpt"
+        );
+        assert_eq!(
+            view_command(Path::new("my trace's.lpt"), false),
+            r"lrnprof-analyze top 'my trace'\''s.lpt'"
+        );
     }
 }
