@@ -39,6 +39,9 @@ const EMBED_NONE: &[&str] = &["--embed", "none"];
 fn record(dir: &Path, name: &str, extra: &[&str], program: &Path, args: &[&str]) -> PathBuf {
     let trace = dir.join(format!("{name}.lpt"));
     let out = Command::new(lrnprof_rec())
+        // Fixtures that know it (rec_threads) then run for CPU time, not
+        // wall time: the samples a test counts do not depend on load.
+        .env("REC_CPU_TIME", "1")
         .arg("--out")
         .arg(&trace)
         .args(extra)
