@@ -39,6 +39,7 @@ mod pipeline;
 mod profile;
 mod strip;
 mod symbolicate;
+mod syscalls;
 mod timeline;
 mod unwind;
 mod write_file;
@@ -55,4 +56,8 @@ pub use profile::{
 };
 pub use strip::{strip, StripReport};
 pub use symbolicate::FrameLine;
+pub use syscalls::{
+    syscall_report, CallSite, SiteStats, SlowCall, SyscallReport, SyscallReportOptions,
+    SyscallStats,
+};
 pub use write_file::{default_output_path, write_atomically};

@@ -3,8 +3,8 @@
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use lrnprof_analyzer::{
-    analyze, default_output_path, pack, strip, write_atomically, AnalyzeOptions, OutputFormat,
-    PackOptions, Progress, SampleFilter, TraceInfo, ValueKind,
+    analyze, default_output_path, pack, strip, syscall_report, write_atomically, AnalyzeOptions,
+    OutputFormat, PackOptions, Progress, SampleFilter, SyscallReportOptions, TraceInfo, ValueKind,
 };
 use lrnprof_format::{Pid, Tid};
 use std::io::IsTerminal;
@@ -51,6 +51,34 @@ enum Command {
         #[command(flatten)]
         common: CommonArgs,
     },
+    /// Summarize the system calls of a trace recorded with `lrnprof-rec
+    /// --syscalls`, like `strace -c`, with the call site (function and
+    /// file:line) of each, their errors, and unusually slow calls.
+    Syscalls {
+        /// The trace.
+        trace: PathBuf,
+        /// Print JSON: an array of syscalls with their calls, errors,
+        /// total_ns, call sites and slow calls.
+        #[arg(long, conflicts_with = "csv")]
+        json: bool,
+        /// Print CSV: one row per syscall (with --sites: per syscall and call site).
+        #[arg(long)]
+        csv: bool,
+        /// With --csv: one row per syscall and call site.
+        #[arg(long, requires = "csv")]
+        sites: bool,
+        /// Only these syscalls: names and classes, comma-separated
+        /// (openat,read,%file; classes file, network, process, memory, signal, ipc).
+        #[arg(long = "syscall", value_name = "LIST")]
+        syscalls: Vec<String>,
+        /// A call is unusually slow at this many times its call site's median.
+        #[arg(long, value_name = "FACTOR", default_value_t = 10.0)]
+        slow_factor: f64,
+        #[command(flatten)]
+        select: SelectArgs,
+        #[command(flatten)]
+        common: CommonArgs,
+    },
     /// Embed the recorded images' unwind sections and symbols in a trace, so it
     /// can be analyzed where the binaries do not exist. Run on the recording machine.
     Pack {
@@ -81,6 +109,38 @@ struct CommonArgs {
     offline: bool,
 }
 
+/// Which threads and time range to keep.
+#[derive(Args, Debug)]
+struct SelectArgs {
+    /// Only this process.
+    #[arg(long)]
+    pid: Option<u32>,
+    /// Only this thread.
+    #[arg(long)]
+    tid: Option<u32>,
+    /// Only threads with this name.
+    #[arg(long, value_name = "NAME")]
+    thread_name: Option<String>,
+    /// Only events at or after this many seconds into the recording.
+    #[arg(long, value_name = "SECS")]
+    from: Option<f64>,
+    /// Only events before this many seconds into the recording.
+    #[arg(long, value_name = "SECS")]
+    to: Option<f64>,
+}
+
+impl SelectArgs {
+    fn filter(self) -> SampleFilter {
+        SampleFilter {
+            pid: self.pid.map(Pid),
+            tid: self.tid.map(Tid),
+            thread_name: self.thread_name,
+            from_secs: self.from,
+            to_secs: self.to,
+        }
+    }
+}
+
 #[derive(Args, Debug)]
 struct RunArgs {
     /// The trace to analyze.
@@ -92,21 +152,8 @@ struct RunArgs {
     /// Output file, `-` for stdout (default: TRACE.pb.gz / .folded / .speedscope.json).
     #[arg(long, short = 'o', value_name = "OUT")]
     output: Option<PathBuf>,
-    /// Only this process.
-    #[arg(long)]
-    pid: Option<u32>,
-    /// Only this thread.
-    #[arg(long)]
-    tid: Option<u32>,
-    /// Only threads with this name.
-    #[arg(long, value_name = "NAME")]
-    thread_name: Option<String>,
-    /// Only samples at or after this many seconds into the recording.
-    #[arg(long, value_name = "SECS")]
-    from: Option<f64>,
-    /// Only samples before this many seconds into the recording.
-    #[arg(long, value_name = "SECS")]
-    to: Option<f64>,
+    #[command(flatten)]
+    select: SelectArgs,
     /// Do not show inlined functions as their own frames.
     #[arg(long)]
     no_inline: bool,
@@ -225,6 +272,45 @@ fn run(cli: Cli) -> Result<()> {
             );
             Ok(())
         }
+        Some(Command::Syscalls {
+            trace,
+            json,
+            csv,
+            sites,
+            syscalls,
+            slow_factor,
+            select,
+            common,
+        }) => {
+            if !(slow_factor.is_finite() && slow_factor >= 1.0) {
+                anyhow::bail!("--slow-factor must be a number of at least 1, got {slow_factor}");
+            }
+            let mut analyze = options(&common);
+            analyze.filter = select.filter();
+            let report = syscall_report(
+                &trace,
+                &SyscallReportOptions {
+                    analyze,
+                    syscalls,
+                    slow_factor,
+                    ..Default::default()
+                },
+                &progress,
+            )?;
+            for w in &report.warnings {
+                eprintln!("warning: {w}");
+            }
+            if json {
+                println!("{}", serde_json::to_string_pretty(&report.syscalls)?);
+            } else if csv && sites {
+                print!("{}", report.to_sites_csv());
+            } else if csv {
+                print!("{}", report.to_csv());
+            } else {
+                print!("{}", report.to_text());
+            }
+            Ok(())
+        }
         Some(Command::Pack {
             trace,
             output,
@@ -253,13 +339,7 @@ fn run(cli: Cli) -> Result<()> {
             let trace = args.trace.context("missing TRACE argument")?;
             let format = OutputFormat::from(args.format);
             let mut opts = options(&args.common);
-            opts.filter = SampleFilter {
-                pid: args.pid.map(Pid),
-                tid: args.tid.map(Tid),
-                thread_name: args.thread_name,
-                from_secs: args.from,
-                to_secs: args.to,
-            };
+            opts.filter = args.select.filter();
             opts.no_inline = args.no_inline;
             opts.value = args.value;
             opts.keep_sequences = format == OutputFormat::Speedscope;

@@ -64,8 +64,8 @@ pub use records::{
 };
 pub use stack::{MAX_BASES, MAX_STACK_LEN};
 pub use syscall_names::{
-    is_syscall_error, resolve_syscall_filter, syscall_name, syscall_number, syscall_table,
-    SyscallClass, UnknownSyscall,
+    errno_name, is_syscall_error, resolve_syscall_filter, syscall_name, syscall_number,
+    syscall_table, SyscallClass, UnknownSyscall,
 };
 pub use types::{
     Arch, BlockOffset, BuildId, Clock, Endian, EventSettings, HeapSettings, OffCpuSettings, Os,

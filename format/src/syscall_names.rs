@@ -191,6 +191,13 @@ pub fn resolve_syscall_filter<'a>(
     Ok(numbers)
 }
 
+/// The name of Linux errno `errno` (`ENOENT`), the same on both trace
+/// architectures (they use the kernel's generic numbers).
+pub fn errno_name(errno: u32) -> Option<&'static str> {
+    let errno = i32::try_from(errno).ok()?;
+    syscalls::Errno::new(errno).name()
+}
+
 /// Whether a raw return value is an error: Linux returns `-errno`, and
 /// errnos are below 4096.
 pub fn is_syscall_error(ret: i64) -> bool {
@@ -434,6 +441,13 @@ mod tests {
         let err = resolve_syscall_filter(x, ["write,wirte"]).unwrap_err();
         assert_eq!(err.word, "wirte");
         assert!(err.to_string().contains("%file"));
+    }
+
+    #[test]
+    fn errno_names() {
+        assert_eq!(errno_name(2), Some("ENOENT"));
+        assert_eq!(errno_name(9), Some("EBADF"));
+        assert_eq!(errno_name(4000), None);
     }
 
     #[test]
