@@ -167,6 +167,40 @@ pub fn perf_unavailable() -> Option<String> {
         .clone()
 }
 
+/// `None` if this machine lets us trace our own processes' system calls
+/// and context switches (tracefs mounted, tracepoints and kernel-side
+/// events permitted); otherwise why not, for a skip message. Decided once,
+/// by recording `true` with `lrnprof-rec --syscalls --off-cpu`.
+pub fn tracing_unavailable() -> Option<String> {
+    static REASON: OnceLock<Option<String>> = OnceLock::new();
+    REASON
+        .get_or_init(|| {
+            if let Some(why) = perf_unavailable() {
+                return Some(why);
+            }
+            let dir = scratch_dir("tracing-probe");
+            let out = Command::new(lrnprof_rec())
+                .arg("--out")
+                .arg(dir.join("probe.lpt"))
+                .args(["--syscalls", "--off-cpu", "--", "true"])
+                .output()
+                .expect("running lrnprof-rec");
+            remove_scratch_dir(&dir);
+            if out.status.success() {
+                return None;
+            }
+            let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+            if stderr.contains("not permitted") || stderr.contains("cannot trace system calls") {
+                Some(stderr.trim().to_string())
+            } else {
+                panic!(
+                    "lrnprof-rec --syscalls failed for another reason than permissions: {stderr}"
+                )
+            }
+        })
+        .clone()
+}
+
 /// Whether the tests run under CI: `CI=true` (or `CI=1`), as CI services
 /// set it. There a test that cannot make its check fails (see
 /// [`cannot_check`]).
@@ -194,6 +228,17 @@ macro_rules! skip {
         $crate::cannot_check(&format!($($why)+));
         return;
     }};
+}
+
+/// [`skip!`] the calling test when syscall tracing and off-CPU recording
+/// are not permitted or not available here (see [`tracing_unavailable`]).
+#[macro_export]
+macro_rules! require_tracing {
+    () => {
+        if let Some(why) = $crate::tracing_unavailable() {
+            $crate::skip!("syscall tracing is not usable here: {why}");
+        }
+    };
 }
 
 /// [`skip!`] the calling test when `perf_event_open` is not permitted or
