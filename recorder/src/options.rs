@@ -56,11 +56,15 @@ pub struct SyscallOptions {
     /// every syscall. The kernel drops the others before they cost anything.
     pub filter: Vec<String>,
     /// The most bytes of user stack copied at a call's entry (0: none;
-    /// the registers and, with [`RecordOptions::kernel_callchain`], the
-    /// frame-pointer callchain are still recorded). The copy is made in the
-    /// traced thread, inside every call: its size is most of what tracing
-    /// costs.
+    /// the registers, and the callchain if asked for, are still recorded).
+    /// The copy is made in the traced thread, inside every call: its size
+    /// is most of what tracing costs.
     pub stack_size: u32,
+    /// Also the kernel's frame-pointer callchain at each entry, to follow
+    /// stacks deeper than the copy in code built with frame pointers
+    /// (about a third more per call; [`RecordOptions::kernel_callchain`]
+    /// is for CPU samples and switch-outs).
+    pub callchain: bool,
     /// Copy a stack at one call in this many (1: every call). Only 1 is
     /// supported yet; counts, errors and durations always cover every call.
     pub stack_every: u32,
@@ -83,6 +87,7 @@ impl Default for SyscallOptions {
         SyscallOptions {
             filter: Vec::new(),
             stack_size: DEFAULT_SYSCALL_STACK_SIZE,
+            callchain: false,
             stack_every: 1,
         }
     }

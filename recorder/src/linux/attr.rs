@@ -66,6 +66,8 @@ pub(crate) struct EventSpec {
     pub tracepoint: u64,
     /// Bytes of user stack per sample (already a valid size; 0: none).
     pub stack_size: u32,
+    /// Also the kernel's frame-pointer walk of the user stack.
+    pub callchain: bool,
     /// Whether this event writes the records that track the target
     /// (mmap, comm, fork, exit); exactly one event of a recording does.
     pub tracking: bool,
@@ -81,6 +83,7 @@ impl EventSpec {
             role,
             tracepoint: 0,
             stack_size: valid_stack_size(stack_size),
+            callchain: false,
             tracking: false,
             filter: None,
         }
@@ -92,7 +95,6 @@ impl EventSpec {
 pub(crate) struct AttrSettings {
     pub event: EventKind,
     pub frequency_hz: u32,
-    pub callchain: bool,
     /// Launch mode: enable at the child's `execve`. Events always start
     /// disabled; when attaching they are enabled once all are open, so
     /// no ring fills while the rest are being opened.
@@ -154,7 +156,7 @@ impl AttrSettings {
         if spec.stack_size > 0 {
             t |= sample::STACK_USER;
         }
-        if self.callchain {
+        if spec.callchain {
             t |= sample::CALLCHAIN;
         }
         t
@@ -168,7 +170,7 @@ impl AttrSettings {
             | flag::SAMPLE_ID_ALL
             | flag::USE_CLOCKID
             | flag::WATERMARK;
-        if self.callchain {
+        if spec.callchain {
             flags |= flag::EXCLUDE_CALLCHAIN_KERNEL;
         }
         if self.enable_on_exec {
@@ -334,7 +336,6 @@ mod tests {
         AttrSettings {
             event: EventKind::CpuClock,
             frequency_hz: 1000,
-            callchain: true,
             enable_on_exec: true,
             build_id: true,
             regs_mask: 0b111 << 6,
@@ -345,6 +346,7 @@ mod tests {
     fn cpu() -> EventSpec {
         EventSpec {
             tracking: true,
+            callchain: true,
             ..EventSpec::new(Role::Cpu, 8192)
         }
     }
@@ -387,12 +389,14 @@ mod tests {
         }
         assert_ne!(a.sample_type & sample::CALLCHAIN, 0);
         let b = AttrSettings {
-            callchain: false,
             enable_on_exec: false,
             build_id: false,
             ..settings()
         }
-        .attr(&cpu());
+        .attr(&EventSpec {
+            callchain: false,
+            ..cpu()
+        });
         assert_eq!(b.flags & (flag::ENABLE_ON_EXEC | flag::BUILD_ID), 0);
         assert_ne!(b.flags & flag::DISABLED, 0, "enabled once all are open");
         assert_eq!(b.sample_type & sample::CALLCHAIN, 0);
@@ -403,6 +407,7 @@ mod tests {
         let s = settings();
         let enter = EventSpec {
             tracepoint: 443,
+            callchain: true,
             ..EventSpec::new(Role::SyscallEnter, 4096)
         };
         let a = s.attr(&enter);
@@ -431,6 +436,7 @@ mod tests {
         assert_eq!(s.layout(&EventSpec::new(Role::SyscallExit, 0)).user_regs, 0);
 
         let switch = s.attr(&EventSpec::new(Role::Switch, 0));
+        assert_eq!(switch.sample_type & sample::CALLCHAIN, 0, "none asked");
         assert_eq!(
             (switch.type_, switch.config, switch.sample_period),
             (1, 3, 1)
@@ -441,6 +447,10 @@ mod tests {
         // Every event's records end with the same sample_id fields.
         for a in [a, exit, switch, s.attr(&cpu())] {
             assert_eq!(a.sample_type & SAMPLE_ID_BITS, SAMPLE_ID_BITS);
+            assert_eq!(
+                a.sample_type & sample::CALLCHAIN != 0,
+                a.flags & flag::EXCLUDE_CALLCHAIN_KERNEL != 0
+            );
             assert_eq!(a.sample_type & (sample::ID | sample::STREAM_ID), 0);
         }
     }

@@ -58,12 +58,11 @@ pub(crate) struct Initial {
     pub launched: Option<Vec<String>>,
 }
 
-/// A record waiting to be released in time order. Boxed, so that sorting
-/// moves a pointer rather than the record.
+/// A record waiting to be released in time order.
 struct Pending {
     time: u64,
     seq: u64,
-    record: Box<Record>,
+    record: Record,
 }
 
 /// Writable memory ranges of a process, to trim stack copies at the end
@@ -88,7 +87,8 @@ pub(crate) struct Converter {
     /// written right after it says whether the thread was preempted.
     switched_out: HashMap<u32, Sample>,
     /// Records not released yet: runs in time order (what is left sorted,
-    /// then one run per drained buffer), which a stable sort merges cheaply.
+    /// then one run per drained buffer), which a stable sort merges with
+    /// few moves.
     pending: Vec<Pending>,
     seq: u64,
     /// Records older than this may be released.
@@ -140,14 +140,19 @@ impl Converter {
         self.pending.push(Pending {
             time,
             seq: self.seq,
-            record: Box::new(record),
+            record,
         });
     }
 
     fn release(&mut self, before: u64, out: &mut Vec<Record>) {
-        self.pending.sort_by_key(|p| (p.time, p.seq));
+        let key = |p: &Pending| (p.time, p.seq);
+        // Records of one buffer come in order: often there is nothing to sort.
+        if !self.pending.is_sorted_by_key(key) {
+            self.pending.sort_by_key(key);
+        }
         let n = self.pending.partition_point(|p| p.time < before);
-        out.extend(self.pending.drain(..n).map(|p| *p.record));
+        out.reserve(n);
+        out.extend(self.pending.drain(..n).map(|p| p.record));
     }
 
     fn initial(&mut self, init: Initial) {

@@ -116,7 +116,6 @@ pub(crate) fn record(
             CpuEvent::Cycles => EventKind::Cycles,
         },
         frequency_hz,
-        callchain: options.kernel_callchain,
         enable_on_exec: launched.is_some(),
         build_id: true,
         regs_mask: NATIVE_REGS.mask,
@@ -164,7 +163,7 @@ pub(crate) fn record(
             },
             frequency_hz,
             stack_size: stack_of(Role::Cpu),
-            kernel_callchain: settings.callchain,
+            kernel_callchain: options.cpu && options.kernel_callchain,
             include_kernel: false,
         },
         recorder: host::RECORDER_NAME.to_string(),
@@ -273,7 +272,10 @@ struct EventPlan {
 fn plan_events(options: &RecordOptions) -> Result<EventPlan, RecordError> {
     let mut specs = Vec::new();
     if options.cpu {
-        specs.push(EventSpec::new(Role::Cpu, options.stack_size));
+        specs.push(EventSpec {
+            callchain: options.kernel_callchain,
+            ..EventSpec::new(Role::Cpu, options.stack_size)
+        });
     }
     let mut syscalls = None;
     let mut payloads = None;
@@ -302,6 +304,7 @@ fn plan_events(options: &RecordOptions) -> Result<EventPlan, RecordError> {
         specs.push(EventSpec {
             tracepoint: enter.id,
             filter: filter.clone(),
+            callchain: sc.callchain,
             ..EventSpec::new(Role::SyscallEnter, sc.stack_size)
         });
         specs.push(EventSpec {
@@ -316,7 +319,10 @@ fn plan_events(options: &RecordOptions) -> Result<EventPlan, RecordError> {
         });
     }
     if let Some(off) = &options.off_cpu {
-        specs.push(EventSpec::new(Role::Switch, off.stack_size));
+        specs.push(EventSpec {
+            callchain: options.kernel_callchain,
+            ..EventSpec::new(Role::Switch, off.stack_size)
+        });
     }
     if let Some(first) = specs.first_mut() {
         first.tracking = true;
