@@ -13,6 +13,7 @@ mod convert;
 mod events;
 mod images;
 mod launch;
+mod layouts;
 mod parse;
 mod procfs;
 mod regs;

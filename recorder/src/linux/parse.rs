@@ -2,8 +2,8 @@
 //! over bytes in the machine's byte order (perf records are native-endian;
 //! the recorder runs on the machine it records).
 
-use super::attr::{Role, SAMPLE_ID_BITS};
-use std::collections::HashMap;
+use super::attr::Role;
+pub(crate) use super::layouts::Layouts;
 
 /// `perf_event_header.type` values.
 pub(crate) mod kind {
@@ -74,64 +74,6 @@ impl Layout {
             sample::IDENTIFIER,
         ];
         bits.iter().filter(|&&b| self.sample_type & b != 0).count() * 8
-    }
-}
-
-/// The layouts of every event of a recording: samples are parsed by the
-/// event they come from, which their first field
-/// (`PERF_SAMPLE_IDENTIFIER`) names.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Layouts {
-    /// Per event id (from `PERF_EVENT_IOC_ID`; inherited copies write
-    /// their parent's id).
-    by_id: HashMap<u64, (Role, Layout)>,
-    /// When set, every sample has this layout whatever its id.
-    single: Option<(Role, Layout)>,
-    /// The `sample_id` trailer of non-sample records.
-    trailer: Layout,
-}
-
-impl Layouts {
-    /// Events whose samples all start with `PERF_SAMPLE_IDENTIFIER` and
-    /// whose `sample_id` fields are [`SAMPLE_ID_BITS`]; add them with
-    /// [`insert`](Self::insert).
-    pub fn new() -> Layouts {
-        Layouts {
-            by_id: HashMap::new(),
-            single: None,
-            trailer: Layout {
-                sample_type: SAMPLE_ID_BITS,
-                user_regs: 0,
-            },
-        }
-    }
-
-    /// One event only: every record has `layout`.
-    pub fn single(role: Role, layout: Layout) -> Layouts {
-        Layouts {
-            by_id: HashMap::new(),
-            single: Some((role, layout)),
-            trailer: layout,
-        }
-    }
-
-    /// The event with id `id` has `role` and `layout`.
-    pub fn insert(&mut self, id: u64, role: Role, layout: Layout) {
-        self.by_id.insert(id, (role, layout));
-    }
-
-    /// The role and layout of a sample record (header included).
-    pub fn of_sample(&self, record: &[u8]) -> Option<(Role, &Layout)> {
-        if let Some((role, layout)) = &self.single {
-            return Some((*role, layout));
-        }
-        let id = u64::from_ne_bytes(record.get(8..16)?.try_into().ok()?);
-        self.by_id.get(&id).map(|(role, layout)| (*role, layout))
-    }
-
-    /// The layout of non-sample records' `sample_id` trailers.
-    pub fn trailer(&self) -> &Layout {
-        &self.trailer
     }
 }
 
@@ -551,6 +493,7 @@ pub(crate) fn fuzz_records(data: &[u8]) {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+    use crate::linux::attr::SAMPLE_ID_BITS;
 
     /// The layout the recorder asks for, shared with the ring buffer tests.
     pub(crate) const LAYOUT: Layout = Layout {
