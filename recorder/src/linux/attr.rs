@@ -236,13 +236,28 @@ impl AttrSettings {
 }
 
 /// The tracepoint filter that keeps syscalls `numbers` (ascending); `None`
-/// for all.
+/// for all. Runs of consecutive numbers become ranges: the kernel takes
+/// filters of one page at most.
 pub(crate) fn syscall_filter(numbers: &[u32]) -> Option<String> {
-    if numbers.is_empty() {
-        return None;
+    let mut runs: Vec<(u32, u32)> = Vec::new();
+    for &n in numbers {
+        match runs.last_mut() {
+            Some((_, last)) if n == last.saturating_add(1) => *last = n,
+            Some((_, last)) if n == *last => {}
+            _ => runs.push((n, n)),
+        }
     }
-    let terms: Vec<String> = numbers.iter().map(|n| format!("id == {n}")).collect();
-    Some(terms.join(" || "))
+    let terms: Vec<String> = runs
+        .iter()
+        .map(|&(a, b)| {
+            if a == b {
+                format!("id == {a}")
+            } else {
+                format!("(id >= {a} && id <= {b})")
+            }
+        })
+        .collect();
+    (!terms.is_empty()).then(|| terms.join(" || "))
 }
 
 /// Ring buffer size and stack copy size that work together.
@@ -458,7 +473,14 @@ mod tests {
     #[test]
     fn syscall_filters_name_every_number() {
         assert_eq!(syscall_filter(&[]), None);
-        assert_eq!(syscall_filter(&[0, 1]).unwrap(), "id == 0 || id == 1");
+        assert_eq!(syscall_filter(&[0, 2]).unwrap(), "id == 0 || id == 2");
+        assert_eq!(
+            syscall_filter(&[1, 3, 4, 5, 9]).unwrap(),
+            "id == 1 || (id >= 3 && id <= 5) || id == 9"
+        );
+        // Every syscall of an arch fits in a page.
+        let all: Vec<u32> = (0..470).collect();
+        assert!(syscall_filter(&all).unwrap().len() < 4096);
     }
 
     #[test]

@@ -387,6 +387,13 @@ impl Converter {
         }
     }
 
+    fn flush_all_switched_out(&mut self) {
+        let tids: Vec<u32> = self.switched_out.keys().copied().collect();
+        for tid in tids {
+            self.flush_switched_out(tid);
+        }
+    }
+
     /// Write `tid`'s switch-out sample still waiting for its switch record
     /// (which was lost, or is in the next drain): not known to be preempted.
     fn flush_switched_out(&mut self, tid: u32) {
@@ -536,10 +543,7 @@ impl Convert for Converter {
                 }
                 // A switch record follows its sample in the same buffer:
                 // what did not come by the end of the drain never will.
-                let tids: Vec<u32> = self.switched_out.keys().copied().collect();
-                for tid in tids {
-                    self.flush_switched_out(tid);
-                }
+                self.flush_all_switched_out();
             }
             RawMsg::Round(time) => {
                 let before = self.released_before;
@@ -561,6 +565,7 @@ impl Convert for Converter {
         // Sampling is over: embedding (reading and compressing sections)
         // runs at normal priority.
         self.priority = None;
+        self.flush_all_switched_out();
         self.release(u64::MAX, out);
         if self.malformed > 0 {
             warnings.push(RecordWarning::MalformedRecords {

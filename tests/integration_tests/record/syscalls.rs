@@ -5,8 +5,8 @@
 //! killed in the middle of a call; the errors of an unprivileged user.
 
 use super::support::{
-    assert_exit_code, assert_success, assert_time_ordered, launch, load, load_complete, samples,
-    NO_FP,
+    assert_exit_code, assert_success, assert_time_ordered, launch, load, load_complete,
+    recorder_for_nobody, samples, NO_FP,
 };
 use lrnprof_analyzer::{
     analyze, syscall_report, AnalyzeOptions, NoProgress, OutputFormat, SampleFilter, SyscallReport,
@@ -302,6 +302,35 @@ fn a_target_killed_in_a_call_leaves_a_consistent_trace() {
 }
 
 #[test]
+fn attaching_traces_the_calls_made_from_then_on() {
+    require_tracing!();
+    let dir = scratch_dir("rec-syscalls-attach");
+    let exe = build(&dir);
+    let out = dir.join("t.lpt");
+    let mut target = Command::new(&exe).arg("forever").spawn().unwrap();
+    let pid = target.id().to_string();
+    let result = Command::new(lrnprof_rec())
+        .arg("--out")
+        .arg(&out)
+        .args(["--pid", &pid, "--syscalls", "--no-cpu", "--duration", "0.5"])
+        .output()
+        .unwrap();
+    let _ = target.kill();
+    let _ = target.wait();
+    assert_success(&result);
+    let (reader, _) = load_complete(&out);
+    assert!(!reader.header().events.cpu);
+    let r = report(&out, SampleFilter::default());
+    let write = r.syscalls.iter().find(|s| s.syscall == "write").unwrap();
+    assert!(write.calls > 100, "{} writes in 0.5 s", write.calls);
+    // At most the call in progress when recording stopped has no return.
+    assert!(write.unfinished <= 1, "{} unfinished", write.unfinished);
+    assert_eq!(write.call_sites.len(), 1, "{:?}", write.call_sites);
+    assert_eq!(write.call_sites[0].site.function, "writes_forever");
+    remove_scratch_dir(&dir);
+}
+
+#[test]
 fn an_unprivileged_user_is_told_what_tracing_needs() {
     // Needs root to run the recorder as an unprivileged user.
     if !cfg!(target_os = "linux") || !is_root() || !has_program("runuser") {
@@ -316,13 +345,7 @@ fn an_unprivileged_user_is_told_what_tracing_needs() {
         );
     }
     let dir = scratch_dir("rec-syscalls-perm");
-    let rec_copy = dir.join("lrnprof-rec");
-    std::fs::copy(lrnprof_rec(), &rec_copy).unwrap();
-    let _ = Command::new("chmod")
-        .arg("-R")
-        .arg("a+rwx")
-        .arg(&dir)
-        .status();
+    let rec_copy = recorder_for_nobody(&dir);
     for (flag, expect) in [
         // tracefs is readable by root only, or perf_event_open refuses
         // tracepoint data: either way the line says what to change.
