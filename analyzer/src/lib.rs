@@ -42,6 +42,7 @@ mod pipeline;
 mod profile;
 mod strip;
 mod symbolicate;
+mod syscalls;
 mod timeline;
 mod top;
 mod units;
@@ -64,5 +65,9 @@ pub use profile::{
 };
 pub use strip::{strip, StripReport};
 pub use symbolicate::FrameLine;
+pub use syscalls::{
+    syscall_report, CallSite, SiteStats, SlowCall, SyscallReport, SyscallReportOptions,
+    SyscallStats,
+};
 pub use top::{TopOptions, TopOrder, TopReport, TopRow};
 pub use write_file::{default_output_path, write_atomically};

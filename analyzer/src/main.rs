@@ -3,9 +3,9 @@
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use lrnprof_analyzer::{
-    analyze, default_output_path, pack, strip, write_atomically, write_diff_svg, AnalyzeOptions,
-    DiffReport, OutputFormat, PackOptions, Profile, Progress, SampleFilter, TopOptions, TopOrder,
-    TopReport, TraceInfo, ValueKind,
+    analyze, default_output_path, pack, strip, syscall_report, write_atomically, write_diff_svg,
+    AnalyzeOptions, DiffReport, OutputFormat, PackOptions, Profile, Progress, SampleFilter,
+    SyscallReportOptions, TopOptions, TopOrder, TopReport, TraceInfo, ValueKind,
 };
 use lrnprof_format::{Pid, Tid};
 use std::io::IsTerminal;
@@ -90,6 +90,34 @@ enum Command {
         #[command(flatten)]
         common: CommonArgs,
     },
+    /// Summarize the system calls of a trace recorded with `lrnprof-rec
+    /// --syscalls`, like `strace -c`, with the call site (function and
+    /// file:line) of each, their errors, and unusually slow calls.
+    Syscalls {
+        /// The trace.
+        trace: PathBuf,
+        /// Print JSON: an array of syscalls with their calls, errors,
+        /// total_ns, call sites and slow calls.
+        #[arg(long, conflicts_with = "csv")]
+        json: bool,
+        /// Print CSV: one row per syscall (with --sites: per syscall and call site).
+        #[arg(long)]
+        csv: bool,
+        /// With --csv: one row per syscall and call site.
+        #[arg(long, requires = "csv")]
+        sites: bool,
+        /// Only these syscalls: names and classes, comma-separated
+        /// (openat,read,%file; classes file, network, process, memory, signal, ipc).
+        #[arg(long = "syscall", value_name = "LIST")]
+        syscalls: Vec<String>,
+        /// A call is unusually slow at this many times its call site's median.
+        #[arg(long, value_name = "FACTOR", default_value_t = 10.0)]
+        slow_factor: f64,
+        #[command(flatten)]
+        select: SelectArgs,
+        #[command(flatten)]
+        common: CommonArgs,
+    },
     /// Embed the recorded images' unwind sections and symbols in a trace, so it
     /// can be analyzed where the binaries do not exist. Run on the recording machine.
     Pack {
@@ -142,9 +170,9 @@ struct RunArgs {
     common: CommonArgs,
 }
 
-/// Which samples, and which value of them, a view shows.
+/// Which threads and time range to keep.
 #[derive(Args, Debug)]
-struct ViewArgs {
+struct SelectArgs {
     /// Only this process.
     #[arg(long)]
     pid: Option<u32>,
@@ -154,12 +182,31 @@ struct ViewArgs {
     /// Only threads with this name.
     #[arg(long, value_name = "NAME")]
     thread_name: Option<String>,
-    /// Only samples at or after this many seconds into the recording.
+    /// Only events at or after this many seconds into the recording.
     #[arg(long, value_name = "SECS")]
     from: Option<f64>,
-    /// Only samples before this many seconds into the recording.
+    /// Only events before this many seconds into the recording.
     #[arg(long, value_name = "SECS")]
     to: Option<f64>,
+}
+
+impl SelectArgs {
+    fn filter(&self) -> SampleFilter {
+        SampleFilter {
+            pid: self.pid.map(Pid),
+            tid: self.tid.map(Tid),
+            thread_name: self.thread_name.clone(),
+            from_secs: self.from,
+            to_secs: self.to,
+        }
+    }
+}
+
+/// Which samples, and which value of them, a view shows.
+#[derive(Args, Debug)]
+struct ViewArgs {
+    #[command(flatten)]
+    select: SelectArgs,
     /// Do not show inlined functions as their own frames.
     #[arg(long)]
     no_inline: bool,
@@ -176,13 +223,7 @@ impl ViewArgs {
     /// Analysis options with these filters and value.
     fn options(&self, common: &CommonArgs) -> AnalyzeOptions {
         let mut opts = options(common);
-        opts.filter = SampleFilter {
-            pid: self.pid.map(Pid),
-            tid: self.tid.map(Tid),
-            thread_name: self.thread_name.clone(),
-            from_secs: self.from,
-            to_secs: self.to,
-        };
+        opts.filter = self.select.filter();
         opts.no_inline = self.no_inline;
         opts.value = self.value;
         opts
@@ -354,6 +395,45 @@ fn run(cli: Cli) -> Result<()> {
                 started.elapsed().as_secs_f64(),
                 output.display()
             );
+            Ok(())
+        }
+        Some(Command::Syscalls {
+            trace,
+            json,
+            csv,
+            sites,
+            syscalls,
+            slow_factor,
+            select,
+            common,
+        }) => {
+            if !(slow_factor.is_finite() && slow_factor >= 1.0) {
+                anyhow::bail!("--slow-factor must be a number of at least 1, got {slow_factor}");
+            }
+            let mut analyze = options(&common);
+            analyze.filter = select.filter();
+            let report = syscall_report(
+                &trace,
+                &SyscallReportOptions {
+                    analyze,
+                    syscalls,
+                    slow_factor,
+                    ..Default::default()
+                },
+                &progress,
+            )?;
+            for w in &report.warnings {
+                eprintln!("warning: {w}");
+            }
+            if json {
+                println!("{}", serde_json::to_string_pretty(&report.syscalls)?);
+            } else if csv && sites {
+                print!("{}", report.to_sites_csv());
+            } else if csv {
+                print!("{}", report.to_csv());
+            } else {
+                print!("{}", report.to_text());
+            }
             Ok(())
         }
         Some(Command::Pack {

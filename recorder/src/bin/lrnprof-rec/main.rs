@@ -10,8 +10,9 @@ mod terminal;
 use anyhow::Result;
 use clap::Parser;
 use lrnprof_recorder::{
-    record, CpuEvent, EmbedLevel, RecordOptions, StopToken, TargetSpec, DEFAULT_FREQUENCY_HZ,
-    DEFAULT_STACK_SIZE,
+    record, CpuEvent, EmbedLevel, OffCpuOptions, RecordOptions, StopToken, SyscallOptions,
+    TargetSpec, DEFAULT_FREQUENCY_HZ, DEFAULT_OFF_CPU_STACK_SIZE, DEFAULT_STACK_SIZE,
+    DEFAULT_SYSCALL_STACK_SIZE,
 };
 use std::ffi::OsString;
 use std::io::IsTerminal;
@@ -53,8 +54,9 @@ struct Args {
     #[arg(long, default_value_t = DEFAULT_STACK_SIZE)]
     stack_size: u32,
 
-    /// Also record the kernel's frame-pointer callchain of each sample, so
-    /// stacks deeper than the stack copy can still be followed.
+    /// Also record the kernel's frame-pointer callchain of each CPU sample
+    /// and switch-out, so stacks deeper than the stack copy can still be
+    /// followed (syscalls: --syscall-callchain).
     #[arg(long, default_value = "on", value_parser = ["on", "off"])]
     callchain: String,
 
@@ -64,6 +66,42 @@ struct Args {
     /// DWARF, for file:line and inline frames).
     #[arg(long, default_value = "symbols", value_parser = clap::value_parser!(EmbedLevel))]
     embed: EmbedLevel,
+
+    /// Do not take CPU samples (record only --syscalls and/or --off-cpu).
+    #[arg(long)]
+    no_cpu: bool,
+
+    /// Trace every system call of the target's threads (Linux, through the
+    /// kernel's tracepoints; needs root or CAP_PERFMON): number, arguments,
+    /// return value, duration, and the stack at entry.
+    #[arg(long)]
+    syscalls: bool,
+
+    /// Trace only these syscalls: names and classes, comma-separated
+    /// (write,openat,%network; classes file, network, process, memory,
+    /// signal, ipc). Implies --syscalls.
+    #[arg(long, value_name = "LIST")]
+    syscall_filter: Vec<String>,
+
+    /// Most bytes of user stack copied at each syscall's entry (0: none,
+    /// registers and the frame-pointer callchain only).
+    #[arg(long, value_name = "BYTES", default_value_t = DEFAULT_SYSCALL_STACK_SIZE)]
+    syscall_stack_size: u32,
+
+    /// Also take the kernel's frame-pointer callchain at each syscall entry
+    /// (stacks deeper than the copy, in code with frame pointers; costs
+    /// about a third more per call).
+    #[arg(long)]
+    syscall_callchain: bool,
+
+    /// Record off-CPU time (Linux; needs root or CAP_PERFMON): the stack
+    /// at each switch-out of a target thread and how long until it runs again.
+    #[arg(long)]
+    off_cpu: bool,
+
+    /// Most bytes of user stack copied at each switch-out.
+    #[arg(long, value_name = "BYTES", default_value_t = DEFAULT_OFF_CPU_STACK_SIZE)]
+    off_cpu_stack_size: u32,
 
     /// The command to launch and record, after `--`.
     #[arg(last = true, value_name = "CMD")]
@@ -105,6 +143,16 @@ fn run(args: Args) -> Result<ExitCode> {
         stack_size: args.stack_size,
         kernel_callchain: args.callchain == "on",
         embed: args.embed,
+        cpu: !args.no_cpu,
+        syscalls: (args.syscalls || !args.syscall_filter.is_empty()).then(|| SyscallOptions {
+            filter: args.syscall_filter,
+            stack_size: args.syscall_stack_size,
+            callchain: args.syscall_callchain,
+            ..SyscallOptions::default()
+        }),
+        off_cpu: args.off_cpu.then_some(OffCpuOptions {
+            stack_size: args.off_cpu_stack_size,
+        }),
     };
     if cfg!(target_os = "linux") {
         raise_open_file_limit();
