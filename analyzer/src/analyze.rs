@@ -12,7 +12,7 @@ use crate::profile::{amounts, kinds_of, HeapScale, Profile, ProfileBuilder, Unwo
 use crate::symbolicate::symbolicate;
 use crate::timeline::chunk_blocks;
 use crate::unwind::ArchCache;
-use lrnprof_format::{Record, Sample, Timestamp, TraceReader};
+use lrnprof_format::{Record, Sample, SampleFlags, Timestamp, TraceReader};
 use rayon::prelude::*;
 use std::path::Path;
 
@@ -126,6 +126,7 @@ fn run<D: AsRef<[u8]> + Sync>(
                         clean: u.clean,
                         used_kernel_chain: u.used_kernel_chain,
                         presymbolized: !s.frames.is_empty(),
+                        cut_short: s.flags.contains(SampleFlags::STACK_CUT_SHORT),
                     }
                 },
             )

@@ -96,6 +96,15 @@ pub enum RecordWarning {
         /// How many.
         count: u64,
     },
+    /// Stack copies ended at pages their thread had never touched, and
+    /// reading those pages from the target (which lets later copies go
+    /// through) failed: stacks of such threads may stop short.
+    StackPagesUnread {
+        /// Samples whose stack copy was cut short.
+        samples: u64,
+        /// Why reading failed.
+        reason: String,
+    },
 }
 
 impl fmt::Display for RecordWarning {
@@ -120,6 +129,12 @@ impl fmt::Display for RecordWarning {
             RecordWarning::MalformedRecords { count } => write!(
                 f,
                 "{count} perf records could not be parsed and were skipped"
+            ),
+            RecordWarning::StackPagesUnread { samples, reason } => write!(
+                f,
+                "{samples} stack copies stopped at stack pages their thread never touched, \
+                 and reading those pages from the target failed ({reason}); their stacks may \
+                 stop short: record as root or with CAP_SYS_PTRACE"
             ),
         }
     }

@@ -6,7 +6,8 @@
 //!
 //! Submodules: `viewers` (pprof and speedscope opened in their tools),
 //! `post_mortem` (embedded data, pack, --offline, strip, --symbols),
-//! `synthetic` (hand-built traces of non-host architectures).
+//! `synthetic` (hand-built traces of non-host architectures), `untouched`
+//! (stack copies cut short at pages their thread never touched).
 //!
 //! "Reached the root" (as `info` counts it): the outermost frame is the
 //! thread's entry (`_start`/`__libc_start_main` for the main thread,
@@ -16,6 +17,7 @@
 
 mod post_mortem;
 mod synthetic;
+mod untouched;
 mod viewers;
 
 use lrnprof_format::{TraceReader, TraceWriter, WriterOptions};

@@ -192,6 +192,13 @@ pub struct Stats {
     pub kernel_callchain_samples: u64,
     /// Samples that came already unwound (stripped trace).
     pub presymbolized_samples: u64,
+    /// Analyzed samples whose stack copy was cut short at a stack page
+    /// their thread had never touched (the recorder then read those pages,
+    /// so that later copies of the thread go through).
+    pub cut_short_samples: u64,
+    /// Of those, the ones that still reached the thread's root (through
+    /// the kernel's frame-pointer callchain).
+    pub cut_short_root_samples: u64,
     /// Samples lost by the kernel or recorder.
     pub lost_samples: u64,
     /// Time from the first to the last record, in ns.

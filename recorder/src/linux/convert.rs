@@ -10,6 +10,7 @@ use super::images::Images;
 use super::parse::{self, Layout, Mmap2Record, PerfRecord, SampleRecord};
 use super::procfs::{self, MapsEntry};
 use super::regs::ArchRegs;
+use super::untouched::{self, UntouchedPages};
 use crate::error::RecordError;
 use crate::report::RecordWarning;
 use crate::sink::Convert;
@@ -108,16 +109,39 @@ pub(crate) struct Converter {
     malformed: u64,
     pids_seen: HashSet<u32>,
     priority: Option<super::sys::PriorityGuard>,
+    /// Most bytes of stack the kernel copies per sample.
+    stack_size: u32,
+    untouched: UntouchedPages,
+}
+
+/// What the converter needs to know of the sampling settings.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ConvertSettings {
+    /// How perf records are laid out.
+    pub layout: Layout,
+    /// The registers of the recorder's architecture.
+    pub regs: ArchRegs,
+    /// The kind of every CPU sample.
+    pub sample_kind: SampleKind,
+    /// What to embed at the end.
+    pub embed: EmbedLevel,
+    /// Most bytes of stack copied per sample.
+    pub stack_size: u32,
+    /// Bytes per page.
+    pub page_size: u64,
 }
 
 impl Converter {
-    /// A converter for records of `layout`.
-    pub fn new(
-        layout: Layout,
-        regs: ArchRegs,
-        sample_kind: SampleKind,
-        embed: EmbedLevel,
-    ) -> Converter {
+    /// A converter for records sampled with `settings`.
+    pub fn new(settings: ConvertSettings) -> Converter {
+        let ConvertSettings {
+            layout,
+            regs,
+            sample_kind,
+            embed,
+            stack_size,
+            page_size,
+        } = settings;
         Converter {
             layout,
             regs,
@@ -133,6 +157,8 @@ impl Converter {
             malformed: 0,
             pids_seen: HashSet::new(),
             priority: None,
+            stack_size,
+            untouched: UntouchedPages::new(page_size),
         }
     }
 
@@ -342,6 +368,7 @@ impl Converter {
                     }),
                 );
                 self.names.remove(&tid);
+                self.untouched.thread_exited(pid, tid);
                 if pid == tid {
                     self.regions.remove(&pid);
                     self.images.forget_process(pid);
@@ -389,9 +416,22 @@ impl Converter {
         };
         let sp = regs.sp();
         let mut live = s.stack;
+        let mut flags = SampleFlags::default();
         if let Some(end) = self.stack_end(s.pid, sp) {
             let keep = end.saturating_sub(sp).min(live.len() as u64) as usize;
             live = &live[..keep];
+            let missing = untouched::missing_range(
+                sp,
+                s.stack.len(),
+                end,
+                self.stack_size,
+                s.stack_offset,
+                self.untouched.page_size(),
+            );
+            if let Some(missing) = missing {
+                flags = SampleFlags::STACK_CUT_SHORT;
+                self.untouched.cut_short(s.pid, s.tid, missing);
+            }
         }
         self.pids_seen.insert(s.pid);
         if self.images.embedding() {
@@ -417,7 +457,7 @@ impl Converter {
                 kernel_callchain: s.callchain,
                 frames: Vec::new(),
                 kernel_frames: Vec::new(),
-                flags: SampleFlags::default(),
+                flags,
                 detail: SampleDetail::None,
             }),
         );
@@ -494,6 +534,13 @@ impl Convert for Converter {
                 count: self.malformed,
             });
         }
+        let untouched = &self.untouched.stats;
+        if let Some(reason) = &untouched.first_error {
+            warnings.push(RecordWarning::StackPagesUnread {
+                samples: untouched.cut_short,
+                reason: reason.clone(),
+            });
+        }
         let blobs = self.images.embedded_blobs(&self.pids_seen, warnings);
         out.extend(blobs.into_iter().map(Record::Blob));
         Ok(())
@@ -511,16 +558,22 @@ mod tests {
         assert_eq!(exec_comm("./x"), "x");
     }
 
-    fn converter() -> Converter {
-        Converter::new(
-            Layout {
+    fn settings() -> ConvertSettings {
+        ConvertSettings {
+            layout: Layout {
                 sample_type: parse::sample::TID | parse::sample::TIME,
                 user_regs: 3,
             },
-            super::super::regs::X86_64,
-            SampleKind::CpuTime,
-            EmbedLevel::None,
-        )
+            regs: super::super::regs::X86_64,
+            sample_kind: SampleKind::CpuTime,
+            embed: EmbedLevel::None,
+            stack_size: 65528,
+            page_size: 4096,
+        }
+    }
+
+    fn converter() -> Converter {
+        Converter::new(settings())
     }
 
     fn lost_at(c: &mut Converter, t: u64) {
@@ -539,12 +592,7 @@ mod tests {
     #[rustfmt::skip]
     #[test]
     fn kernel_losses_become_lost_records() {
-        let mut c = Converter::new(
-            Layout { sample_type: parse::sample::TID | parse::sample::TIME, user_regs: 3 },
-            super::super::regs::X86_64,
-            SampleKind::CpuTime,
-            EmbedLevel::None,
-        );
+        let mut c = Converter::new(settings());
         let mut rec = parse::kind::LOST.to_ne_bytes().to_vec();
         rec.extend(0u16.to_ne_bytes());             // misc
         rec.extend(40u16.to_ne_bytes());            // size
