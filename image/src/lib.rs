@@ -45,18 +45,33 @@
 #![forbid(unsafe_code)]
 
 mod build_id;
+mod debug_file;
+mod demangle;
 mod embed;
 mod error;
+mod frames;
 mod layout;
+mod resolve;
 mod sections;
+mod symbols;
 mod universal;
 
 pub use build_id::{build_id_of_bytes, build_id_of_file};
+pub use debug_file::debug_file_candidates;
+pub use demangle::demangle;
 pub use embed::{blobs_for_file, blobs_for_image, blobs_for_open_file, split_blob, MAX_BLOB_PART};
 pub use error::ImageError;
+pub use frames::{
+    frame_table_for_file, FrameRequest, FrameTable, FrameTableBuilt, FRAMES_TABLE, MAX_DWARF_BYTES,
+};
 pub use layout::{Layout, LayoutSection, LayoutSegment, LAYOUT_SECTION};
+pub use resolve::{load_dwarf, project_inline, FrameLine, Resolver};
 pub use sections::{
     canonical_section_name, section_role, EmbedLevel, SectionRole, DEBUG_SECTION_PREFIX,
     MACHO_HEADER_SECTION, MACHO_UNWIND_SECTIONS, SYMBOL_SECTIONS, UNWIND_SECTIONS,
+};
+pub use symbols::{
+    bound_sizeless, is_code_label_name, merge_symbols, parse_elf64_symbols, plt_symbols, symbol_at,
+    symbol_table, symbols_of_object, PltTables, Symbol,
 };
 pub use universal::{thin_slice, universal_slices, UniversalSlice};

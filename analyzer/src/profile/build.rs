@@ -303,7 +303,7 @@ impl ProfileBuilder {
             .iter()
             .zip(&image_frames)
             .map(|(img, &frames)| {
-                let has_debug_info = img.data.as_ref().is_some_and(|d| d.has_dwarf());
+                let has_debug_info = img.data.as_ref().is_some_and(|d| d.has_debug_info());
                 if frames > 0
                     && img.key.kind != lrnprof_format::ImageKind::Anonymous
                     && (img.unwind_source == Source::Missing

@@ -102,7 +102,8 @@ pub struct ImageInfo {
     pub unwind_data: String,
     /// Where symbols came from: a path, `embedded in trace`, or `missing`.
     pub symbol_data: String,
-    /// Whether DWARF debug info (file/line, inline frames) was found.
+    /// Whether debug info (file/line, inline frames) was found: DWARF, or
+    /// the frame table the recorder embedded.
     pub has_debug_info: bool,
     /// Why data is missing or a local file was refused.
     pub notes: Vec<String>,

@@ -10,12 +10,13 @@ use super::images::Images;
 use super::parse::{self, Layout, Mmap2Record, PerfRecord, SampleRecord};
 use super::procfs::{self, MapsEntry};
 use super::regs::ArchRegs;
+use super::touched::SampleRefs;
 use super::untouched::{self, UntouchedPages};
 use crate::error::RecordError;
 use crate::report::RecordWarning;
 use crate::sink::Convert;
 use lrnprof_format::{
-    LostRecord, LostSource, Pid, ProcessEvent, ProcessRecord, Record, Sample, SampleDetail,
+    LostRecord, LostSource, Pid, ProcessEvent, ProcessRecord, Record, Regs, Sample, SampleDetail,
     SampleFlags, SampleKind, StackSnapshot, ThreadEvent, ThreadRecord, Tid, Timestamp,
 };
 use lrnprof_image::EmbedLevel;
@@ -436,9 +437,21 @@ impl Converter {
         self.pids_seen.insert(s.pid);
         if self.images.embedding() {
             // Return addresses are somewhere in the stack copy: any word
-            // pointing into an image marks it as needed for unwinding.
-            self.images
-                .touch_sample(s.pid, s.tid, regs.ip(), &s.callchain, sp, live);
+            // pointing into an image marks it as needed for unwinding, and
+            // its frame table resolves the word.
+            let lr = match &regs {
+                Regs::Aarch64(r) => Some(r.lr),
+                Regs::X86_64(_) => None,
+            };
+            self.images.touch_sample(&SampleRefs {
+                pid: s.pid,
+                tid: s.tid,
+                ip: regs.ip(),
+                lr,
+                callchain: &s.callchain,
+                sp,
+                stack: live,
+            });
         }
         self.push(
             s.time,

@@ -17,6 +17,7 @@ mod procfs;
 mod regs;
 mod ring;
 mod sys;
+mod touched;
 mod untouched;
 
 use crate::error::RecordError;

@@ -94,7 +94,8 @@ fn c_cut_short_samples_continue_with_frame_pointers() {
 fn rust_threads_with_a_large_local_array_reach_their_root() {
     require_perf!();
     let dir = scratch_dir("an-untouched-rs");
-    let exe = build_rust("rec_untouched.rs", &["-O", "-g"], &dir, "rec_untouched_rs");
+    let flags = ["--edition", "2021", "-O", "-g"];
+    let exe = build_rust("rec_untouched.rs", &flags, &dir, "rec_untouched_rs");
     let trace = record(&dir, "u", &[], &exe, &[RUN_MS]);
     let p = profile(&trace);
     assert_thread_reaches_root(&p, "rec_untouched_r");
