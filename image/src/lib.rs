@@ -15,8 +15,18 @@
 //!   level carries ([`UNWIND_SECTIONS`], [`SYMBOL_SECTIONS`],
 //!   [`DEBUG_SECTION_PREFIX`], [`MACHO_UNWIND_SECTIONS`]) and what the
 //!   analyzer uses each for ([`section_role`]).
+//! - **Naming addresses**: symbol tables built alike from a whole file
+//!   ([`symbols_of_object`]), from embedded sections ([`symbol_table`],
+//!   [`parse_elf64_symbols`], [`plt_symbols`]) and with a separate debug
+//!   file ([`merge_symbols`], [`debug_file_candidates`]); the
+//!   [`Resolver`] that turns an SVMA into its inline levels with file and
+//!   line (DWARF through addr2line) or its symbol.
+//! - **Frame tables**: [`frame_table_for_file`] resolves the addresses a
+//!   trace refers to once, at the end of a recording, into a
+//!   [`FrameTable`] (blob `BlobKind::Table { name: FRAMES_TABLE }`), which
+//!   an analyzer without the image's DWARF reads instead.
 //!
-//! Everything here is a pure function over bytes or a file's contents: no
+//! Everything here is a pure function over bytes or files' contents: no
 //! process is touched, so the crate builds and behaves the same on every
 //! host. Malformed input gives an error or `None`, never a panic, and no
 //! length read from the input is allocated without a bound. Reading goes
@@ -38,8 +48,8 @@
 //! # Ok::<(), lrnprof_image::ImageError>(())
 //! ```
 //!
-//! `docs/format.md` in the repository specifies the blobs and the layout
-//! table byte for byte.
+//! `docs/format.md` in the repository specifies the blobs, the layout
+//! table and the frame table byte for byte.
 
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]

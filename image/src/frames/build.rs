@@ -18,9 +18,10 @@ use std::collections::{HashMap, HashSet};
 use std::fs::File;
 use std::path::PathBuf;
 
-/// Most bytes of DWARF sections read to build one image's table: past it
+/// Most bytes of DWARF sections (decompressed) read to build one image's
+/// table, which the recorder holds in memory while it resolves: past it
 /// the image gets no table (its symbol tables still name its frames).
-pub const MAX_DWARF_BYTES: u64 = 1 << 30;
+pub const MAX_DWARF_BYTES: u64 = 512 << 20;
 
 /// What to build a frame table of.
 #[derive(Debug)]
@@ -74,8 +75,7 @@ fn dwarf_sections<'data, R: ReadRef<'data>>(
         .collect()
 }
 
-/// Bytes of the DWARF sections of `obj` in its file (compressed ones
-/// counted as stored).
+/// Bytes of the DWARF sections of `obj`, decompressed.
 fn dwarf_size<'data, R: ReadRef<'data>>(obj: &object::File<'data, R>) -> u64 {
     obj.sections()
         .filter(|s| s.kind() != SectionKind::UninitializedData)
@@ -83,7 +83,10 @@ fn dwarf_size<'data, R: ReadRef<'data>>(obj: &object::File<'data, R>) -> u64 {
             s.name()
                 .is_ok_and(|n| canonical_section_name(n, false).starts_with(DEBUG_SECTION_PREFIX))
         })
-        .map(|s| s.size())
+        .map(|s| {
+            s.compressed_file_range()
+                .map_or(s.size(), |r| r.uncompressed_size)
+        })
         .sum()
 }
 
@@ -235,4 +238,94 @@ fn encoded_bound(lines: &[FrameLine], known: &mut HashSet<String>) -> usize {
         }
     }
     n
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use object::ObjectSymbol;
+
+    /// This test binary (with DWARF), and the file offsets of its
+    /// function `name` and of `main`.
+    fn own_request_offsets(names: &[&str]) -> Vec<u64> {
+        let bytes = std::fs::read(std::env::current_exe().unwrap()).unwrap();
+        let obj = object::File::parse(&bytes[..]).unwrap();
+        let layout = Layout::of(&obj);
+        names
+            .iter()
+            .map(|name| {
+                let sym = obj
+                    .symbols()
+                    .find(|s| s.name().is_ok_and(|n| n.contains(name)))
+                    .unwrap_or_else(|| panic!("no symbol {name}"));
+                let seg = layout
+                    .segments
+                    .iter()
+                    .find(|s| sym.address() >= s.svma && sym.address() - s.svma < s.file_size)
+                    .unwrap();
+                sym.address() - seg.svma + seg.file_offset
+            })
+            .collect()
+    }
+
+    fn build(offsets: &[u64], max_bytes: usize) -> Option<FrameTableBuilt> {
+        let exe = std::env::current_exe().unwrap();
+        let id = crate::build_id_of_file(&exe).expect("the linker gives test binaries a build id");
+        frame_table_for_file(FrameRequest {
+            file: File::open(&exe).unwrap(),
+            path: exe.to_str().unwrap(),
+            build_id: &id,
+            file_offsets: offsets,
+            max_bytes,
+            debug_roots: &[],
+        })
+        .unwrap()
+    }
+
+    #[test]
+    #[cfg_attr(
+        not(target_os = "linux"),
+        ignore = "Mach-O test binaries keep their DWARF in a dSYM"
+    )]
+    fn addresses_resolve_to_their_functions_with_files() {
+        let offsets = own_request_offsets(&["addresses_resolve_to_their_functions_with_files"]);
+        let built = build(&offsets, 1 << 20).expect("a table: this test binary has DWARF");
+        assert_eq!((built.addresses, built.left_out), (1, 0));
+        assert_eq!(built.debug_file, None, "the binary's own DWARF is used");
+        let table = FrameTable::parse(&built.bytes).unwrap();
+        let outer = table.entries()[0].1.last().unwrap();
+        assert!(outer
+            .function
+            .ends_with("addresses_resolve_to_their_functions_with_files"));
+        assert!(
+            outer
+                .file
+                .as_deref()
+                .is_some_and(|f| f.ends_with("build.rs")),
+            "{outer:?}"
+        );
+    }
+
+    #[test]
+    #[cfg_attr(
+        not(target_os = "linux"),
+        ignore = "Mach-O test binaries keep their DWARF in a dSYM"
+    )]
+    fn tables_stay_within_their_bytes() {
+        let offsets = own_request_offsets(&["tables_stay_within_their_bytes", "addresses_resolve"]);
+        let all = build(&offsets, 1 << 20).expect("a table: this test binary has DWARF");
+        assert_eq!(all.addresses, 2);
+        // Room for the first only: the second is left out.
+        let first = build(&offsets[..1], 1 << 20).unwrap();
+        let table = FrameTable::parse(&first.bytes).unwrap();
+        let room = encoded_bound(&table.entries()[0].1, &mut HashSet::new());
+        assert!(first.bytes.len() <= room);
+        let one = build(&offsets, room).unwrap();
+        assert_eq!((one.addresses, one.left_out), (1, 1));
+        assert_eq!(one.bytes, first.bytes);
+        let none = build(&offsets, 0).unwrap();
+        assert_eq!((none.addresses, none.left_out), (0, 2));
+        // An offset in no segment is not an address of the image.
+        assert_eq!(build(&[u64::MAX], 1 << 20).unwrap().addresses, 0);
+    }
 }
