@@ -1,5 +1,5 @@
-//! Helpers shared by the end-to-end tests: building the C fixture programs
-//! with `cc`, finding the built `lrnprof-rec` / `lrnprof-analyze`, scratch
+//! Helpers shared by the end-to-end tests: building the fixture programs
+//! with `cc` and `rustc`, finding the built `lrnprof-rec` / `lrnprof-analyze`, scratch
 //! directories, checking whether `perf_event_open` may be used here, and
 //! what a test does when it cannot make its check: fail under `CI=true`,
 //! skip (saying why) elsewhere.
@@ -86,6 +86,26 @@ pub fn build_c(sources: &[&str], flags: &[&str], dir: &Path, output: &str) -> Pa
     assert!(
         result.status.success(),
         "cc {sources:?} failed:\n{}",
+        String::from_utf8_lossy(&result.stderr)
+    );
+    out
+}
+
+/// Compile the Rust program `source` (a file name in `tests/fixtures/`)
+/// with `rustc` (`$RUSTC` if set) and `flags` into `dir/output`; panics
+/// with rustc's message if it fails.
+pub fn build_rust(source: &str, flags: &[&str], dir: &Path, output: &str) -> PathBuf {
+    let out = dir.join(output);
+    let result = Command::new(std::env::var("RUSTC").unwrap_or_else(|_| "rustc".into()))
+        .args(flags)
+        .arg("-o")
+        .arg(&out)
+        .arg(fixture_source(source))
+        .output()
+        .expect("running rustc (install Rust with rustup or set RUSTC)");
+    assert!(
+        result.status.success(),
+        "rustc {source} failed:\n{}",
         String::from_utf8_lossy(&result.stderr)
     );
     out

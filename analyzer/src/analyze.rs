@@ -11,7 +11,7 @@ use crate::pipeline::{for_each_sample_chunk, open, pool, prepare};
 use crate::profile::{amounts, kinds_of, HeapScale, Profile, ProfileBuilder, UnwoundSample};
 use crate::symbolicate::symbolicate;
 use crate::unwind::ArchCache;
-use lrnprof_format::{Timestamp, TraceReader};
+use lrnprof_format::{SampleFlags, Timestamp, TraceReader};
 use rayon::prelude::*;
 use std::path::Path;
 
@@ -104,6 +104,7 @@ fn run<D: AsRef<[u8]> + Sync>(
                             clean: u.clean,
                             used_kernel_chain: u.used_kernel_chain,
                             presymbolized: !s.frames.is_empty(),
+                            cut_short: s.flags.contains(SampleFlags::STACK_CUT_SHORT),
                         }
                     },
                 )

@@ -60,6 +60,15 @@ impl BlobStore {
         })
     }
 
+    /// The table `name` lrnprof derived from image `id`
+    /// (`BlobKind::Table`).
+    pub fn table(&self, id: &BuildId, name: &str) -> Option<Arc<Vec<u8>>> {
+        self.done.iter().find_map(|((bid, kind), data)| match kind {
+            BlobKind::Table { name: n } if bid == id && n == name => Some(data.clone()),
+            _ => None,
+        })
+    }
+
     /// Whether anything is embedded for image `id`.
     pub fn has_image_data(&self, id: &BuildId) -> bool {
         self.done.keys().any(|(bid, kind)| {

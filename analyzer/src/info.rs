@@ -224,6 +224,14 @@ impl TraceInfo {
             st.root_pct(),
             st.unknown_pct()
         );
+        if st.cut_short_samples > 0 {
+            let _ = writeln!(
+                s,
+                "cut short:    {} samples' stack copies stopped at a stack page their thread had \
+                 never touched ({} of them still reached the root)",
+                st.cut_short_samples, st.cut_short_root_samples
+            );
+        }
         let _ = writeln!(
             s,
             "trace:        {} bytes, {}",

@@ -4,13 +4,14 @@
 //! analyzed where the binaries do not exist.
 
 use crate::error::AnalyzeError;
-use crate::image::{debug_file_candidates, own_vdso, parse_file};
+use crate::image::{own_vdso, parse_file};
 use crate::write_file::write_atomically;
 use lrnprof_format::{
     Blob, BlobKind, BuildId, ImageKind, Pid, Record, TraceReader, TraceWriter, WriterOptions,
 };
 use lrnprof_image::{
-    blobs_for_file, section_role, split_blob, EmbedLevel, SectionRole, MAX_BLOB_PART,
+    blobs_for_file, debug_file_candidates, section_role, split_blob, EmbedLevel, SectionRole,
+    MAX_BLOB_PART,
 };
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};

@@ -70,4 +70,21 @@ pub enum ImageError {
         /// The wanted `cputype`.
         expected: u32,
     },
+    /// A table lrnprof derived from an image (a `BlobKind::Table`) is
+    /// malformed.
+    #[error("malformed {name} table: {reason}")]
+    MalformedTable {
+        /// The table's name.
+        name: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// An image's DWARF is too large to read for a frame table.
+    #[error("its DWARF is {} MiB, more than the {} MiB read for a frame table", bytes >> 20, max >> 20)]
+    DwarfTooLarge {
+        /// Bytes of DWARF sections.
+        bytes: u64,
+        /// The most that is read.
+        max: u64,
+    },
 }

@@ -83,6 +83,16 @@ impl Layout {
         Layout { segments, sections }
     }
 
+    /// The SVMA of the byte at `offset` in the file: through the segment
+    /// whose bytes in the file hold it (one with a `file_size` of 0 holds
+    /// none). `None` if no segment does.
+    pub fn svma_of_file_offset(&self, offset: u64) -> Option<u64> {
+        self.segments
+            .iter()
+            .find(|s| offset >= s.file_offset && offset - s.file_offset < s.file_size)
+            .map(|s| s.svma.wrapping_add(offset - s.file_offset))
+    }
+
     /// The table's bytes: every segment, then every section. Sections with
     /// names the table cannot hold (see [`LayoutSection::name`]) are left
     /// out.
@@ -199,6 +209,35 @@ mod tests {
              section .text 1040 113\n\
              section .got 3fd8 28\n"
         );
+    }
+
+    #[test]
+    fn file_offsets_become_svmas_through_their_segment() {
+        let mut layout = example();
+        // lld packs text at file offset 0x3b4, SVMA 0x103b4.
+        layout.segments = vec![
+            LayoutSegment {
+                file_offset: 0,
+                file_size: 0x3b4,
+                svma: 0,
+                mem_size: 0x3b4,
+            },
+            LayoutSegment {
+                file_offset: 0x3b4,
+                file_size: 0x74,
+                svma: 0x103b4,
+                mem_size: 0x74,
+            },
+            LayoutSegment {
+                file_offset: 0x428,
+                file_size: 0,
+                svma: 0x20428,
+                mem_size: 0x10,
+            },
+        ];
+        assert_eq!(layout.svma_of_file_offset(0x10), Some(0x10));
+        assert_eq!(layout.svma_of_file_offset(0x400), Some(0x10400));
+        assert_eq!(layout.svma_of_file_offset(0x428), None);
     }
 
     #[test]

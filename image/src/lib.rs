@@ -15,8 +15,18 @@
 //!   level carries ([`UNWIND_SECTIONS`], [`SYMBOL_SECTIONS`],
 //!   [`DEBUG_SECTION_PREFIX`], [`MACHO_UNWIND_SECTIONS`]) and what the
 //!   analyzer uses each for ([`section_role`]).
+//! - **Naming addresses**: symbol tables built alike from a whole file
+//!   ([`symbols_of_object`]), from embedded sections ([`symbol_table`],
+//!   [`parse_elf64_symbols`], [`plt_symbols`]) and with a separate debug
+//!   file ([`merge_symbols`], [`debug_file_candidates`]); the
+//!   [`Resolver`] that turns an SVMA into its inline levels with file and
+//!   line (DWARF through addr2line) or its symbol.
+//! - **Frame tables**: [`frame_table_for_file`] resolves the addresses a
+//!   trace refers to once, at the end of a recording, into a
+//!   [`FrameTable`] (blob `BlobKind::Table { name: FRAMES_TABLE }`), which
+//!   an analyzer without the image's DWARF reads instead.
 //!
-//! Everything here is a pure function over bytes or a file's contents: no
+//! Everything here is a pure function over bytes or files' contents: no
 //! process is touched, so the crate builds and behaves the same on every
 //! host. Malformed input gives an error or `None`, never a panic, and no
 //! length read from the input is allocated without a bound. Reading goes
@@ -38,25 +48,40 @@
 //! # Ok::<(), lrnprof_image::ImageError>(())
 //! ```
 //!
-//! `docs/format.md` in the repository specifies the blobs and the layout
-//! table byte for byte.
+//! `docs/format.md` in the repository specifies the blobs, the layout
+//! table and the frame table byte for byte.
 
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 
 mod build_id;
+mod debug_file;
+mod demangle;
 mod embed;
 mod error;
+mod frames;
 mod layout;
+mod resolve;
 mod sections;
+mod symbols;
 mod universal;
 
 pub use build_id::{build_id_of_bytes, build_id_of_file};
+pub use debug_file::debug_file_candidates;
+pub use demangle::demangle;
 pub use embed::{blobs_for_file, blobs_for_image, blobs_for_open_file, split_blob, MAX_BLOB_PART};
 pub use error::ImageError;
+pub use frames::{
+    frame_table_for_file, FrameRequest, FrameTable, FrameTableBuilt, FRAMES_TABLE, MAX_DWARF_BYTES,
+};
 pub use layout::{Layout, LayoutSection, LayoutSegment, LAYOUT_SECTION};
+pub use resolve::{load_dwarf, project_inline, FrameLine, Resolver};
 pub use sections::{
     canonical_section_name, section_role, EmbedLevel, SectionRole, DEBUG_SECTION_PREFIX,
     MACHO_HEADER_SECTION, MACHO_UNWIND_SECTIONS, SYMBOL_SECTIONS, UNWIND_SECTIONS,
+};
+pub use symbols::{
+    bound_sizeless, is_code_label_name, merge_symbols, parse_elf64_symbols, plt_symbols, symbol_at,
+    symbol_table, symbols_of_object, PltTables, Symbol,
 };
 pub use universal::{thin_slice, universal_slices, UniversalSlice};

@@ -20,12 +20,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 chain += s.kernel_callchain.len() as u64;
                 if all {
                     println!(
-                        "sample t={} tid={} ip={:#x} sp={:#x} stack={} chain={:x?}",
+                        "sample t={} tid={} ip={:#x} sp={:#x} stack={} flags={} chain={:x?}",
                         s.time.0,
                         s.tid.0,
                         s.regs.ip(),
                         s.regs.sp(),
                         s.stack.bytes.len(),
+                        s.flags.0,
                         s.kernel_callchain
                     );
                 }

@@ -96,6 +96,25 @@ pub enum RecordWarning {
         /// How many.
         count: u64,
     },
+    /// An image's frame table (the names, inline frames and file:line of
+    /// the trace's addresses in it) was not made or not made whole: those
+    /// frames are named from its symbol table only where the trace is
+    /// analyzed without the image's debug info.
+    FrameTableIncomplete {
+        /// The image's path (as mapped in the target).
+        path: String,
+        /// What was left out, and why.
+        reason: String,
+    },
+    /// Stack copies ended at pages their thread had never touched, and
+    /// reading those pages from the target (which lets later copies go
+    /// through) failed: stacks of such threads may stop short.
+    StackPagesUnread {
+        /// Samples whose stack copy was cut short.
+        samples: u64,
+        /// Why reading failed.
+        reason: String,
+    },
 }
 
 impl fmt::Display for RecordWarning {
@@ -120,6 +139,15 @@ impl fmt::Display for RecordWarning {
             RecordWarning::MalformedRecords { count } => write!(
                 f,
                 "{count} perf records could not be parsed and were skipped"
+            ),
+            RecordWarning::FrameTableIncomplete { path, reason } => {
+                write!(f, "frame table of {path}: {reason}")
+            }
+            RecordWarning::StackPagesUnread { samples, reason } => write!(
+                f,
+                "{samples} stack copies stopped at stack pages their thread never touched, \
+                 and reading those pages from the target failed ({reason}); their stacks may \
+                 stop short: record as root or with CAP_SYS_PTRACE"
             ),
         }
     }

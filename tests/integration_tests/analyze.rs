@@ -8,7 +8,8 @@
 //! `views` (flame graph SVG in Chromium, Firefox Profiler structure, `top`,
 //! `diff`, `--open`),
 //! `post_mortem` (embedded data, pack, --offline, strip, --symbols),
-//! `synthetic` (hand-built traces of non-host architectures).
+//! `synthetic` (hand-built traces of non-host architectures), `untouched`
+//! (stack copies cut short at pages their thread never touched).
 //!
 //! "Reached the root" (as `info` counts it): the outermost frame is the
 //! thread's entry (`_start`/`__libc_start_main` for the main thread,
@@ -18,6 +19,7 @@
 
 mod post_mortem;
 mod synthetic;
+mod untouched;
 mod viewers;
 mod views;
 

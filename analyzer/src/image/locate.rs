@@ -2,16 +2,15 @@
 //! the usual debug-file places and data embedded in the trace. A local file
 //! is used only if its build id matches the one recorded.
 
-use super::elfsym::parse_elf64_symbols;
 use super::parse::{parse_file, ParsedFile};
-use super::plt::{plt_symbols, PltTables};
 use super::{short_name, ImageData, LoadedImage, Section, SectionBytes, Segment, Source, Symbol};
 use crate::blobs::BlobStore;
 use crate::timeline::ImageKey;
 use lrnprof_format::{BuildId, ImageKind};
 use lrnprof_image::{
-    canonical_section_name, section_role, universal_slices, Layout, SectionRole, LAYOUT_SECTION,
-    MACHO_HEADER_SECTION,
+    canonical_section_name, debug_file_candidates, merge_symbols, parse_elf64_symbols, plt_symbols,
+    section_role, symbol_table, universal_slices, FrameTable, Layout, PltTables, SectionRole,
+    FRAMES_TABLE, LAYOUT_SECTION, MACHO_HEADER_SECTION,
 };
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -219,6 +218,25 @@ pub(crate) fn load_image(key: &ImageKey, blobs: &BlobStore, opts: &LocateOptions
             }
         }
     }
+    if let (Some(id), Some(d)) = (&key.build_id, data.as_mut()) {
+        if let Some(bytes) = blobs.table(id, FRAMES_TABLE) {
+            match FrameTable::parse(&bytes) {
+                Ok(table) => {
+                    if !d.has_dwarf() && !table.is_empty() {
+                        notes.push(format!(
+                            "names, inline frames and file:line of {} addresses from the trace's frame table",
+                            table.len()
+                        ));
+                        if symbol_source == Source::Missing {
+                            symbol_source = Source::Embedded;
+                        }
+                    }
+                    d.frames = Some(Arc::new(table));
+                }
+                Err(e) => notes.push(format!("the trace's frame table is not used: {e}")),
+            }
+        }
+    }
     if key.kind == ImageKind::Vdso && data.is_none() {
         notes.push("vDSO bytes not embedded in the trace".to_string());
     }
@@ -246,41 +264,6 @@ pub(crate) fn own_vdso() -> Option<Vec<u8>> {
     let mut buf = vec![0u8; len as usize];
     mem.read_exact(&mut buf).ok()?;
     Some(buf)
-}
-
-/// Where a separate debug file for the image at `path` may be: the
-/// build-id tree and the `.gnu_debuglink` places, under `/` and `roots`.
-pub(crate) fn debug_file_candidates(
-    path: &str,
-    build_id: Option<&BuildId>,
-    debuglink: Option<&str>,
-    roots: &[PathBuf],
-) -> Vec<PathBuf> {
-    let mut all_roots = vec![PathBuf::from("/")];
-    all_roots.extend(roots.iter().cloned());
-    let mut candidates = Vec::new();
-    if let Some(id) = build_id {
-        let hex = id.to_hex();
-        if hex.len() > 2 {
-            for root in &all_roots {
-                candidates.push(
-                    root.join("usr/lib/debug/.build-id")
-                        .join(&hex[..2])
-                        .join(format!("{}.debug", &hex[2..])),
-                );
-            }
-        }
-    }
-    let dir = Path::new(path).parent().map(Path::to_path_buf);
-    if let (Some(link), Some(dir)) = (debuglink, dir) {
-        candidates.push(dir.join(link));
-        candidates.push(dir.join(".debug").join(link));
-        let rel = dir.strip_prefix("/").unwrap_or(&dir);
-        for root in &all_roots {
-            candidates.push(root.join("usr/lib/debug").join(rel).join(link));
-        }
-    }
-    candidates
 }
 
 fn look_for_debug_file(key: &ImageKey, found: &mut Found, opts: &LocateOptions) {
@@ -316,13 +299,7 @@ fn merge_debug(into: &mut ImageData, from: ImageData) {
     // A separate debug file keeps the full symbol table (local functions,
     // the dynamic loader's entry labels) that the stripped binary lost:
     // use both, as the analysis of embedded `.symtab` and `.dynsym` does.
-    if into.symbols.is_empty() {
-        into.symbols = from.symbols;
-    } else if !from.symbols.is_empty() {
-        into.symbols.extend(from.symbols);
-        into.symbols.sort();
-        into.symbols.dedup_by(|a, b| a.svma == b.svma);
-    }
+    merge_symbols(&mut into.symbols, from.symbols);
     if into.segments.is_empty() {
         into.segments = from.segments;
         into.base_svma = from.base_svma;
@@ -439,7 +416,7 @@ fn merge_embedded(into: &mut ImageData, id: &BuildId, blobs: &BlobStore) -> (boo
             little_endian: into.little_endian,
         });
         functions.extend(plt.into_iter().map(|s| (s, u64::MAX)));
-        let syms = super::symbol_table(functions, labels, range(".text"));
+        let syms = symbol_table(functions, labels, range(".text"));
         gave_symbols |= !syms.is_empty();
         into.symbols = syms;
     }

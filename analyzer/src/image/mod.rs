@@ -2,15 +2,15 @@
 //! whether read from a local file or from data embedded in the trace, plus
 //! the AVMA <-> SVMA arithmetic.
 
-mod elfsym;
 mod locate;
 mod parse;
-mod plt;
 
-pub(crate) use locate::{debug_file_candidates, load_image, own_vdso, LocateOptions};
+pub(crate) use locate::{load_image, own_vdso, LocateOptions};
+pub(crate) use lrnprof_image::Symbol;
 pub(crate) use parse::parse_file;
 
 use crate::timeline::{ImageKey, Mapping};
+use lrnprof_image::FrameTable;
 use std::collections::BTreeMap;
 use std::ops::{Deref, Range};
 use std::path::PathBuf;
@@ -76,76 +76,6 @@ pub(crate) struct Segment {
     pub executable: Option<bool>,
 }
 
-/// A function symbol from `.symtab`, `.dynsym` or the Mach-O symtab.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
-pub(crate) struct Symbol {
-    pub svma: u64,
-    /// 0 when unknown (Mach-O): the symbol then reaches the next one.
-    pub size: u64,
-    pub name: String,
-}
-
-/// Give each symbol without a size (ELF `_init`, Mach-O symbols) one that
-/// reaches the next symbol or the end of its section, whichever is first,
-/// so a lookup never names an address of a later section (`.plt`) after
-/// it. `symbols` are sorted by address; `section_ends[i]` is the end SVMA
-/// of the section holding `symbols[i]`, `u64::MAX` if unknown (the symbol
-/// then stays unbounded, as before).
-pub(crate) fn bound_sizeless(symbols: &mut [Symbol], section_ends: &[u64]) {
-    for i in 0..symbols.len() {
-        let end = section_ends.get(i).copied().unwrap_or(u64::MAX);
-        if symbols[i].size != 0 || end == u64::MAX {
-            continue;
-        }
-        let next = symbols.get(i + 1).map_or(u64::MAX, |s| s.svma);
-        symbols[i].size = next.min(end).saturating_sub(symbols[i].svma);
-    }
-}
-
-/// Whether a symbol without a type (ELF `STT_NOTYPE`) may name code: not
-/// an assembler-local label (`.L...`) nor an AArch64/ARM mapping symbol
-/// (`$x`, `$d`), which mark instruction/data runs inside functions.
-pub(crate) fn is_code_label_name(name: &str) -> bool {
-    !name.is_empty() && !name.starts_with('$') && !name.starts_with(".L")
-}
-
-/// The lookup table of an image, sorted by SVMA with sizes bounded (see
-/// [`bound_sizeless`]), from
-/// - `functions`: function symbols (and synthesized `NAME@plt` ones), each
-///   with the end SVMA of its section (`u64::MAX` if unknown);
-/// - `labels`: symbols without a type in the image, such as the entry code
-///   of the dynamic loader (`_start`, `_dl_start_user`: assembly labels
-///   that every thread's outermost frame passes through). A label counts
-///   only inside `text` (the `.text` SVMA range) and where no function
-///   symbol starts or reaches, so it never renames a function's code.
-pub(crate) fn symbol_table(
-    mut functions: Vec<(Symbol, u64)>,
-    labels: Vec<Symbol>,
-    text: Option<(u64, u64)>,
-) -> Vec<Symbol> {
-    functions.sort();
-    let covered = |svma: u64| {
-        let i = functions.partition_point(|(f, _)| f.svma <= svma);
-        functions[..i]
-            .last()
-            .is_some_and(|(f, _)| f.svma == svma || svma - f.svma < f.size)
-    };
-    let mut kept: Vec<(Symbol, u64)> = match text {
-        Some((start, size)) => labels
-            .into_iter()
-            .filter(|l| l.svma >= start && l.svma - start < size && !covered(l.svma))
-            .map(|l| (l, start.saturating_add(size)))
-            .collect(),
-        None => Vec::new(),
-    };
-    functions.append(&mut kept);
-    functions.sort();
-    functions.dedup_by(|a, b| a.0.svma == b.0.svma);
-    let (mut symbols, ends): (Vec<Symbol>, Vec<u64>) = functions.into_iter().unzip();
-    bound_sizeless(&mut symbols, &ends);
-    symbols
-}
-
 /// Where an image's unwind or symbol data came from.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Source {
@@ -181,6 +111,10 @@ pub(crate) struct ImageData {
     pub sections: BTreeMap<String, Section>,
     /// Sorted by SVMA.
     pub symbols: Vec<Symbol>,
+    /// What the recording machine resolved the trace's addresses of this
+    /// image to (the embedded frame table), for an image whose DWARF is
+    /// not here.
+    pub frames: Option<Arc<FrameTable>>,
 }
 
 impl ImageData {
@@ -198,6 +132,17 @@ impl ImageData {
         self.sections
             .get(".debug_info")
             .is_some_and(|s| !s.bytes.is_empty())
+    }
+
+    /// Whether file and line information and inline frames are known:
+    /// DWARF, or a frame table that has some.
+    pub fn has_debug_info(&self) -> bool {
+        self.has_dwarf()
+            || self.frames.as_ref().is_some_and(|t| {
+                t.entries()
+                    .iter()
+                    .any(|(_, lines)| lines.len() > 1 || lines.iter().any(|l| l.file.is_some()))
+            })
     }
 
     /// AVMA minus SVMA for `mapping` (an image mapped at `mapping.start` from
@@ -246,70 +191,6 @@ impl ImageData {
 
 #[cfg(test)]
 mod tests {
-
-    #[test]
-    fn sizeless_symbols_end_at_the_next_symbol_or_their_section() {
-        let sym = |svma, size| Symbol {
-            svma,
-            size,
-            name: format!("f{svma:x}"),
-        };
-        // `_init` at 0x1000 has no size and its section `.init` ends at
-        // 0x1020; `.plt` follows at 0x1020 and has no symbols; `main` has
-        // a size; the last one's section is unknown.
-        let mut syms = vec![
-            sym(0x1000, 0),
-            sym(0x1100, 0x40),
-            sym(0x1200, 0),
-            sym(0x5000, 0),
-        ];
-        bound_sizeless(&mut syms, &[0x1020, 0x2000, 0x2000, u64::MAX]);
-        let sizes: Vec<u64> = syms.iter().map(|s| s.size).collect();
-        assert_eq!(sizes, vec![0x20, 0x40, 0xe00, 0]);
-    }
-
-    #[test]
-    fn labels_name_only_code_no_function_covers() {
-        let sym = |svma, size, name: &str| Symbol {
-            svma,
-            size,
-            name: name.into(),
-        };
-        // The dynamic loader's layout: `_start` and `_dl_start_user` are
-        // labels between sized functions of .text (0x1000..0x2000);
-        // `inner` is a label inside `f`, `_etext` marks the end of .text,
-        // `__bss_start` lies outside it.
-        let functions = vec![
-            (sym(0x1800, 0x40, "g"), 0x2000),
-            (sym(0x1000, 0x100, "f"), 0x2000),
-        ];
-        let labels = vec![
-            sym(0x1400, 0, "_start"),
-            sym(0x1408, 0, "_dl_start_user"),
-            sym(0x1010, 0, "inner"),
-            sym(0x1800, 0, "g_alias"),
-            sym(0x2000, 0, "_etext"),
-            sym(0x3000, 0, "__bss_start"),
-        ];
-        let table = symbol_table(functions.clone(), labels.clone(), Some((0x1000, 0x1000)));
-        let got: Vec<(u64, u64, &str)> = table
-            .iter()
-            .map(|s| (s.svma, s.size, s.name.as_str()))
-            .collect();
-        assert_eq!(
-            got,
-            [
-                (0x1000, 0x100, "f"),
-                (0x1400, 0x8, "_start"),
-                (0x1408, 0x3f8, "_dl_start_user"),
-                (0x1800, 0x40, "g"),
-            ]
-        );
-        // Without a known .text, labels are not used.
-        assert_eq!(symbol_table(functions, labels, None).len(), 2);
-        assert!(is_code_label_name("_start"));
-        assert!(!is_code_label_name("$x") && !is_code_label_name(".L42"));
-    }
 
     use super::*;
 

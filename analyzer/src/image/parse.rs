@@ -1,10 +1,9 @@
 //! Reading an image file (ELF or Mach-O) through `object`.
 
-use super::plt::{plt_symbols, PltTables};
-use super::{ImageData, Section, SectionBytes, Segment, Symbol};
-use lrnprof_image::{canonical_section_name, section_role, SectionRole};
+use super::{ImageData, Section, SectionBytes, Segment};
+use lrnprof_image::{canonical_section_name, section_role, symbols_of_object, SectionRole};
 use object::read::macho::MachHeader as _;
-use object::{Object, ObjectSection, ObjectSegment, ObjectSymbol, SymbolKind};
+use object::{Object, ObjectSection, ObjectSegment};
 use std::sync::Arc;
 
 /// An image file parsed into [`ImageData`], with what identifies it.
@@ -105,62 +104,7 @@ pub(crate) fn parse_file(bytes: Arc<Vec<u8>>) -> Result<ParsedFile, String> {
             );
         }
     }
-    let elf = obj.format() == object::BinaryFormat::Elf;
-    // ELF symbols without a type in a section: code labels, see
-    // `symbol_table`.
-    let labels: Vec<Symbol> = obj
-        .symbols()
-        .filter(|s| {
-            elf && s.kind() == SymbolKind::Unknown
-                && matches!(s.section(), object::SymbolSection::Section(_))
-                && s.address() != 0
-        })
-        .filter_map(|s| {
-            let name = s.name().ok().filter(|n| super::is_code_label_name(n))?;
-            Some(Symbol {
-                svma: s.address(),
-                size: s.size(),
-                name: name.to_string(),
-            })
-        })
-        .collect();
-    // (symbol, end of its section)
-    let mut symbols: Vec<(Symbol, u64)> = obj
-        .symbols()
-        .chain(obj.dynamic_symbols())
-        .filter(|s| s.kind() == SymbolKind::Text && s.is_definition() && s.address() != 0)
-        .filter_map(|s| {
-            let section = s.section_index().and_then(|i| obj.section_by_index(i).ok());
-            let end = section.as_ref().map_or(u64::MAX, |sec| {
-                sec.address().saturating_add(sec.size().max(1))
-            });
-            // Only symbols inside their section: Mach-O's
-            // `__mh_execute_header` marks the header, before `__text`, and
-            // would otherwise cover every address of a stripped binary.
-            if section.is_some_and(|sec| s.address() < sec.address() || s.address() >= end) {
-                return None;
-            }
-            let mut name = s.name().ok()?;
-            if macho {
-                // Mach-O C symbols carry a leading underscore.
-                name = name.strip_prefix('_').unwrap_or(name);
-            }
-            (!name.is_empty()).then(|| {
-                let sym = Symbol {
-                    svma: s.address(),
-                    size: s.size(),
-                    name: name.to_string(),
-                };
-                (sym, end)
-            })
-        })
-        .collect();
-    if elf {
-        // Sized: the end of their section is not needed.
-        symbols.extend(plt_symbols_of(&obj).into_iter().map(|s| (s, u64::MAX)));
-    }
-    let text = data.section(".text").map(|t| (t.svma, t.size));
-    data.symbols = super::symbol_table(symbols, labels, text);
+    data.symbols = symbols_of_object(&obj);
     let build_id = match obj.build_id() {
         Ok(Some(id)) => Some(id.to_vec()),
         _ => obj.mach_uuid().ok().flatten().map(|u| u.to_vec()),
@@ -174,24 +118,6 @@ pub(crate) fn parse_file(bytes: Arc<Vec<u8>>) -> Result<ParsedFile, String> {
         data,
         build_id,
         debuglink,
-    })
-}
-
-/// `NAME@plt` symbols of an ELF file (see `plt.rs`).
-fn plt_symbols_of(obj: &object::File) -> Vec<Symbol> {
-    let range = |name| obj.section_by_name(name).map(|s| (s.address(), s.size()));
-    let bytes = |name| {
-        obj.section_by_name(name)
-            .and_then(|s| s.data().ok())
-            .unwrap_or_default()
-    };
-    plt_symbols(&PltTables {
-        plt: range(".plt"),
-        plt_sec: range(".plt.sec"),
-        rela_plt: bytes(".rela.plt"),
-        dynsym: bytes(".dynsym"),
-        dynstr: bytes(".dynstr"),
-        little_endian: obj.is_little_endian(),
     })
 }
 

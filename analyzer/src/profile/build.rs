@@ -48,6 +48,9 @@ pub(crate) struct UnwoundSample {
     pub used_kernel_chain: bool,
     /// Whether the sample came unwound (a stripped trace).
     pub presymbolized: bool,
+    /// Whether its stack copy was cut short at a page its thread had never
+    /// touched ([`SampleFlags::STACK_CUT_SHORT`](lrnprof_format::SampleFlags)).
+    pub cut_short: bool,
 }
 
 /// Builds a [`Profile`]: [`add`](Self::add) every sample in trace order,
@@ -59,6 +62,8 @@ pub(crate) struct ProfileBuilder {
     frame_ids: HashMap<FrameKey, u32>,
     stacks: Vec<Stack>,
     stack_clean: Vec<u64>,
+    /// Per stack: samples cut short, and of those the clean ones.
+    stack_cut_short: Vec<(u64, u64)>,
     stack_amounts: Vec<Amounts>,
     stack_ids: HashMap<(u32, Vec<u32>), u32>,
     sequences: Vec<Vec<SequenceEntry>>,
@@ -96,6 +101,7 @@ impl ProfileBuilder {
             frame_ids: HashMap::new(),
             stacks: Vec::new(),
             stack_clean: Vec::new(),
+            stack_cut_short: Vec::new(),
             stack_amounts: Vec::new(),
             stack_ids: HashMap::new(),
             sequences: vec![Vec::new(); threads],
@@ -126,6 +132,7 @@ impl ProfileBuilder {
         let next = self.stacks.len() as u32;
         let stacks = &mut self.stacks;
         let clean = &mut self.stack_clean;
+        let cut_short = &mut self.stack_cut_short;
         let stack_amounts = &mut self.stack_amounts;
         let id = *self
             .stack_ids
@@ -139,12 +146,18 @@ impl ProfileBuilder {
                     root_samples: 0,
                 });
                 clean.push(0);
+                cut_short.push((0, 0));
                 stack_amounts.push(Amounts::default());
                 next
             });
         self.stacks[id as usize].samples += 1;
         self.stack_amounts[id as usize].add(&u.amounts);
         self.stack_clean[id as usize] += u64::from(u.clean);
+        if u.cut_short {
+            let c = &mut self.stack_cut_short[id as usize];
+            c.0 += 1;
+            c.1 += u64::from(u.clean);
+        }
         self.thread_samples[u.thread as usize] += 1;
         self.thread_amounts[u.thread as usize].add(&u.amounts);
         self.kernel_chain += u64::from(u.used_kernel_chain);
@@ -262,13 +275,19 @@ impl ProfileBuilder {
         for (s, amounts) in stacks.iter_mut().zip(&self.stack_amounts) {
             s.values = amounts.project(&self.value_kinds);
         }
-        for (s, clean) in stacks.iter_mut().zip(self.stack_clean) {
+        for ((s, clean), cut) in stacks
+            .iter_mut()
+            .zip(self.stack_clean)
+            .zip(self.stack_cut_short)
+        {
             let outer_is_root = s.locations.last().is_some_and(|&l| {
                 locations[l as usize].lines.last().is_some_and(|ll| {
                     ROOT_FUNCTIONS.contains(&functions[ll.function as usize].name.as_str())
                 })
             });
             s.root_samples = if outer_is_root { s.samples } else { clean };
+            stats.cut_short_samples += cut.0;
+            stats.cut_short_root_samples += if outer_is_root { cut.0 } else { cut.1 };
             stats.samples += s.samples;
             stats.root_samples += s.root_samples;
             threads[s.thread as usize].root_samples += s.root_samples;
@@ -289,7 +308,7 @@ impl ProfileBuilder {
             .iter()
             .zip(&image_frames)
             .map(|(img, &frames)| {
-                let has_debug_info = img.data.as_ref().is_some_and(|d| d.has_dwarf());
+                let has_debug_info = img.data.as_ref().is_some_and(|d| d.has_debug_info());
                 if frames > 0
                     && img.key.kind != lrnprof_format::ImageKind::Anonymous
                     && (img.unwind_source == Source::Missing

@@ -103,7 +103,8 @@ pub struct ImageInfo {
     pub unwind_data: String,
     /// Where symbols came from: a path, `embedded in trace`, or `missing`.
     pub symbol_data: String,
-    /// Whether DWARF debug info (file/line, inline frames) was found.
+    /// Whether debug info (file/line, inline frames) was found: DWARF, or
+    /// the frame table the recorder embedded.
     pub has_debug_info: bool,
     /// Why data is missing or a local file was refused.
     pub notes: Vec<String>,
@@ -193,6 +194,13 @@ pub struct Stats {
     pub kernel_callchain_samples: u64,
     /// Samples that came already unwound (stripped trace).
     pub presymbolized_samples: u64,
+    /// Analyzed samples whose stack copy was cut short at a stack page
+    /// their thread had never touched (the recorder then read those pages,
+    /// so that later copies of the thread go through).
+    pub cut_short_samples: u64,
+    /// Of those, the ones that still reached the thread's root (through
+    /// the kernel's frame-pointer callchain).
+    pub cut_short_root_samples: u64,
     /// Samples lost by the kernel or recorder.
     pub lost_samples: u64,
     /// Time from the first to the last record, in ns.

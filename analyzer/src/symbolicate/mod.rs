@@ -1,38 +1,29 @@
 //! Symbolication: addresses to functions, files and lines, with inline
-//! frames (addr2line), symbol tables when there is no DWARF, demangling,
-//! and perf JIT maps.
+//! frames (DWARF), symbol tables when there is no DWARF, the frame table a
+//! recorder embedded for images whose DWARF is not here, and perf JIT maps.
+//! Names are resolved by `lrnprof-image`'s [`Resolver`], the same code
+//! that built the frame table on the recording machine.
 
-mod demangle;
 mod jitmap;
 mod resolve;
 
 pub(crate) use jitmap::JitMap;
+pub use lrnprof_image::FrameLine;
 pub(crate) use resolve::{symbolicate, Resolved};
 
 use crate::address::Svma;
 use crate::image::ImageData;
 use gimli::EndianArcSlice;
 use gimli::RunTimeEndian;
-use std::borrow::Cow;
+use lrnprof_image::{load_dwarf, project_inline, Resolver};
 use std::sync::Arc;
-
-/// One function level of a location, innermost first when inlined.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct FrameLine {
-    /// Demangled function name.
-    pub function: String,
-    /// Source file, when DWARF line info was found.
-    pub file: Option<String>,
-    /// Source line, when DWARF line info was found.
-    pub line: Option<u32>,
-}
 
 type Reader = EndianArcSlice<RunTimeEndian>;
 
 /// An image's DWARF sections, copied once into shared buffers so that every
 /// worker's [`Symbolizer`] can read them.
 pub(crate) struct DwarfSections {
-    sections: Vec<(gimli::SectionId, Arc<[u8]>)>,
+    sections: Vec<(&'static str, Arc<[u8]>)>,
     endian: RunTimeEndian,
 }
 
@@ -48,12 +39,12 @@ impl DwarfSections {
             RunTimeEndian::Big
         };
         let mut sections = Vec::new();
-        // Dwarf::load asks for each section it knows once: record them.
-        let _ = gimli::Dwarf::load(|id| -> Result<(), gimli::Error> {
-            if let Some(s) = data.section(id.name()) {
-                sections.push((id, Arc::from(&s.bytes[..])));
+        // The DWARF loader asks for each section it knows once: record them.
+        let _ = load_dwarf(|name| {
+            if let Some(s) = data.section(name) {
+                sections.push((name, Arc::from(&s.bytes[..])));
             }
-            Ok(())
+            gimli::EndianSlice::new(&[][..], endian)
         });
         Some(DwarfSections { sections, endian })
     }
@@ -63,101 +54,39 @@ impl DwarfSections {
 /// one per worker and image.
 pub(crate) struct Symbolizer<'a> {
     data: &'a ImageData,
-    dwarf: Option<addr2line::Context<Reader>>,
+    resolver: Resolver<'a, Reader>,
 }
 
 impl<'a> Symbolizer<'a> {
     pub fn new(data: &'a ImageData, sections: Option<&DwarfSections>) -> Symbolizer<'a> {
         let dwarf = sections.and_then(|d| {
-            let loaded = gimli::Dwarf::load(|id| -> Result<Reader, gimli::Error> {
+            load_dwarf(|name| {
                 let bytes = d
                     .sections
                     .iter()
-                    .find(|(sid, _)| *sid == id)
+                    .find(|(n, _)| *n == name)
                     .map_or_else(|| Arc::from(&[][..]), |(_, b)| b.clone());
-                Ok(EndianArcSlice::new(bytes, d.endian))
-            });
-            loaded
-                .ok()
-                .and_then(|d| addr2line::Context::from_dwarf(d).ok())
+                EndianArcSlice::new(bytes, d.endian)
+            })
         });
-        Symbolizer { data, dwarf }
+        Symbolizer {
+            data,
+            resolver: Resolver::new(&data.symbols, dwarf),
+        }
     }
 
     /// Function levels at `svma` (a lookup address: return addresses already
-    /// moved back by one), innermost first; empty if nothing is known.
+    /// moved back by one), innermost first; empty if nothing is known. The
+    /// image's DWARF if it is here; else what the recording machine
+    /// resolved the address to, if the trace's frame table has it; else the
+    /// symbol table.
     pub fn lookup(&self, svma: Svma, inline: bool) -> Vec<FrameLine> {
         let Svma(svma) = svma;
-        let mut lines = self.lookup_dwarf(svma);
-        if !inline && lines.len() > 1 {
-            lines.drain(..lines.len() - 1);
-        }
-        let sym = self.lookup_symbol(svma);
-        match lines.last_mut() {
-            Some(outer) if outer.function.is_empty() => {
-                outer.function = sym.unwrap_or_default();
-                if outer.function.is_empty() {
-                    lines.clear();
-                }
-            }
-            Some(_) => {}
-            None => {
-                if let Some(name) = sym {
-                    lines.push(FrameLine {
-                        function: name,
-                        file: None,
-                        line: None,
-                    });
-                }
+        if !self.resolver.has_dwarf() {
+            if let Some(lines) = self.data.frames.as_ref().and_then(|t| t.get(svma)) {
+                return project_inline(lines, inline);
             }
         }
-        lines.retain(|l| !l.function.is_empty());
-        lines
-    }
-
-    fn lookup_dwarf(&self, svma: u64) -> Vec<FrameLine> {
-        let Some(ctx) = &self.dwarf else {
-            return Vec::new();
-        };
-        let mut out = Vec::new();
-        let Ok(mut frames) = ctx.find_frames(svma).skip_all_loads() else {
-            return out;
-        };
-        while let Ok(Some(frame)) = frames.next() {
-            let function = frame
-                .function
-                .as_ref()
-                .and_then(|f| {
-                    let raw = f.raw_name().ok()?;
-                    Some(
-                        addr2line::demangle_auto(Cow::Owned(raw.into_owned()), f.language)
-                            .into_owned(),
-                    )
-                })
-                .unwrap_or_default();
-            let (file, line) = match &frame.location {
-                Some(l) => (l.file.map(str::to_string), l.line),
-                None => (None, None),
-            };
-            out.push(FrameLine {
-                function,
-                file,
-                line,
-            });
-            if out.len() > 256 {
-                break;
-            }
-        }
-        out
-    }
-
-    fn lookup_symbol(&self, svma: u64) -> Option<String> {
-        let syms = &self.data.symbols;
-        let i = syms.partition_point(|s| s.svma <= svma).checked_sub(1)?;
-        let s = &syms[i];
-        if s.size != 0 && svma - s.svma >= s.size {
-            return None;
-        }
-        Some(demangle::demangle(&s.name))
+        self.resolver.lookup(svma, inline)
     }
 }

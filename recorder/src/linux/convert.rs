@@ -11,12 +11,14 @@ use super::images::Images;
 use super::parse::{self, Layouts, Mmap2Record, PerfRecord, SampleRecord};
 use super::procfs::{self, MapsEntry};
 use super::regs::ArchRegs;
+use super::touched::SampleRefs;
 use super::tracefs::SyscallPayloads;
+use super::untouched::{self, UntouchedPages};
 use crate::error::RecordError;
 use crate::report::RecordWarning;
 use crate::sink::Convert;
 use lrnprof_format::{
-    LostRecord, LostSource, Pid, ProcessEvent, ProcessRecord, Record, Sample, SampleDetail,
+    LostRecord, LostSource, Pid, ProcessEvent, ProcessRecord, Record, Regs, Sample, SampleDetail,
     SampleFlags, SampleKind, StackSnapshot, SwitchInRecord, SyscallExitRecord, ThreadEvent,
     ThreadRecord, Tid, Timestamp,
 };
@@ -102,18 +104,42 @@ pub(crate) struct Converter {
     malformed: u64,
     pids_seen: HashSet<u32>,
     priority: Option<super::sys::PriorityGuard>,
+    /// Most bytes of stack the kernel copies per sample, per event role.
+    stack_sizes: Vec<(Role, u32)>,
+    untouched: UntouchedPages,
+}
+
+/// What the converter needs to know of the sampling settings.
+#[derive(Debug, Clone)]
+pub(crate) struct ConvertSettings {
+    /// How the records of each event are laid out.
+    pub layouts: Layouts,
+    /// The registers of the recorder's architecture.
+    pub regs: ArchRegs,
+    /// The kind of every CPU sample.
+    pub sample_kind: SampleKind,
+    /// Where syscall tracepoint payloads keep their fields.
+    pub payloads: Option<SyscallPayloads>,
+    /// What to embed at the end.
+    pub embed: EmbedLevel,
+    /// Most bytes of stack copied per sample, per event role.
+    pub stack_sizes: Vec<(Role, u32)>,
+    /// Bytes per page.
+    pub page_size: u64,
 }
 
 impl Converter {
-    /// A converter for records of the events in `layouts`; CPU samples are
-    /// of `sample_kind`, syscall payloads laid out as `payloads` says.
-    pub fn new(
-        layouts: Layouts,
-        regs: ArchRegs,
-        sample_kind: SampleKind,
-        payloads: Option<SyscallPayloads>,
-        embed: EmbedLevel,
-    ) -> Converter {
+    /// A converter for records sampled with `settings`.
+    pub fn new(settings: ConvertSettings) -> Converter {
+        let ConvertSettings {
+            layouts,
+            regs,
+            sample_kind,
+            payloads,
+            embed,
+            stack_sizes,
+            page_size,
+        } = settings;
         Converter {
             layouts,
             regs,
@@ -131,7 +157,17 @@ impl Converter {
             malformed: 0,
             pids_seen: HashSet::new(),
             priority: None,
+            stack_sizes,
+            untouched: UntouchedPages::new(page_size),
         }
+    }
+
+    /// Most bytes of stack the kernel copies per sample of `role`.
+    fn stack_size(&self, role: Role) -> u32 {
+        self.stack_sizes
+            .iter()
+            .find(|(r, _)| *r == role)
+            .map_or(0, |(_, n)| *n)
     }
 
     fn push(&mut self, time: u64, record: Record) {
@@ -341,6 +377,7 @@ impl Converter {
                     }),
                 );
                 self.names.remove(&tid);
+                self.untouched.thread_exited(pid, tid);
                 if pid == tid {
                     self.regions.remove(&pid);
                     self.images.forget_process(pid);
@@ -460,16 +497,41 @@ impl Converter {
         };
         let sp = regs.sp();
         let mut live = s.stack;
+        let mut flags = SampleFlags::default();
         if let Some(end) = self.stack_end(s.pid, sp) {
             let keep = end.saturating_sub(sp).min(live.len() as u64) as usize;
             live = &live[..keep];
+            let missing = untouched::missing_range(
+                sp,
+                s.stack.len(),
+                end,
+                self.stack_size(s.role),
+                s.stack_offset,
+                self.untouched.page_size(),
+            );
+            if let Some(missing) = missing {
+                flags = SampleFlags::STACK_CUT_SHORT;
+                self.untouched.cut_short(s.pid, s.tid, missing);
+            }
         }
         self.pids_seen.insert(s.pid);
         if self.images.embedding() {
             // Return addresses are somewhere in the stack copy: any word
-            // pointing into an image marks it as needed for unwinding.
-            self.images
-                .touch_sample(s.pid, s.tid, regs.ip(), &s.callchain, sp, live);
+            // pointing into an image marks it as needed for unwinding, and
+            // its frame table resolves the word.
+            let lr = match &regs {
+                Regs::Aarch64(r) => Some(r.lr),
+                Regs::X86_64(_) => None,
+            };
+            self.images.touch_sample(&SampleRefs {
+                pid: s.pid,
+                tid: s.tid,
+                ip: regs.ip(),
+                lr,
+                callchain: &s.callchain,
+                sp,
+                stack: live,
+            });
         }
         let sample = Sample {
             time: Timestamp(s.time),
@@ -486,7 +548,7 @@ impl Converter {
             kernel_callchain: s.callchain,
             frames: Vec::new(),
             kernel_frames: Vec::new(),
-            flags: SampleFlags::default(),
+            flags,
             detail,
         };
         if s.role == Role::Switch {
@@ -572,6 +634,13 @@ impl Convert for Converter {
                 count: self.malformed,
             });
         }
+        let untouched = &self.untouched.stats;
+        if let Some(reason) = &untouched.first_error {
+            warnings.push(RecordWarning::StackPagesUnread {
+                samples: untouched.cut_short,
+                reason: reason.clone(),
+            });
+        }
         let blobs = self.images.embedded_blobs(&self.pids_seen, warnings);
         out.extend(blobs.into_iter().map(Record::Blob));
         Ok(())
@@ -589,20 +658,26 @@ mod tests {
         assert_eq!(exec_comm("./x"), "x");
     }
 
-    fn converter() -> Converter {
-        Converter::new(
-            Layouts::single(
+    fn settings() -> ConvertSettings {
+        ConvertSettings {
+            layouts: Layouts::single(
                 Role::Cpu,
                 parse::Layout {
                     sample_type: parse::sample::TID | parse::sample::TIME,
                     user_regs: 3,
                 },
             ),
-            super::super::regs::X86_64,
-            SampleKind::CpuTime,
-            None,
-            EmbedLevel::None,
-        )
+            regs: super::super::regs::X86_64,
+            sample_kind: SampleKind::CpuTime,
+            payloads: None,
+            embed: EmbedLevel::None,
+            stack_sizes: vec![(Role::Cpu, 65528)],
+            page_size: 4096,
+        }
+    }
+
+    fn converter() -> Converter {
+        Converter::new(settings())
     }
 
     fn lost_at(c: &mut Converter, t: u64) {
@@ -687,13 +762,11 @@ mod tests {
     #[rustfmt::skip]
     #[test]
     fn syscalls_and_switches_become_event_records() {
-        let mut c = Converter::new(
-            parse::tests::multi(),
-            super::super::regs::X86_64,
-            SampleKind::CpuTime,
-            Some(SyscallPayloads { enter_id: 8, enter_args: 16, exit_id: 8, exit_ret: 16 }),
-            EmbedLevel::None,
-        );
+        let mut c = Converter::new(ConvertSettings {
+            layouts: parse::tests::multi(),
+            payloads: Some(SyscallPayloads { enter_id: 8, enter_args: 16, exit_id: 8, exit_ret: 16 }),
+            ..settings()
+        });
         let mut chunk = parse::tests::syscall_enter_record();     // write(3, 0x1000, 5) at 7000
         let mut exit = ids(3, 7500, true);
         exit.extend(28u32.to_ne_bytes());                         // raw size: 24 + 4 padding

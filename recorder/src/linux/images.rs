@@ -1,13 +1,16 @@
 //! The images of each recorded process: their build ids (from the kernel,
 //! the ELF file or the vDSO's memory), which ones samples touched, and
-//! what of them to embed when recording ends. Runs on the writer thread.
+//! what of them to embed when recording ends: their sections, and a frame
+//! table of the addresses the trace refers to. Runs on the writer thread.
 
 use super::procfs::{self, MapsEntry};
 use super::sys;
+use super::touched::{SampleRefs, Touched};
 use crate::report::RecordWarning;
 use lrnprof_format::{Blob, BlobKind, BuildId, ImageKind, ImageMapRecord, Pid, Record, Timestamp};
 use lrnprof_image::{
-    blobs_for_open_file, build_id_of_bytes, build_id_of_file, split_blob, EmbedLevel, MAX_BLOB_PART,
+    blobs_for_open_file, build_id_of_bytes, build_id_of_file, frame_table_for_file, split_blob,
+    EmbedLevel, FrameRequest, FRAMES_TABLE, MAX_BLOB_PART,
 };
 use std::collections::{HashMap, HashSet};
 use std::os::unix::fs::MetadataExt;
@@ -28,14 +31,11 @@ pub(crate) struct SeenImage {
     pub kind: ImageKind,
 }
 
-/// An image's range in one process, for [`Images::touch`].
-struct TouchRange {
-    start: u64,
-    end: u64,
-    id: BuildId,
-    /// Whether `id` is already in the touched set.
-    touched: bool,
-}
+/// Most bytes of one image's frame table, and of all of them: past it the
+/// addresses left out are named from the image's symbol table only, and
+/// the recorder says so.
+const MAX_FRAME_TABLE_BYTES: usize = 4 << 20;
+const MAX_FRAME_TABLES_BYTES: usize = 16 << 20;
 
 /// Image book-keeping for the converter.
 pub(crate) struct Images {
@@ -48,20 +48,10 @@ pub(crate) struct Images {
     seen: HashMap<BuildId, SeenImage>,
     /// vDSO bytes by build id.
     vdso: HashMap<BuildId, Vec<u8>>,
-    /// Per process: image ranges sorted by start, with their build ids,
-    /// to find the images samples touch. Rebuilt when marked dirty.
-    touch_index: HashMap<u32, Vec<TouchRange>>,
-    dirty_index: HashSet<u32>,
-    touched: HashSet<BuildId>,
-    /// Each thread's previous stack copy (start AVMA, bytes), so only the
-    /// words that changed are looked up.
-    prev_stacks: HashMap<(u32, u32), (u64, Vec<u8>)>,
+    /// What samples touched.
+    touched: Touched,
     open_files: usize,
 }
-
-/// Keep at most this many threads' previous stack copies (64 KiB each at
-/// most); past it they are forgotten and the next copies scanned whole.
-const MAX_PREV_STACKS: usize = 4096;
 
 impl Images {
     /// No images yet; embed at `embed` when asked.
@@ -72,10 +62,8 @@ impl Images {
             build_ids: HashMap::new(),
             seen: HashMap::new(),
             vdso: HashMap::new(),
-            touch_index: HashMap::new(),
-            dirty_index: HashSet::new(),
-            touched: HashSet::new(),
-            prev_stacks: HashMap::new(),
+            // Frame tables name frames: they come with symbols.
+            touched: Touched::new(embed >= EmbedLevel::Symbols),
             open_files: 0,
         }
     }
@@ -91,14 +79,13 @@ impl Images {
         let list = self.process_images.entry(m.pid.0).or_default();
         list.retain(|old| old.end <= m.start || old.start >= m.end);
         list.push(m.clone());
-        self.dirty_index.insert(m.pid.0);
+        self.touched.mappings_changed(m.pid.0);
     }
 
     /// The process's address space is gone (exit) or replaced (exec).
     pub fn forget_process(&mut self, pid: u32) {
         self.process_images.remove(&pid);
-        self.touch_index.remove(&pid);
-        self.dirty_index.insert(pid);
+        self.touched.mappings_changed(pid);
     }
 
     /// The images of `parent`, as records for its new child `child` at `time`.
@@ -117,93 +104,10 @@ impl Images {
             .collect()
     }
 
-    /// Note the images a sample of thread `tid` refers to: its instruction
-    /// pointer, its callchain, and the words of its stack copy (`stack`,
-    /// starting at AVMA `sp`). Only words that changed since the thread's
-    /// previous copy are looked up: an unchanged word was looked up when it
-    /// first appeared, and every copy is scanned whole again after the
-    /// process's images change. Consecutive copies share most of their
-    /// words, so this is most of the recorder's per-sample work saved.
-    pub fn touch_sample(
-        &mut self,
-        pid: u32,
-        tid: u32,
-        ip: u64,
-        callchain: &[u64],
-        sp: u64,
-        stack: &[u8],
-    ) {
-        if self.dirty_index.contains(&pid) {
-            self.prev_stacks.retain(|&(p, _), _| p != pid);
-        }
-        let prev = self.prev_stacks.remove(&(pid, tid));
-        let words = changed_words(sp, stack, prev.as_ref());
-        let addrs = std::iter::once(ip)
-            .chain(callchain.iter().copied())
-            .chain(words);
-        self.touch(pid, addrs);
-        let mut bytes = prev.map(|(_, b)| b).unwrap_or_default();
-        bytes.clear();
-        bytes.extend_from_slice(stack);
-        if self.prev_stacks.len() >= MAX_PREV_STACKS {
-            self.prev_stacks.clear();
-        }
-        self.prev_stacks.insert((pid, tid), (sp, bytes));
-    }
-
-    /// Note that process `pid` refers to each of `addrs`: the images
-    /// holding them are embedded at the end. Only images not yet touched
-    /// are looked up, without hashing per address.
-    pub fn touch(&mut self, pid: u32, addrs: impl IntoIterator<Item = u64>) {
-        if self.dirty_index.remove(&pid) {
-            let mut ranges: Vec<TouchRange> = self
-                .process_images
-                .get(&pid)
-                .into_iter()
-                .flatten()
-                .filter_map(|m| {
-                    let id = m.build_id.as_ref()?;
-                    (!self.touched.contains(id)).then(|| TouchRange {
-                        start: m.start,
-                        end: m.end,
-                        touched: false,
-                        id: id.clone(),
-                    })
-                })
-                .collect();
-            ranges.sort_by_key(|r| r.start);
-            self.touch_index.insert(pid, ranges);
-        }
-        let Some(ranges) = self.touch_index.get_mut(&pid) else {
-            return;
-        };
-        let (Some(lo), Some(hi)) = (
-            ranges.first().map(|r| r.start),
-            ranges.iter().map(|r| r.end).max(),
-        ) else {
-            return;
-        };
-        let mut newly_touched = false;
-        for addr in addrs {
-            if addr < lo || addr >= hi {
-                continue;
-            }
-            let i = ranges.partition_point(|r| r.start <= addr);
-            if i == 0 {
-                continue;
-            }
-            let r = &mut ranges[i - 1];
-            if addr < r.end && !r.touched {
-                r.touched = true;
-                newly_touched = true;
-                self.touched.insert(r.id.clone());
-            }
-        }
-        // The index keeps only images not touched yet, so words pointing
-        // into images already known cost nothing more than the bounds test.
-        if newly_touched {
-            ranges.retain(|r| !r.touched);
-        }
+    /// Note the images a sample refers to, and the code addresses in them
+    /// (see [`Touched`]).
+    pub fn touch_sample(&mut self, sample: &SampleRefs<'_>) {
+        self.touched.sample(&self.process_images, sample);
     }
 
     /// The blobs to embed: sections of every touched image, the vDSO's
@@ -218,9 +122,8 @@ impl Images {
         if self.embed == EmbedLevel::None {
             return out;
         }
-        let mut ids: Vec<&BuildId> = self.touched.iter().collect();
-        ids.sort();
-        for id in ids {
+        let mut table_budget = MAX_FRAME_TABLES_BYTES;
+        for id in self.touched.touched_ids() {
             let Some(image) = self.seen.get(id) else {
                 continue;
             };
@@ -236,7 +139,12 @@ impl Images {
                         blobs_for_open_file(f, id, self.embed).map_err(|e| e.to_string())
                     });
                     match result {
-                        Ok(blobs) => out.extend(blobs),
+                        Ok(blobs) => {
+                            out.extend(blobs);
+                            let (table, w) = self.frame_table(id, image, file, &mut table_budget);
+                            out.extend(table);
+                            warnings.extend(w);
+                        }
                         Err(reason) => warnings.push(RecordWarning::NotEmbedded {
                             path: image.path.clone(),
                             reason,
@@ -247,8 +155,18 @@ impl Images {
                     let reopened = std::fs::File::open(&image.path).ok().filter(|_| {
                         build_id_of_file(std::path::Path::new(&image.path)).as_ref() == Some(id)
                     });
-                    match reopened.map(|f| blobs_for_open_file(f, id, self.embed)) {
-                        Some(Ok(blobs)) => out.extend(blobs),
+                    let blobs = reopened.map(|f| {
+                        let blobs = blobs_for_open_file(f.try_clone()?, id, self.embed)
+                            .map_err(std::io::Error::other)?;
+                        Ok::<_, std::io::Error>((f, blobs))
+                    });
+                    match blobs {
+                        Some(Ok((file, blobs))) => {
+                            out.extend(blobs);
+                            let (table, w) = self.frame_table(id, image, &file, &mut table_budget);
+                            out.extend(table);
+                            warnings.extend(w);
+                        }
                         _ => warnings.push(RecordWarning::NotEmbedded {
                             path: image.path.clone(),
                             reason: "the file is gone or changed".into(),
@@ -274,6 +192,64 @@ impl Images {
             }
         }
         out
+    }
+
+    /// The frame table of image `id` (its file `file`), within what is
+    /// left of `budget` bytes, and a warning if addresses were left out.
+    fn frame_table(
+        &self,
+        id: &BuildId,
+        image: &SeenImage,
+        file: &std::fs::File,
+        budget: &mut usize,
+    ) -> (Vec<Blob>, Option<RecordWarning>) {
+        let lookups = match self.touched.image(id) {
+            Some(t) if self.embed >= EmbedLevel::Symbols => t.lookups(),
+            _ => Vec::new(),
+        };
+        if lookups.is_empty() {
+            return (Vec::new(), None);
+        }
+        let incomplete = |reason: String| {
+            Some(RecordWarning::FrameTableIncomplete {
+                path: image.path.clone(),
+                reason,
+            })
+        };
+        let file = match file.try_clone() {
+            Ok(f) => f,
+            Err(e) => return (Vec::new(), incomplete(e.to_string())),
+        };
+        let path = image.path.strip_suffix(" (deleted)").unwrap_or(&image.path);
+        let built = frame_table_for_file(FrameRequest {
+            file,
+            path,
+            build_id: id,
+            file_offsets: &lookups,
+            max_bytes: MAX_FRAME_TABLE_BYTES.min(*budget),
+            debug_roots: &[],
+        });
+        let built = match built {
+            Ok(Some(built)) => built,
+            Ok(None) => return (Vec::new(), None),
+            Err(e) => return (Vec::new(), incomplete(e.to_string())),
+        };
+        *budget = budget.saturating_sub(built.bytes.len());
+        let kind = BlobKind::Table {
+            name: FRAMES_TABLE.to_string(),
+        };
+        let blobs = split_blob(id, kind, false, built.bytes, MAX_BLOB_PART);
+        let left_out = built.left_out as u64 + self.touched.image(id).map_or(0, |t| t.left_out);
+        let warning = (left_out > 0).then(|| {
+            incomplete(format!(
+                "{left_out} of {} code addresses left out (frame tables are capped at {} KiB \
+                 per image and {} KiB in all); those are named from its symbol table only",
+                left_out + built.addresses as u64,
+                MAX_FRAME_TABLE_BYTES >> 10,
+                MAX_FRAME_TABLES_BYTES >> 10
+            ))
+        });
+        (blobs, warning.flatten())
     }
 
     pub fn record_from_maps(&mut self, t: u64, pid: u32, m: &MapsEntry) -> Option<Record> {
@@ -416,26 +392,6 @@ pub(crate) fn image_kind(path: &str) -> ImageKind {
     }
 }
 
-/// The words of `stack` (starting at AVMA `sp`) that differ from the
-/// previous copy `prev` at the same address, as native-endian values.
-fn changed_words<'a>(
-    sp: u64,
-    stack: &'a [u8],
-    prev: Option<&'a (u64, Vec<u8>)>,
-) -> impl Iterator<Item = u64> + 'a {
-    stack.chunks_exact(8).enumerate().filter_map(move |(i, w)| {
-        let addr = sp.wrapping_add(8 * i as u64);
-        let same = prev.is_some_and(|(start, bytes)| {
-            addr.checked_sub(*start)
-                .filter(|off| off.is_multiple_of(8))
-                .and_then(|off| usize::try_from(off).ok())
-                .and_then(|off| bytes.get(off..off + 8))
-                .is_some_and(|p| p == w)
-        });
-        (!same).then(|| u64::from_ne_bytes(w.try_into().expect("8 bytes")))
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -464,49 +420,84 @@ mod tests {
     }
 
     #[test]
-    fn touches_find_the_image_holding_an_address() {
+    fn a_mapping_over_another_replaces_it_for_samples() {
         let mut images = Images::new(EmbedLevel::Symbols);
         images.remember(&map(1, 0x1000, 0x2000, 1));
         images.remember(&map(1, 0x5000, 0x6000, 2));
-        images.touch(1, [0x5fff, 0x3000]); // in the second image; between images
-        images.touch(2, [0x1000]); // another process
-        assert_eq!(images.touched, HashSet::from([BuildId(vec![2])]));
-        // A new mapping over the first replaces it.
         images.remember(&map(1, 0x1000, 0x2000, 3));
-        images.touch(1, [0x1800]);
-        assert!(images.touched.contains(&BuildId(vec![3])));
-        assert!(!images.touched.contains(&BuildId(vec![1])));
+        images.touch_sample(&SampleRefs {
+            pid: 1,
+            tid: 1,
+            ip: 0x1800,
+            lr: None,
+            callchain: &[],
+            sp: 0,
+            stack: &[],
+        });
+        let ids: Vec<&BuildId> = images.touched.touched_ids();
+        assert_eq!(ids, [&BuildId(vec![3])]);
     }
 
+    /// This test binary, as if mapped in a process of ours: its sections
+    /// and the frame table of a sampled address are embedded.
     #[test]
-    fn only_changed_stack_words_are_looked_up_until_the_images_change() {
+    fn a_touched_image_with_dwarf_gets_a_frame_table() {
+        let exe = std::env::current_exe().unwrap();
+        let path = exe.to_str().unwrap();
+        let pid = std::process::id();
         let mut images = Images::new(EmbedLevel::Symbols);
-        images.remember(&map(1, 0x1000, 0x2000, 1));
-        let words = |w: &[u64]| w.iter().flat_map(|x| x.to_ne_bytes()).collect::<Vec<u8>>();
-        // First copy: a word into image 1 is found.
-        images.touch_sample(1, 7, 0, &[], 0x8000, &words(&[0x1234, 0x9999]));
-        assert!(images.touched.contains(&BuildId(vec![1])));
-        // Image 2 is mapped where an unchanged word of the next copy
-        // already pointed: the images changed, so the copy is scanned whole.
-        images.remember(&map(1, 0x9000, 0xa000, 2));
-        images.touch_sample(1, 7, 0, &[], 0x8000, &words(&[0x1234, 0x9999]));
-        assert!(images.touched.contains(&BuildId(vec![2])));
-        // Words equal to the previous copy's at the same address are skipped,
-        // changed and new words are looked up (here, one sp lower).
-        images.remember(&map(1, 0xb000, 0xc000, 3));
-        images.touch_sample(1, 7, 0, &[], 0x8000, &words(&[0x1234, 0x9999]));
-        images.remember(&map(1, 0xd000, 0xe000, 4));
-        images.touch_sample(1, 7, 0, &[], 0x8000, &words(&[0x1234, 0x9999]));
-        assert!(!images.touched.contains(&BuildId(vec![3])));
-        images.touch_sample(1, 7, 0, &[], 0x7ff8, &words(&[0xb010, 0x1234, 0x9999]));
-        assert!(images.touched.contains(&BuildId(vec![3])));
-        assert!(!images.touched.contains(&BuildId(vec![4])));
-        // changed_words itself: only the differing, aligned words.
-        let prev = (0x100u64, words(&[1, 2, 3]));
-        let changed: Vec<u64> = changed_words(0xf8, &words(&[9, 1, 5, 3]), Some(&prev)).collect();
-        assert_eq!(changed, vec![9, 5]);
-        let misaligned: Vec<u64> = changed_words(0x104, &words(&[1, 2]), Some(&prev)).collect();
-        assert_eq!(misaligned, vec![1, 2]);
+        // Mapped from file offset 0 at 0x10000: an AVMA is 0x10000 + offset.
+        let Some(Record::ImageMap(m)) =
+            images.record(1, pid, 0x10000, 0x10000 + (64 << 20), 0, path, None)
+        else {
+            panic!("no image record");
+        };
+        let Some(id) = m.build_id.clone() else {
+            // Like the end-to-end tests: under CI a check not made fails.
+            let ci = std::env::var("CI").is_ok_and(|v| v.eq_ignore_ascii_case("true") || v == "1");
+            assert!(!ci, "this test binary has no build id");
+            return;
+        };
+        images.remember(&m);
+        // Some code address: where this function's code is, in the file.
+        let here = a_touched_image_with_dwarf_gets_a_frame_table as *const () as usize as u64;
+        let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+        let offset = maps
+            .lines()
+            .find_map(|l| {
+                let e = &procfs::parse_maps(l)[0];
+                (e.start <= here && here < e.end && e.path == path)
+                    .then(|| here - e.start + e.offset)
+            })
+            .expect("this function's mapping");
+        images.touch_sample(&SampleRefs {
+            pid,
+            tid: pid,
+            ip: 0x10000 + offset,
+            lr: None,
+            callchain: &[],
+            sp: 0,
+            stack: &[],
+        });
+        let mut warnings = Vec::new();
+        let blobs = images.embedded_blobs(&HashSet::new(), &mut warnings);
+        assert!(warnings.is_empty(), "{warnings:?}");
+        let table = blobs
+            .iter()
+            .find(|b| {
+                b.build_id == id
+                    && matches!(&b.kind, BlobKind::Table { name } if name == FRAMES_TABLE)
+            })
+            .expect("a frame table");
+        let table = lrnprof_image::FrameTable::parse(&table.data).unwrap();
+        assert_eq!(table.len(), 1);
+        let lines = &table.entries()[0].1;
+        assert!(
+            lines.last().is_some_and(|l| l
+                .function
+                .ends_with("a_touched_image_with_dwarf_gets_a_frame_table")),
+            "{lines:?}"
+        );
     }
 
     #[test]

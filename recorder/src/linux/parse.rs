@@ -153,6 +153,10 @@ pub(crate) struct SampleRecord<'a> {
     pub regs: Vec<u64>,
     /// The live part of the stack copy (`dyn_size` bytes).
     pub stack: &'a [u8],
+    /// Offset of the stack copy's size field in the record (perf header
+    /// included): the bytes of the record before the copy, which the
+    /// kernel subtracts from a record's 64 KiB when it sizes the copy.
+    pub stack_offset: usize,
 }
 
 /// A `PERF_RECORD_MMAP2` (or `PERF_RECORD_MMAP`).
@@ -446,6 +450,8 @@ fn parse_sample<'a>(layout: &Layout, c: &mut Cursor<'a>) -> Result<SampleRecord<
         }
     }
     if t & sample::STACK_USER != 0 {
+        // The cursor reads the body, after the 8-byte perf header.
+        s.stack_offset = 8 + c.pos;
         let size = c.u64()? as usize;
         if size != 0 {
             let data = c.bytes(size)?;
@@ -596,6 +602,8 @@ pub(crate) mod tests {
         assert_eq!(s.callchain, [0x401000, 0x401100]);
         assert_eq!(s.regs, [0x7ff0, 0x7fe0, 0x401000]);
         assert_eq!(s.stack, &[7u8; 8]);
+        // header 8, pid/tid 8, time 8, cpu 8, period 8, callchain 32, regs 32
+        assert_eq!(s.stack_offset, 104);
     }
 
     /// The fuzz target's checks hold on what the kernel writes: samples

@@ -448,3 +448,43 @@ pub(crate) fn read_process_memory(pid: u32, addr: u64, len: usize) -> io::Result
     file.read_exact_at(&mut buf, addr)?;
     Ok(buf)
 }
+
+/// Read one byte at each address of `addrs` from process `pid` with
+/// `process_vm_readv`, which only reads: the target's memory is never
+/// written. Pages not yet present in the target are faulted in for
+/// reading (an untouched anonymous page becomes the shared zero page).
+/// Returns how many addresses were read before the first that could not be.
+pub(crate) fn read_one_byte_each(pid: u32, addrs: &[u64]) -> io::Result<usize> {
+    if addrs.is_empty() {
+        return Ok(0);
+    }
+    let mut buf = vec![0u8; addrs.len()];
+    let local = libc::iovec {
+        iov_base: buf.as_mut_ptr().cast(),
+        iov_len: buf.len(),
+    };
+    let remote: Vec<libc::iovec> = addrs
+        .iter()
+        .map(|&a| libc::iovec {
+            iov_base: a as usize as *mut libc::c_void,
+            iov_len: 1,
+        })
+        .collect();
+    // Safety: `local` describes `buf`, which lives until the call returns;
+    // the remote iovecs are addresses in the other process, which the
+    // kernel checks and never dereferences in ours.
+    let n = unsafe {
+        libc::process_vm_readv(
+            pid as libc::pid_t,
+            &local,
+            1,
+            remote.as_ptr(),
+            remote.len() as libc::c_ulong,
+            0,
+        )
+    };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(n as usize)
+}

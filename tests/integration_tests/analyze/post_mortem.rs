@@ -308,3 +308,135 @@ fn code_without_function_symbols_is_named_locally_and_offline() {
     }
     remove_scratch_dir(&dir);
 }
+
+/// The three outputs of `trace` with `extra` flags: folded text, pprof
+/// bytes (gzip with mtime 0: deterministic), speedscope JSON.
+fn all_outputs(trace: &Path, extra: &[&str]) -> [Vec<u8>; 3] {
+    ["folded", "pprof", "speedscope"].map(|format| {
+        let mut args = vec![trace.to_str().unwrap(), "--format", format, "-o", "-"];
+        args.extend(extra);
+        ok(&args).stdout
+    })
+}
+
+/// Bytes of the frame tables and of everything else embedded in `trace`.
+fn embedded_bytes(trace: &Path) -> (u64, u64) {
+    let reader = TraceReader::open(trace).unwrap();
+    let (mut tables, mut rest) = (0, 0);
+    for r in reader.records() {
+        if let lrnprof_format::Record::Blob(b) = r.unwrap() {
+            match b.kind {
+                lrnprof_format::BlobKind::Table { .. } => tables += b.data.len() as u64,
+                _ => rest += b.data.len() as u64,
+            }
+        }
+    }
+    (tables, rest)
+}
+
+/// Whether this machine has libc's separate debug file (Debian:
+/// libc6-dbg), which alone names libc's thread entry (`start_thread`).
+fn libc_has_debug_file() -> bool {
+    use object::Object;
+    let Ok(maps) = std::fs::read_to_string("/proc/self/maps") else {
+        return false;
+    };
+    let Some(libc) = maps
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(5))
+        .find(|p| p.contains("/libc.so"))
+    else {
+        return false;
+    };
+    let Ok(bytes) = std::fs::read(libc) else {
+        return false;
+    };
+    let Some(id) = object::File::parse(&*bytes)
+        .ok()
+        .and_then(|f| f.build_id().ok().flatten())
+    else {
+        return false;
+    };
+    let hex: String = id.iter().map(|b| format!("{b:02x}")).collect();
+    Path::new(&format!(
+        "/usr/lib/debug/.build-id/{}/{}.debug",
+        &hex[..2],
+        &hex[2..]
+    ))
+    .exists()
+}
+
+/// Record `exe` (living in `app`) with the recorder's defaults, analyze
+/// it, delete `app`, analyze it `--offline`: the folded text, the pprof
+/// profile (functions, inline frames, file:line, mappings) and the
+/// speedscope profile are byte for byte the same. Returns the folded text.
+fn same_profile_without_the_files(dir: &Path, app: &Path, exe: &Path) -> String {
+    let trace = record(dir, "t", &[], exe, &["1500"]);
+    let before = all_outputs(&trace, &[]);
+    std::fs::remove_dir_all(app).unwrap();
+    let after = all_outputs(&trace, &["--offline"]);
+    let folded = String::from_utf8(before[0].clone()).unwrap();
+    assert_eq!(String::from_utf8(after[0].clone()).unwrap(), folded);
+    assert!(after[1] == before[1], "pprof output differs offline");
+    assert!(after[2] == before[2], "speedscope output differs offline");
+    let json = String::from_utf8(after[2].clone()).unwrap();
+    assert!(json.contains("\"line\":"), "no file:line: {json}");
+    // What it costs: the frame tables add less than the rest of what is
+    // embedded, so the default stays within twice what it was without them.
+    let (tables, rest) = embedded_bytes(&trace);
+    assert!(
+        tables > 0 && tables <= rest,
+        "{tables} bytes of tables, {rest} of the rest"
+    );
+    if libc_has_debug_file() {
+        assert!(folded.contains(";start_thread;"), "{folded}");
+    } else {
+        lrnprof_tests::cannot_check(
+            "libc has no debug file here to name start_thread (Debian: libc6-dbg)",
+        );
+    }
+    folded
+}
+
+#[test]
+fn default_trace_gives_the_same_c_profile_without_the_files() {
+    require_perf!();
+    let dir = scratch_dir("an-same-c");
+    let app = dir.join("app");
+    std::fs::create_dir_all(&app).unwrap();
+    let exe = build_c(&["an_threads_inline.c"], NO_FP, &app, "an_threads_inline");
+    let folded = same_profile_without_the_files(&dir, &app, &exe);
+    // Static helpers inlined into their callers, named from DWARF only.
+    assert!(
+        folded.contains(";worker_main;crunch;mix_round "),
+        "{folded}"
+    );
+    assert!(folded.contains(";main;checksum "), "{folded}");
+    remove_scratch_dir(&dir);
+}
+
+#[test]
+fn default_trace_gives_the_same_rust_profile_without_the_files() {
+    require_perf!();
+    let dir = scratch_dir("an-same-rs");
+    let app = dir.join("app");
+    std::fs::create_dir_all(&app).unwrap();
+    let exe = lrnprof_tests::build_rust(
+        "an_threads_inline.rs",
+        &["--edition", "2021", "-O", "-g"],
+        &app,
+        "an_threads_inline_rs",
+    );
+    let folded = same_profile_without_the_files(&dir, &app, &exe);
+    // Inlined functions, closures and the standard library's generic
+    // code, named from DWARF only.
+    assert!(
+        folded.contains("an_threads_inline::crunch::{{closure}};an_threads_inline::mix_round;"),
+        "{folded}"
+    );
+    assert!(
+        folded.contains(";an_threads_inline::main;an_threads_inline::checksum;"),
+        "{folded}"
+    );
+    remove_scratch_dir(&dir);
+}

@@ -1,7 +1,7 @@
 //! Demangling of symbol-table names (Rust legacy and v0, C++ Itanium).
 
 /// The readable form of `name`, or `name` itself.
-pub(crate) fn demangle(name: &str) -> String {
+pub fn demangle(name: &str) -> String {
     if let Ok(d) = rustc_demangle::try_demangle(name) {
         // `{:#}` drops the legacy hash suffix.
         return format!("{d:#}");

@@ -12,7 +12,7 @@ use object::Endianness;
 /// section, see `symbol_table`), of a 64-bit ELF symbol table `syms` with
 /// string table `strs`. Entries that are neither, or whose name cannot be
 /// read, are skipped; a partial entry at the end is ignored.
-pub(crate) fn parse_elf64_symbols(
+pub fn parse_elf64_symbols(
     syms: &[u8],
     strs: &[u8],
     little_endian: bool,

@@ -17,7 +17,7 @@ const SYM_SIZE: usize = 24;
 
 /// Where an image's PLT lies, and the tables that name its stubs.
 #[derive(Debug, Default)]
-pub(crate) struct PltTables<'a> {
+pub struct PltTables<'a> {
     /// `.plt`: (SVMA, size). A header (16 bytes on x86_64, 32 on AArch64)
     /// precedes the stubs.
     pub plt: Option<(u64, u64)>,
@@ -30,6 +30,7 @@ pub(crate) struct PltTables<'a> {
     pub dynsym: &'a [u8],
     /// `.dynstr` bytes.
     pub dynstr: &'a [u8],
+    /// Byte order of the tables.
     pub little_endian: bool,
 }
 
@@ -37,7 +38,7 @@ pub(crate) struct PltTables<'a> {
 /// names a symbol. Nothing when the sections' sizes do not match the
 /// relocation count (another stub size or layout): no name is better than
 /// a wrong one.
-pub(crate) fn plt_symbols(t: &PltTables) -> Vec<Symbol> {
+pub fn plt_symbols(t: &PltTables) -> Vec<Symbol> {
     // The tables are byte slices at any alignment: read fields by hand.
     let u32_at = |b: &[u8]| {
         let a = [b[0], b[1], b[2], b[3]];

@@ -1,0 +1,76 @@
+//! Separate debug files: where a distribution keeps the DWARF and the full
+//! symbol table of a stripped image (Debian's `*-dbg` and `*-dbgsym`
+//! packages, Fedora's `debuginfo`): the build-id tree and the places
+//! `.gnu_debuglink` names.
+
+use std::path::{Path, PathBuf};
+
+/// Where a separate debug file for the image at `path` (as the process
+/// mapped it) may be, in the order to try: the build-id tree
+/// (`usr/lib/debug/.build-id/xx/rest.debug`), then the `.gnu_debuglink`
+/// places (next to the image, its `.debug/` directory,
+/// `usr/lib/debug/DIR/`), each under `/` first and then under each of
+/// `roots`. A candidate is only a place: its build id must still be
+/// checked.
+pub fn debug_file_candidates(
+    path: &str,
+    build_id: Option<&lrnprof_format::BuildId>,
+    debuglink: Option<&str>,
+    roots: &[PathBuf],
+) -> Vec<PathBuf> {
+    let mut all_roots = vec![PathBuf::from("/")];
+    all_roots.extend(roots.iter().cloned());
+    let mut candidates = Vec::new();
+    if let Some(id) = build_id {
+        let hex = id.to_hex();
+        if hex.len() > 2 {
+            for root in &all_roots {
+                candidates.push(
+                    root.join("usr/lib/debug/.build-id")
+                        .join(&hex[..2])
+                        .join(format!("{}.debug", &hex[2..])),
+                );
+            }
+        }
+    }
+    let dir = Path::new(path).parent().map(Path::to_path_buf);
+    if let (Some(link), Some(dir)) = (debuglink, dir) {
+        candidates.push(dir.join(link));
+        candidates.push(dir.join(".debug").join(link));
+        let rel = dir.strip_prefix("/").unwrap_or(&dir);
+        for root in &all_roots {
+            candidates.push(root.join("usr/lib/debug").join(rel).join(link));
+        }
+    }
+    candidates
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use lrnprof_format::BuildId;
+
+    #[test]
+    fn build_id_tree_then_debuglink_places() {
+        let id = BuildId(vec![0x93, 0xac, 0x61]);
+        let c = debug_file_candidates(
+            "/usr/lib/x86_64-linux-gnu/libc.so.6",
+            Some(&id),
+            Some("libc.so.6.debug"),
+            &[PathBuf::from("/srv/root")],
+        );
+        let c: Vec<&str> = c.iter().map(|p| p.to_str().unwrap()).collect();
+        assert_eq!(
+            c,
+            [
+                "/usr/lib/debug/.build-id/93/ac61.debug",
+                "/srv/root/usr/lib/debug/.build-id/93/ac61.debug",
+                "/usr/lib/x86_64-linux-gnu/libc.so.6.debug",
+                "/usr/lib/x86_64-linux-gnu/.debug/libc.so.6.debug",
+                "/usr/lib/debug/usr/lib/x86_64-linux-gnu/libc.so.6.debug",
+                "/srv/root/usr/lib/debug/usr/lib/x86_64-linux-gnu/libc.so.6.debug",
+            ]
+        );
+        assert!(debug_file_candidates("x", None, None, &[]).is_empty());
+    }
+}

@@ -1,0 +1,331 @@
+//! Building an image's frame table from its file: the addresses a trace
+//! can need, each resolved once as the analyzer would resolve it with the
+//! same files (the image's symbol table merged with its separate debug
+//! file's, and the DWARF of whichever of the two has it).
+
+use super::FrameTable;
+use crate::debug_file::debug_file_candidates;
+use crate::layout::Layout;
+use crate::resolve::{load_dwarf, FrameLine, Resolver};
+use crate::sections::{canonical_section_name, DEBUG_SECTION_PREFIX};
+use crate::symbols::{merge_symbols, symbols_of_object};
+use crate::ImageError;
+use gimli::{EndianSlice, RunTimeEndian};
+use lrnprof_format::BuildId;
+use object::{Object, ObjectSection, ReadCache, ReadRef, SectionKind};
+use std::borrow::Cow;
+use std::collections::{HashMap, HashSet};
+use std::fs::File;
+use std::path::PathBuf;
+
+/// Most bytes of DWARF sections (decompressed) read to build one image's
+/// table, which the recorder holds in memory while it resolves: past it
+/// the image gets no table (its symbol tables still name its frames).
+pub const MAX_DWARF_BYTES: u64 = 512 << 20;
+
+/// What to build a frame table of.
+#[derive(Debug)]
+pub struct FrameRequest<'a> {
+    /// The image file (for instance kept open since the image was mapped).
+    pub file: File,
+    /// The image's path as the process mapped it: where `.gnu_debuglink`
+    /// names are looked for.
+    pub path: &'a str,
+    /// The image's build id; a debug file is used only if it has the same.
+    pub build_id: &'a BuildId,
+    /// The addresses to resolve, as offsets in the file: instruction
+    /// pointers as they are, return addresses minus one (inside their
+    /// call instruction). In order of importance: when the table would
+    /// exceed `max_bytes`, the last ones are left out.
+    pub file_offsets: &'a [u64],
+    /// Most bytes of table.
+    pub max_bytes: usize,
+    /// Roots besides `/` under which to look for debug files.
+    pub debug_roots: &'a [PathBuf],
+}
+
+/// A table built by [`frame_table_for_file`].
+#[derive(Debug, Clone)]
+pub struct FrameTableBuilt {
+    /// Its bytes ([`FrameTable::to_bytes`]).
+    pub bytes: Vec<u8>,
+    /// Addresses in the table.
+    pub addresses: usize,
+    /// Addresses left out to stay within `max_bytes`.
+    pub left_out: usize,
+    /// The separate debug file that was read, if any.
+    pub debug_file: Option<PathBuf>,
+}
+
+/// The DWARF sections of a parsed file, by canonical name (`.debug_info`),
+/// without the empty ones and those without bytes in the file.
+fn dwarf_sections<'data, R: ReadRef<'data>>(
+    obj: &object::File<'data, R>,
+) -> HashMap<String, Cow<'data, [u8]>> {
+    obj.sections()
+        .filter(|s| s.kind() != SectionKind::UninitializedData)
+        .filter_map(|s| {
+            let name = canonical_section_name(s.name().ok()?, false);
+            if !name.starts_with(DEBUG_SECTION_PREFIX) {
+                return None;
+            }
+            let data = s.uncompressed_data().ok()?;
+            (!data.is_empty()).then(|| (name.into_owned(), data))
+        })
+        .collect()
+}
+
+/// Bytes of the DWARF sections of `obj`, decompressed.
+fn dwarf_size<'data, R: ReadRef<'data>>(obj: &object::File<'data, R>) -> u64 {
+    obj.sections()
+        .filter(|s| s.kind() != SectionKind::UninitializedData)
+        .filter(|s| {
+            s.name()
+                .is_ok_and(|n| canonical_section_name(n, false).starts_with(DEBUG_SECTION_PREFIX))
+        })
+        .map(|s| {
+            s.compressed_file_range()
+                .map_or(s.size(), |r| r.uncompressed_size)
+        })
+        .sum()
+}
+
+/// Whether `obj` has DWARF debug info (a `.debug_info` with bytes).
+fn has_dwarf<'data, R: ReadRef<'data>>(obj: &object::File<'data, R>) -> bool {
+    obj.sections().any(|s| {
+        s.kind() != SectionKind::UninitializedData
+            && s.size() > 0
+            && s.name()
+                .is_ok_and(|n| canonical_section_name(n, false) == ".debug_info")
+    })
+}
+
+/// Build the frame table of the image `request.file`: each of
+/// `request.file_offsets` resolved to its inline levels with file and
+/// line, or its symbol. The DWARF is the image's own or, when it has none,
+/// that of its separate debug file (same build id, see
+/// [`debug_file_candidates`]), whose symbol table then joins the image's.
+/// `Ok(None)` when neither has DWARF: the image's symbol tables, embedded
+/// as sections, name its frames just as well. Errors if the image cannot
+/// be parsed or its DWARF is larger than [`MAX_DWARF_BYTES`].
+pub fn frame_table_for_file(
+    request: FrameRequest<'_>,
+) -> Result<Option<FrameTableBuilt>, ImageError> {
+    let FrameRequest {
+        file,
+        path,
+        build_id,
+        file_offsets,
+        max_bytes,
+        debug_roots,
+    } = request;
+    let cache = ReadCache::new(&file);
+    let image = object::File::parse(&cache).map_err(|e| ImageError::NotAnImage(e.to_string()))?;
+    let own_dwarf = has_dwarf(&image);
+    let found = if own_dwarf {
+        None
+    } else {
+        match find_debug_file(&image, path, build_id, debug_roots) {
+            Some(found) => Some(found),
+            None => return Ok(None),
+        }
+    };
+    let debug_cache = found.as_ref().map(|(_, f)| ReadCache::new(f));
+    let debug = match &debug_cache {
+        Some(c) => Some(object::File::parse(c).map_err(|e| ImageError::NotAnImage(e.to_string()))?),
+        None => None,
+    };
+    let bytes = dwarf_size(&image) + debug.as_ref().map_or(0, dwarf_size);
+    if bytes > MAX_DWARF_BYTES {
+        return Err(ImageError::DwarfTooLarge {
+            bytes,
+            max: MAX_DWARF_BYTES,
+        });
+    }
+    // As the analyzer merges an image with its debug file: the debug
+    // file's symbols join the image's, its DWARF sections fill in those
+    // the image lacks.
+    let mut symbols = symbols_of_object(&image);
+    let mut sections = dwarf_sections(&image);
+    if let Some(d) = &debug {
+        merge_symbols(&mut symbols, symbols_of_object(d));
+        for (name, data) in dwarf_sections(d) {
+            sections.entry(name).or_insert(data);
+        }
+    }
+    let endian = if image.is_little_endian() {
+        RunTimeEndian::Little
+    } else {
+        RunTimeEndian::Big
+    };
+    let dwarf =
+        load_dwarf(|name| EndianSlice::new(sections.get(name).map_or(&[][..], |d| &d[..]), endian));
+    let resolver = Resolver::new(&symbols, dwarf);
+    let wanted = svmas(&Layout::of(&image), file_offsets);
+    let mut known = HashSet::new();
+    let mut used = 0;
+    let mut entries = Vec::with_capacity(wanted.len());
+    let mut left_out = 0;
+    for (i, &svma) in wanted.iter().enumerate() {
+        let lines = resolver.lookup(svma, true);
+        let cost = encoded_bound(&lines, &mut known);
+        if used + cost > max_bytes {
+            left_out = wanted.len() - i;
+            break;
+        }
+        used += cost;
+        entries.push((svma, lines));
+    }
+    let table = FrameTable::new(entries);
+    Ok(Some(FrameTableBuilt {
+        bytes: table.to_bytes(),
+        addresses: table.len(),
+        left_out,
+        debug_file: found.map(|(p, _)| p),
+    }))
+}
+
+/// The first of the image's debug-file candidates that is a file with the
+/// image's build id and DWARF, as the analyzer picks it.
+fn find_debug_file<'data, R: ReadRef<'data>>(
+    image: &object::File<'data, R>,
+    path: &str,
+    build_id: &BuildId,
+    roots: &[PathBuf],
+) -> Option<(PathBuf, File)> {
+    let debuglink = image
+        .gnu_debuglink()
+        .ok()
+        .flatten()
+        .map(|(name, _crc)| String::from_utf8_lossy(name).into_owned());
+    debug_file_candidates(path, Some(build_id), debuglink.as_deref(), roots)
+        .into_iter()
+        .find_map(|c| {
+            let file = File::open(&c).ok()?;
+            if !file.metadata().ok()?.is_file() {
+                return None;
+            }
+            let usable = {
+                let cache = ReadCache::new(&file);
+                let obj = object::File::parse(&cache).ok()?;
+                obj.build_id().ok().flatten() == Some(&build_id.0[..]) && has_dwarf(&obj)
+            };
+            usable.then_some((c, file))
+        })
+}
+
+/// The offsets of `offsets` as SVMAs of `layout`, each once, in order.
+fn svmas(layout: &Layout, offsets: &[u64]) -> Vec<u64> {
+    let mut seen = HashSet::new();
+    offsets
+        .iter()
+        .filter_map(|&o| layout.svma_of_file_offset(o))
+        .filter(|s| seen.insert(*s))
+        .collect()
+}
+
+/// An upper bound of the bytes `lines` add to an encoded table, new
+/// strings counted whole.
+fn encoded_bound(lines: &[FrameLine], known: &mut HashSet<String>) -> usize {
+    // delta (at most 9 bytes) and frame count (at most 3), then per frame
+    // function index (5), file option (6) and line option (6).
+    let mut n = 12 + lines.len() * 17;
+    for l in lines {
+        for s in std::iter::once(&l.function).chain(l.file.as_ref()) {
+            if known.insert(s.clone()) {
+                n += s.len() + 9;
+            }
+        }
+    }
+    n
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use object::ObjectSymbol;
+
+    /// This test binary (with DWARF), and the file offsets of its
+    /// function `name` and of `main`.
+    fn own_request_offsets(names: &[&str]) -> Vec<u64> {
+        let bytes = std::fs::read(std::env::current_exe().unwrap()).unwrap();
+        let obj = object::File::parse(&bytes[..]).unwrap();
+        let layout = Layout::of(&obj);
+        names
+            .iter()
+            .map(|name| {
+                let sym = obj
+                    .symbols()
+                    .find(|s| s.name().is_ok_and(|n| n.contains(name)))
+                    .unwrap_or_else(|| panic!("no symbol {name}"));
+                let seg = layout
+                    .segments
+                    .iter()
+                    .find(|s| sym.address() >= s.svma && sym.address() - s.svma < s.file_size)
+                    .unwrap();
+                sym.address() - seg.svma + seg.file_offset
+            })
+            .collect()
+    }
+
+    fn build(offsets: &[u64], max_bytes: usize) -> Option<FrameTableBuilt> {
+        let exe = std::env::current_exe().unwrap();
+        let id = crate::build_id_of_file(&exe).expect("the linker gives test binaries a build id");
+        frame_table_for_file(FrameRequest {
+            file: File::open(&exe).unwrap(),
+            path: exe.to_str().unwrap(),
+            build_id: &id,
+            file_offsets: offsets,
+            max_bytes,
+            debug_roots: &[],
+        })
+        .unwrap()
+    }
+
+    #[test]
+    #[cfg_attr(
+        not(target_os = "linux"),
+        ignore = "Mach-O test binaries keep their DWARF in a dSYM"
+    )]
+    fn addresses_resolve_to_their_functions_with_files() {
+        let offsets = own_request_offsets(&["addresses_resolve_to_their_functions_with_files"]);
+        let built = build(&offsets, 1 << 20).expect("a table: this test binary has DWARF");
+        assert_eq!((built.addresses, built.left_out), (1, 0));
+        assert_eq!(built.debug_file, None, "the binary's own DWARF is used");
+        let table = FrameTable::parse(&built.bytes).unwrap();
+        let outer = table.entries()[0].1.last().unwrap();
+        assert!(outer
+            .function
+            .ends_with("addresses_resolve_to_their_functions_with_files"));
+        assert!(
+            outer
+                .file
+                .as_deref()
+                .is_some_and(|f| f.ends_with("build.rs")),
+            "{outer:?}"
+        );
+    }
+
+    #[test]
+    #[cfg_attr(
+        not(target_os = "linux"),
+        ignore = "Mach-O test binaries keep their DWARF in a dSYM"
+    )]
+    fn tables_stay_within_their_bytes() {
+        let offsets = own_request_offsets(&["tables_stay_within_their_bytes", "addresses_resolve"]);
+        let all = build(&offsets, 1 << 20).expect("a table: this test binary has DWARF");
+        assert_eq!(all.addresses, 2);
+        // Room for the first only: the second is left out.
+        let first = build(&offsets[..1], 1 << 20).unwrap();
+        let table = FrameTable::parse(&first.bytes).unwrap();
+        let room = encoded_bound(&table.entries()[0].1, &mut HashSet::new());
+        assert!(first.bytes.len() <= room);
+        let one = build(&offsets, room).unwrap();
+        assert_eq!((one.addresses, one.left_out), (1, 1));
+        assert_eq!(one.bytes, first.bytes);
+        let none = build(&offsets, 0).unwrap();
+        assert_eq!((none.addresses, none.left_out), (0, 2));
+        // An offset in no segment is not an address of the image.
+        assert_eq!(build(&[u64::MAX], 1 << 20).unwrap().addresses, 0);
+    }
+}

@@ -1,0 +1,217 @@
+//! Naming an address of an image: its function levels, innermost
+//! (inlined) first, with file and line from DWARF (through addr2line),
+//! else the symbol holding it. The recorder resolves the addresses of a
+//! trace this way when it builds a [frame table](crate::FrameTable), the
+//! analyzer when it has the image's data: both give the same names.
+
+use crate::demangle::demangle;
+use crate::symbols::{symbol_at, Symbol};
+use std::borrow::Cow;
+
+/// One function level of a location, innermost first when inlined.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct FrameLine {
+    /// Demangled function name.
+    pub function: String,
+    /// Source file, when DWARF line info was found.
+    pub file: Option<String>,
+    /// Source line, when DWARF line info was found.
+    pub line: Option<u32>,
+}
+
+/// Most inline levels kept for one address (a guard against malformed
+/// DWARF).
+const MAX_LEVELS: usize = 257;
+
+/// Resolves SVMAs of one image from its symbol table and, if it has any,
+/// its DWARF. `R` is the gimli reader of the DWARF sections (a borrowed
+/// slice, or shared bytes when several threads resolve the same image).
+pub struct Resolver<'a, R: gimli::Reader> {
+    symbols: &'a [Symbol],
+    dwarf: Option<addr2line::Context<R>>,
+}
+
+impl<'a, R: gimli::Reader> Resolver<'a, R> {
+    /// A resolver over `symbols` (a table of
+    /// [`symbol_table`](crate::symbol_table)) and `dwarf`, the image's
+    /// DWARF sections if it has them (a `Dwarf` that addr2line cannot use
+    /// counts as none).
+    pub fn new(symbols: &'a [Symbol], dwarf: Option<gimli::Dwarf<R>>) -> Resolver<'a, R> {
+        let dwarf = dwarf.and_then(|d| addr2line::Context::from_dwarf(d).ok());
+        Resolver { symbols, dwarf }
+    }
+
+    /// Whether DWARF is used.
+    pub fn has_dwarf(&self) -> bool {
+        self.dwarf.is_some()
+    }
+
+    /// Function levels at `svma` (a lookup address: return addresses
+    /// already moved back by one), innermost first; only the outermost
+    /// one without `inline`; empty if nothing is known. DWARF gives the
+    /// levels with their files and lines; the symbol table names the
+    /// outermost level when DWARF has no name for it, or the address when
+    /// DWARF knows nothing of it.
+    pub fn lookup(&self, svma: u64, inline: bool) -> Vec<FrameLine> {
+        let mut lines = self.lookup_dwarf(svma);
+        if !inline && lines.len() > 1 {
+            lines.drain(..lines.len() - 1);
+        }
+        let sym = self.symbol_name(svma);
+        match lines.last_mut() {
+            Some(outer) if outer.function.is_empty() => {
+                outer.function = sym.unwrap_or_default();
+                if outer.function.is_empty() {
+                    lines.clear();
+                }
+            }
+            Some(_) => {}
+            None => {
+                if let Some(name) = sym {
+                    lines.push(FrameLine {
+                        function: name,
+                        file: None,
+                        line: None,
+                    });
+                }
+            }
+        }
+        lines.retain(|l| !l.function.is_empty());
+        lines
+    }
+
+    /// The levels DWARF gives for `svma`, innermost first (names may be
+    /// empty).
+    fn lookup_dwarf(&self, svma: u64) -> Vec<FrameLine> {
+        let Some(ctx) = &self.dwarf else {
+            return Vec::new();
+        };
+        let mut out = Vec::new();
+        let Ok(mut frames) = ctx.find_frames(svma).skip_all_loads() else {
+            return out;
+        };
+        while let Ok(Some(frame)) = frames.next() {
+            let function = frame
+                .function
+                .as_ref()
+                .and_then(|f| {
+                    let raw = f.raw_name().ok()?;
+                    Some(
+                        addr2line::demangle_auto(Cow::Owned(raw.into_owned()), f.language)
+                            .into_owned(),
+                    )
+                })
+                .unwrap_or_default();
+            let (file, line) = match &frame.location {
+                Some(l) => (l.file.map(str::to_string), l.line),
+                None => (None, None),
+            };
+            out.push(FrameLine {
+                function,
+                file,
+                line,
+            });
+            if out.len() >= MAX_LEVELS {
+                break;
+            }
+        }
+        out
+    }
+
+    /// The demangled name of the symbol holding `svma`.
+    fn symbol_name(&self, svma: u64) -> Option<String> {
+        symbol_at(self.symbols, svma).map(|s| demangle(&s.name))
+    }
+}
+
+/// `lines`, all levels of one address as [`Resolver::lookup`] gives them
+/// with inline levels, as it gives them with `inline` (without: only the
+/// outermost level).
+pub fn project_inline(lines: &[FrameLine], inline: bool) -> Vec<FrameLine> {
+    if inline {
+        lines.to_vec()
+    } else {
+        lines.last().cloned().into_iter().collect()
+    }
+}
+
+/// The DWARF sections of an image for a [`Resolver`], from `section`,
+/// which gives the bytes of a section by its canonical name (`.debug_info`)
+/// as a gimli reader (an empty one when the image lacks it).
+pub fn load_dwarf<R, F>(mut section: F) -> Option<gimli::Dwarf<R>>
+where
+    R: gimli::Reader,
+    F: FnMut(&'static str) -> R,
+{
+    gimli::Dwarf::load(|id| -> Result<R, gimli::Error> { Ok(section(id.name())) }).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gimli::{EndianSlice, RunTimeEndian};
+
+    fn sym(svma: u64, size: u64, name: &str) -> Symbol {
+        Symbol {
+            svma,
+            size,
+            name: name.into(),
+        }
+    }
+
+    #[test]
+    fn without_dwarf_symbols_name_addresses() {
+        let symbols = vec![
+            sym(0x1000, 0x10, "_ZN4core3fmt5write17h0123456789abcdefE"),
+            sym(0x2000, 0x10, "main"),
+        ];
+        let r: Resolver<EndianSlice<RunTimeEndian>> = Resolver::new(&symbols, None);
+        assert!(!r.has_dwarf());
+        assert_eq!(r.lookup(0x1004, true)[0].function, "core::fmt::write");
+        assert_eq!(r.lookup(0x2000, false)[0].function, "main");
+        assert!(r.lookup(0x1800, true).is_empty());
+    }
+
+    /// This test binary's own DWARF: this function is found, with its file.
+    #[test]
+    fn dwarf_gives_files_and_lines() {
+        use object::{Object, ObjectSection, ObjectSymbol};
+        let bytes = std::fs::read(std::env::current_exe().unwrap()).unwrap();
+        let obj = object::File::parse(&bytes[..]).unwrap();
+        let endian = RunTimeEndian::Little;
+        let sections: Vec<(String, Cow<[u8]>)> = obj
+            .sections()
+            .filter_map(|s| Some((s.name().ok()?.to_string(), s.uncompressed_data().ok()?)))
+            .collect();
+        let dwarf = load_dwarf(|name| {
+            let data = sections
+                .iter()
+                .find(|(n, _)| n == name)
+                .map_or(&[][..], |(_, d)| &d[..]);
+            EndianSlice::new(data, endian)
+        });
+        let symbols = crate::symbols_of_object(&obj);
+        let r = Resolver::new(&symbols, dwarf);
+        let me = obj
+            .symbols()
+            .find(|s| {
+                s.name()
+                    .is_ok_and(|n| n.contains("dwarf_gives_files_and_lines"))
+            })
+            .unwrap();
+        let lines = r.lookup(me.address(), true);
+        let outer = lines.last().expect("this function is known");
+        assert!(
+            outer.function.ends_with("dwarf_gives_files_and_lines"),
+            "{lines:?}"
+        );
+        if r.has_dwarf() {
+            assert!(outer
+                .file
+                .as_deref()
+                .is_some_and(|f| f.ends_with("resolve.rs")));
+        }
+        assert_eq!(project_inline(&lines, false), vec![outer.clone()]);
+        assert_eq!(project_inline(&lines, true), lines);
+    }
+}

@@ -1,0 +1,296 @@
+//! Symbol tables: which function (or code label) holds an SVMA, built the
+//! same way from a whole image file ([`symbols_of_object`]), from symbol
+//! tables embedded as raw sections ([`parse_elf64_symbols`],
+//! [`plt_symbols`], [`symbol_table`]) and from a binary and its separate
+//! debug file ([`merge_symbols`]). The recorder resolves addresses with
+//! these at the end of a recording and the analyzer with them afterwards,
+//! so both name a frame alike.
+
+mod elf64;
+mod plt;
+
+pub use elf64::parse_elf64_symbols;
+pub use plt::{plt_symbols, PltTables};
+
+use object::{Object, ObjectSection, ObjectSymbol, ReadRef, SymbolKind};
+
+/// A function symbol (from `.symtab`, `.dynsym`, the Mach-O symbol table,
+/// a PLT stub) or a code label.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Symbol {
+    /// Its address in the file.
+    pub svma: u64,
+    /// Bytes it covers; 0 when unknown (the symbol then reaches the next
+    /// one, see [`symbol_table`]).
+    pub size: u64,
+    /// The name as the file has it (mangled).
+    pub name: String,
+}
+
+/// Give each symbol without a size (ELF `_init`, Mach-O symbols) one that
+/// reaches the next symbol or the end of its section, whichever is first,
+/// so a lookup never names an address of a later section (`.plt`) after
+/// it. `symbols` are sorted by address; `section_ends[i]` is the end SVMA
+/// of the section holding `symbols[i]`, `u64::MAX` if unknown (the symbol
+/// then stays unbounded).
+pub fn bound_sizeless(symbols: &mut [Symbol], section_ends: &[u64]) {
+    for i in 0..symbols.len() {
+        let end = section_ends.get(i).copied().unwrap_or(u64::MAX);
+        if symbols[i].size != 0 || end == u64::MAX {
+            continue;
+        }
+        let next = symbols.get(i + 1).map_or(u64::MAX, |s| s.svma);
+        symbols[i].size = next.min(end).saturating_sub(symbols[i].svma);
+    }
+}
+
+/// Whether a symbol without a type (ELF `STT_NOTYPE`) may name code: not
+/// an assembler-local label (`.L...`) nor an AArch64/ARM mapping symbol
+/// (`$x`, `$d`), which mark instruction/data runs inside functions.
+pub fn is_code_label_name(name: &str) -> bool {
+    !name.is_empty() && !name.starts_with('$') && !name.starts_with(".L")
+}
+
+/// The lookup table of an image, sorted by SVMA with sizes bounded (see
+/// [`bound_sizeless`]), from
+/// - `functions`: function symbols (and synthesized `NAME@plt` ones), each
+///   with the end SVMA of its section (`u64::MAX` if unknown);
+/// - `labels`: symbols without a type in the image, such as the entry code
+///   of the dynamic loader (`_start`, `_dl_start_user`: assembly labels
+///   that every thread's outermost frame passes through). A label counts
+///   only inside `text` (the `.text` SVMA and size) and where no function
+///   symbol starts or reaches, so it never renames a function's code.
+pub fn symbol_table(
+    mut functions: Vec<(Symbol, u64)>,
+    labels: Vec<Symbol>,
+    text: Option<(u64, u64)>,
+) -> Vec<Symbol> {
+    functions.sort();
+    let covered = |svma: u64| {
+        let i = functions.partition_point(|(f, _)| f.svma <= svma);
+        functions[..i]
+            .last()
+            .is_some_and(|(f, _)| f.svma == svma || svma - f.svma < f.size)
+    };
+    let mut kept: Vec<(Symbol, u64)> = match text {
+        Some((start, size)) => labels
+            .into_iter()
+            .filter(|l| l.svma >= start && l.svma - start < size && !covered(l.svma))
+            .map(|l| (l, start.saturating_add(size)))
+            .collect(),
+        None => Vec::new(),
+    };
+    functions.append(&mut kept);
+    functions.sort();
+    functions.dedup_by(|a, b| a.0.svma == b.0.svma);
+    let (mut symbols, ends): (Vec<Symbol>, Vec<u64>) = functions.into_iter().unzip();
+    bound_sizeless(&mut symbols, &ends);
+    symbols
+}
+
+/// The symbol table ([`symbol_table`]) of an ELF or Mach-O file: its
+/// function symbols (`.symtab` and `.dynsym`, or the Mach-O symbol table,
+/// without Mach-O's leading underscore), `NAME@plt` stubs of an ELF file,
+/// and the ELF code labels in `.text`.
+pub fn symbols_of_object<'data, R: ReadRef<'data>>(obj: &object::File<'data, R>) -> Vec<Symbol> {
+    let elf = obj.format() == object::BinaryFormat::Elf;
+    let macho = obj.format() == object::BinaryFormat::MachO;
+    // ELF symbols without a type in a section: code labels, see
+    // `symbol_table`.
+    let labels: Vec<Symbol> = obj
+        .symbols()
+        .filter(|s| {
+            elf && s.kind() == SymbolKind::Unknown
+                && matches!(s.section(), object::SymbolSection::Section(_))
+                && s.address() != 0
+        })
+        .filter_map(|s| {
+            let name = s.name().ok().filter(|n| is_code_label_name(n))?;
+            Some(Symbol {
+                svma: s.address(),
+                size: s.size(),
+                name: name.to_string(),
+            })
+        })
+        .collect();
+    // (symbol, end of its section)
+    let mut functions: Vec<(Symbol, u64)> = obj
+        .symbols()
+        .chain(obj.dynamic_symbols())
+        .filter(|s| s.kind() == SymbolKind::Text && s.is_definition() && s.address() != 0)
+        .filter_map(|s| {
+            let section = s.section_index().and_then(|i| obj.section_by_index(i).ok());
+            let end = section.as_ref().map_or(u64::MAX, |sec| {
+                sec.address().saturating_add(sec.size().max(1))
+            });
+            // Only symbols inside their section: Mach-O's
+            // `__mh_execute_header` marks the header, before `__text`, and
+            // would otherwise cover every address of a stripped binary.
+            if section.is_some_and(|sec| s.address() < sec.address() || s.address() >= end) {
+                return None;
+            }
+            let mut name = s.name().ok()?;
+            if macho {
+                // Mach-O C symbols carry a leading underscore.
+                name = name.strip_prefix('_').unwrap_or(name);
+            }
+            (!name.is_empty()).then(|| {
+                let sym = Symbol {
+                    svma: s.address(),
+                    size: s.size(),
+                    name: name.to_string(),
+                };
+                (sym, end)
+            })
+        })
+        .collect();
+    let text = if elf {
+        // Sized: the end of their section is not needed.
+        functions.extend(plt_symbols_of(obj).into_iter().map(|s| (s, u64::MAX)));
+        obj.section_by_name(".text")
+            .map(|t| (t.address(), t.size()))
+    } else {
+        None
+    };
+    symbol_table(functions, labels, text)
+}
+
+/// `NAME@plt` symbols of an ELF file (see [`plt_symbols`]).
+fn plt_symbols_of<'data, R: ReadRef<'data>>(obj: &object::File<'data, R>) -> Vec<Symbol> {
+    let range = |name| obj.section_by_name(name).map(|s| (s.address(), s.size()));
+    let bytes = |name| {
+        obj.section_by_name(name)
+            .and_then(|s| s.data().ok())
+            .unwrap_or_default()
+    };
+    plt_symbols(&PltTables {
+        plt: range(".plt"),
+        plt_sec: range(".plt.sec"),
+        rela_plt: bytes(".rela.plt"),
+        dynsym: bytes(".dynsym"),
+        dynstr: bytes(".dynstr"),
+        little_endian: obj.is_little_endian(),
+    })
+}
+
+/// Add the symbols of an image's separate debug file (`from`, a table of
+/// [`symbols_of_object`]) to those of the image (`into`): the debug file
+/// keeps the full symbol table (local functions, the dynamic loader's
+/// entry labels) that a stripped binary lost. At an address both have,
+/// the smaller symbol (then the first by name) wins.
+pub fn merge_symbols(into: &mut Vec<Symbol>, from: Vec<Symbol>) {
+    if into.is_empty() {
+        *into = from;
+    } else if !from.is_empty() {
+        into.extend(from);
+        into.sort();
+        into.dedup_by(|a, b| a.svma == b.svma);
+    }
+}
+
+/// The symbol of `symbols` (a table of [`symbol_table`]) holding `svma`.
+pub fn symbol_at(symbols: &[Symbol], svma: u64) -> Option<&Symbol> {
+    let i = symbols.partition_point(|s| s.svma <= svma).checked_sub(1)?;
+    let s = &symbols[i];
+    (s.size == 0 || svma - s.svma < s.size).then_some(s)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sym(svma: u64, size: u64, name: &str) -> Symbol {
+        Symbol {
+            svma,
+            size,
+            name: name.into(),
+        }
+    }
+
+    #[test]
+    fn sizeless_symbols_end_at_the_next_symbol_or_their_section() {
+        // `_init` at 0x1000 has no size and its section `.init` ends at
+        // 0x1020; `.plt` follows at 0x1020 and has no symbols; `main` has
+        // a size; the last one's section is unknown.
+        let mut syms = vec![
+            sym(0x1000, 0, "a"),
+            sym(0x1100, 0x40, "b"),
+            sym(0x1200, 0, "c"),
+            sym(0x5000, 0, "d"),
+        ];
+        bound_sizeless(&mut syms, &[0x1020, 0x2000, 0x2000, u64::MAX]);
+        let sizes: Vec<u64> = syms.iter().map(|s| s.size).collect();
+        assert_eq!(sizes, vec![0x20, 0x40, 0xe00, 0]);
+    }
+
+    #[test]
+    fn labels_name_only_code_no_function_covers() {
+        // The dynamic loader's layout: `_start` and `_dl_start_user` are
+        // labels between sized functions of .text (0x1000..0x2000);
+        // `inner` is a label inside `f`, `_etext` marks the end of .text,
+        // `__bss_start` lies outside it.
+        let functions = vec![
+            (sym(0x1800, 0x40, "g"), 0x2000),
+            (sym(0x1000, 0x100, "f"), 0x2000),
+        ];
+        let labels = vec![
+            sym(0x1400, 0, "_start"),
+            sym(0x1408, 0, "_dl_start_user"),
+            sym(0x1010, 0, "inner"),
+            sym(0x1800, 0, "g_alias"),
+            sym(0x2000, 0, "_etext"),
+            sym(0x3000, 0, "__bss_start"),
+        ];
+        let table = symbol_table(functions.clone(), labels.clone(), Some((0x1000, 0x1000)));
+        let got: Vec<(u64, u64, &str)> = table
+            .iter()
+            .map(|s| (s.svma, s.size, s.name.as_str()))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                (0x1000, 0x100, "f"),
+                (0x1400, 0x8, "_start"),
+                (0x1408, 0x3f8, "_dl_start_user"),
+                (0x1800, 0x40, "g"),
+            ]
+        );
+        // Without a known .text, labels are not used.
+        assert_eq!(symbol_table(functions, labels, None).len(), 2);
+        assert!(is_code_label_name("_start"));
+        assert!(!is_code_label_name("$x") && !is_code_label_name(".L42"));
+        assert_eq!(symbol_at(&table, 0x1404).unwrap().name, "_start");
+        assert_eq!(symbol_at(&table, 0x1840), None);
+        assert_eq!(symbol_at(&table, 0xfff), None);
+    }
+
+    #[test]
+    fn debug_file_symbols_join_the_binarys() {
+        let mut binary = vec![sym(0x1000, 0x10, "puts")];
+        merge_symbols(
+            &mut binary,
+            vec![sym(0x1000, 0x10, "_IO_puts"), sym(0x2000, 8, "local")],
+        );
+        let names: Vec<&str> = binary.iter().map(|s| s.name.as_str()).collect();
+        assert_eq!(names, ["_IO_puts", "local"]);
+        let mut empty = Vec::new();
+        merge_symbols(&mut empty, vec![sym(1, 1, "x")]);
+        assert_eq!(empty.len(), 1);
+    }
+
+    /// This test binary, read whole: its own functions are found.
+    #[test]
+    fn symbols_of_a_real_image() {
+        let bytes = std::fs::read(std::env::current_exe().unwrap()).unwrap();
+        let obj = object::File::parse(&bytes[..]).unwrap();
+        let table = symbols_of_object(&obj);
+        assert!(table.windows(2).all(|w| w[0].svma < w[1].svma));
+        assert!(
+            table
+                .iter()
+                .any(|s| s.name.contains("symbols_of_a_real_image")),
+            "{} symbols",
+            table.len()
+        );
+    }
+}

@@ -1,0 +1,104 @@
+//! Stack copies that stop at a stack page the thread never touched
+//! (`rec_untouched.c`, `rec_untouched.rs`): a thread running in a function
+//! with a 32 KiB buffer written only at its ends. The kernel's copy stops at
+//! the first untouched page; the recorder reads those pages once, so later
+//! copies reach the callers and the thread's samples unwind to its root.
+
+use super::*;
+use lrnprof_analyzer::{analyze, AnalyzeOptions, NoProgress, Profile};
+use lrnprof_tests::build_rust;
+
+/// How long the fixtures run, in ms: the samples taken before the recorder
+/// has seen the first cut-short copy (at most a drain interval, 20 ms, at
+/// 1 kHz) must stay under 1% of a thread's samples.
+const RUN_MS: &str = "4000";
+
+/// The analysis of `trace` (local files allowed).
+fn profile(trace: &Path) -> Profile {
+    analyze(trace, &AnalyzeOptions::default(), &NoProgress).expect("analyzing the trace")
+}
+
+/// Every thread named `name` has samples, 99% or more of which reached
+/// the root.
+fn assert_thread_reaches_root(p: &Profile, name: &str) {
+    let threads: Vec<_> = p
+        .threads
+        .iter()
+        .filter(|t| t.name.as_deref() == Some(name))
+        .collect();
+    assert!(!threads.is_empty(), "no thread named {name}");
+    for t in threads {
+        assert!(
+            t.samples >= 100,
+            "{name}: only {} samples; did the fixture run?",
+            t.samples
+        );
+        let pct = 100.0 * t.root_samples as f64 / t.samples as f64;
+        assert!(
+            pct >= 99.0,
+            "{name}: {pct:.1}% of {} samples reached the root ({} cut short, {} of them rooted)",
+            t.samples,
+            p.stats.cut_short_samples,
+            p.stats.cut_short_root_samples
+        );
+    }
+}
+
+#[test]
+fn c_threads_with_untouched_stack_pages_reach_their_root() {
+    require_perf!();
+    let dir = scratch_dir("an-untouched-c");
+    let exe = build_c(&["rec_untouched.c"], NO_FP, &dir, "rec_untouched");
+    let trace = record(&dir, "u", &[], &exe, &[RUN_MS]);
+    let p = profile(&trace);
+    assert_thread_reaches_root(&p, "rec_untouched");
+    assert_thread_reaches_root(&p, "untouched-2");
+    // The gap was there: the first copies in untouched_frame stopped at it
+    // (without frame pointers, nothing else could carry them to the root).
+    let cut = p.stats.cut_short_samples;
+    assert!(cut >= 1, "no stack copy was cut short: {:?}", p.stats);
+    assert!(
+        cut * 50 <= p.stats.samples,
+        "{cut} of {} copies cut short",
+        p.stats.samples
+    );
+    let i = info(&trace, &[]);
+    assert_eq!(json_number(&i, "cut_short_samples") as u64, cut, "{i}");
+    remove_scratch_dir(&dir);
+}
+
+#[test]
+fn c_cut_short_samples_continue_with_frame_pointers() {
+    require_perf!();
+    let dir = scratch_dir("an-untouched-fp");
+    let exe = build_c(
+        &["rec_untouched.c"],
+        &["-O2", "-g", "-fno-omit-frame-pointer", "-pthread"],
+        &dir,
+        "rec_untouched_fp",
+    );
+    let trace = record(&dir, "u", &[], &exe, &["1000"]);
+    let p = profile(&trace);
+    assert!(p.stats.cut_short_samples >= 1, "{:?}", p.stats);
+    // Through the kernel's frame-pointer callchain, the cut-short samples
+    // themselves reach the root.
+    assert_eq!(
+        p.stats.cut_short_root_samples, p.stats.cut_short_samples,
+        "{:?}",
+        p.stats
+    );
+    remove_scratch_dir(&dir);
+}
+
+#[test]
+fn rust_threads_with_a_large_local_array_reach_their_root() {
+    require_perf!();
+    let dir = scratch_dir("an-untouched-rs");
+    let flags = ["--edition", "2021", "-O", "-g"];
+    let exe = build_rust("rec_untouched.rs", &flags, &dir, "rec_untouched_rs");
+    let trace = record(&dir, "u", &[], &exe, &[RUN_MS]);
+    let p = profile(&trace);
+    assert_thread_reaches_root(&p, "rec_untouched_r");
+    assert_thread_reaches_root(&p, "untouched-2");
+    remove_scratch_dir(&dir);
+}
