@@ -11,7 +11,7 @@ use super::sys::{self, PerfEventAttr, RingMap};
 use std::collections::HashSet;
 use std::ffi::CString;
 use std::io;
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 
 /// Smallest ring buffer we accept when the locked-memory limit is low.
 const MIN_RING_PAGES: usize = 8;
@@ -40,6 +40,8 @@ pub(crate) struct Events {
     /// Per CPU (same order as `cpus`): the event owning the ring buffer.
     leaders: Vec<Option<(OwnedFd, RingMap)>>,
     others: Vec<OwnedFd>,
+    /// The syscall-entry events among them (see [`Events::switch_order`]).
+    entries: HashSet<RawFd>,
     tids: HashSet<u32>,
     layouts: Layouts,
 }
@@ -74,6 +76,7 @@ impl Events {
             ring_pages,
             page_size,
             others: Vec::new(),
+            entries: HashSet::new(),
             tids: HashSet::new(),
             layouts: Layouts::new(),
         }
@@ -96,6 +99,9 @@ impl Events {
         }
         for (i, fd, id, role, layout) in opened {
             self.layouts.insert(id, role, layout);
+            if role == Role::SyscallEnter {
+                self.entries.insert(fd.as_raw_fd());
+            }
             match &self.leaders[i] {
                 Some((leader, _)) => {
                     sys::perf_set_output(&fd, leader).map_err(|error| OpenError { role, error })?;
@@ -136,6 +142,24 @@ impl Events {
             .flatten()
             .map(|(fd, _)| fd)
             .chain(self.others.iter())
+    }
+
+    /// Every opened event in the order to enable them (`enable`) or to
+    /// disable them: syscall-entry events are switched on last and off
+    /// first, so that every entry recorded has its exit event on and no
+    /// call is cut in two by the switch itself (events are enabled one file
+    /// at a time while the target runs).
+    pub fn switch_order(&self, enable: bool) -> Vec<&OwnedFd> {
+        let (mut entries, mut rest): (Vec<&OwnedFd>, Vec<&OwnedFd>) = self
+            .all_fds()
+            .partition(|fd| self.entries.contains(&fd.as_raw_fd()));
+        if enable {
+            rest.append(&mut entries);
+            rest
+        } else {
+            entries.append(&mut rest);
+            entries
+        }
     }
 
     /// The ring buffers' owners, to poll.

@@ -133,7 +133,7 @@ pub(crate) fn record(
     let start_time = sys::monotonic_ns();
     if launched.is_none() {
         attach_all_threads(&mut events, pid)?;
-        for fd in events.all_fds() {
+        for fd in events.switch_order(true) {
             sys::perf_enable(fd).map_err(|e| RecordError::Sys {
                 what: "enabling the sampling events".into(),
                 source: e,
@@ -241,7 +241,7 @@ pub(crate) fn record(
         )
     });
     // Stop sampling before the last drain, so nothing is cut in half.
-    for fd in events.all_fds() {
+    for fd in events.switch_order(false) {
         let _ = sys::perf_disable(fd);
     }
     let drained = drain_all(&mut events, &layouts, &sender);
