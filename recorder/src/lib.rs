@@ -102,7 +102,10 @@ use unsupported as native;
 
 pub use error::RecordError;
 pub use lrnprof_image::EmbedLevel;
-pub use options::{CpuEvent, RecordOptions, TargetSpec, DEFAULT_FREQUENCY_HZ, DEFAULT_STACK_SIZE};
+pub use options::{
+    CpuEvent, HeapOptions, RecordOptions, TargetSpec, DEFAULT_FREQUENCY_HZ, DEFAULT_HEAP_INTERVAL,
+    DEFAULT_STACK_SIZE,
+};
 pub use report::{NoReporter, RecordStatus, RecordWarning, Reporter};
 pub use stop::{StopReason, StopRequest, StopToken};
 pub use summary::{RecordSummary, TargetExit};
@@ -129,6 +132,25 @@ pub fn record(
     if options.frequency_hz == 0 {
         return Err(RecordError::InvalidOption(
             "the sampling frequency must be at least 1 Hz".into(),
+        ));
+    }
+    if let Some(heap) = &options.heap {
+        if let TargetSpec::Pid(_) = options.target {
+            return Err(RecordError::InvalidOption(
+                "--heap needs a command to launch: the allocation sampler is loaded when a \
+                 program starts, and a running process (--pid) cannot be made to load it"
+                    .into(),
+            ));
+        }
+        if heap.mean_interval == 0 {
+            return Err(RecordError::InvalidOption(
+                "--heap-rate must be at least 1 byte (1 records every allocation)".into(),
+            ));
+        }
+    }
+    if !options.cpu && options.heap.is_none() {
+        return Err(RecordError::InvalidOption(
+            "nothing to record: CPU sampling is off and no other event was asked for".into(),
         ));
     }
     native::record(options, stop, reporter)

@@ -46,6 +46,30 @@ impl std::str::FromStr for CpuEvent {
     }
 }
 
+/// Allocation sampling (`lrnprof-rec --heap`): the launched command gets
+/// an allocator wrapper preloaded that samples allocations by bytes and
+/// hands them to the recorder through shared memory. Linux only, and only
+/// for launched commands: a running process cannot be made to load it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HeapOptions {
+    /// Mean bytes allocated between two sampled allocations (the gaps are
+    /// exponentially distributed, as in tcmalloc and jemalloc); 1 records
+    /// every allocation.
+    pub mean_interval: u64,
+}
+
+/// The default mean bytes between two sampled allocations: 512 KiB, as
+/// tcmalloc and Go sample.
+pub const DEFAULT_HEAP_INTERVAL: u64 = 512 * 1024;
+
+impl Default for HeapOptions {
+    fn default() -> Self {
+        HeapOptions {
+            mean_interval: DEFAULT_HEAP_INTERVAL,
+        }
+    }
+}
+
 /// How to record. Build one with `..Default::default()`:
 ///
 /// ```
@@ -68,6 +92,11 @@ pub struct RecordOptions {
     pub frequency_hz: u32,
     /// What triggers a CPU sample.
     pub event: CpuEvent,
+    /// Take CPU samples. Off, only the other events asked for are
+    /// recorded (threads, processes and images are followed either way).
+    pub cpu: bool,
+    /// Sample allocations too; `None`: no allocation sampling.
+    pub heap: Option<HeapOptions>,
     /// Stop after this long; `None` records until the target exits or the
     /// caller stops the recording through its [`StopToken`](crate::StopToken).
     pub duration: Option<Duration>,
@@ -98,6 +127,8 @@ impl Default for RecordOptions {
             out: PathBuf::from("trace.lpt"),
             frequency_hz: DEFAULT_FREQUENCY_HZ,
             event: CpuEvent::default(),
+            cpu: true,
+            heap: None,
             duration: None,
             stack_size: DEFAULT_STACK_SIZE,
             kernel_callchain: true,

@@ -96,6 +96,23 @@ pub enum RecordWarning {
         /// How many.
         count: u64,
     },
+    /// Allocations of the launched program will not all be recorded
+    /// (`--heap`), for `reason`.
+    HeapNotSampled {
+        /// The program.
+        program: String,
+        /// Why, and what is recorded instead.
+        reason: String,
+    },
+    /// The recording ended with no allocation recorded (`--heap`).
+    HeapNothingRecorded {
+        /// What is known of why.
+        reason: String,
+    },
+    /// The allocation sampler's shared ring stopped being readable (a
+    /// process was killed while writing to it): allocations after that
+    /// point are missing.
+    HeapRingBroken,
 }
 
 impl fmt::Display for RecordWarning {
@@ -120,6 +137,20 @@ impl fmt::Display for RecordWarning {
             RecordWarning::MalformedRecords { count } => write!(
                 f,
                 "{count} perf records could not be parsed and were skipped"
+            ),
+            RecordWarning::HeapNotSampled { program, reason } => {
+                write!(
+                    f,
+                    "allocations of {program} will not all be recorded: {reason}"
+                )
+            }
+            RecordWarning::HeapNothingRecorded { reason } => {
+                write!(f, "no allocation was recorded: {reason}")
+            }
+            RecordWarning::HeapRingBroken => write!(
+                f,
+                "the allocation sampler's shared memory stopped being readable (a process was \
+                 killed while writing to it): later allocations and frees are missing"
             ),
         }
     }

@@ -27,6 +27,7 @@ const PERF_TYPE_HARDWARE: u32 = 0;
 const PERF_TYPE_SOFTWARE: u32 = 1;
 const PERF_COUNT_HW_CPU_CYCLES: u64 = 0;
 const PERF_COUNT_SW_CPU_CLOCK: u64 = 0;
+const PERF_COUNT_SW_DUMMY: u64 = 9;
 
 /// The sampling event.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -35,6 +36,9 @@ pub(crate) enum EventKind {
     Cycles,
     /// Software CPU clock, with a fixed period in nanoseconds.
     CpuClock,
+    /// No samples (`--cpu off`): only the records that follow threads,
+    /// processes and images, which the other events need.
+    Tracking,
 }
 
 /// Everything that goes into the attribute.
@@ -134,6 +138,8 @@ impl AttrSettings {
                 PERF_COUNT_SW_CPU_CLOCK,
                 (1_000_000_000 / u64::from(self.frequency_hz.max(1))).max(1),
             ),
+            // The dummy event never counts, so never samples.
+            EventKind::Tracking => (PERF_TYPE_SOFTWARE, PERF_COUNT_SW_DUMMY, 1),
         };
         PerfEventAttr {
             type_,
@@ -261,6 +267,19 @@ mod tests {
         .attr();
         assert_eq!((a.type_, a.sample_period), (0, 1000));
         assert_ne!(a.flags & flag::FREQ, 0);
+    }
+
+    #[test]
+    fn tracking_only_uses_the_dummy_event_and_keeps_the_side_records() {
+        let a = AttrSettings {
+            event: EventKind::Tracking,
+            ..settings()
+        }
+        .attr();
+        assert_eq!((a.type_, a.config), (1, 9));
+        for f in [flag::MMAP2, flag::COMM, flag::TASK, flag::INHERIT] {
+            assert_ne!(a.flags & f, 0, "flag {f:#x}");
+        }
     }
 
     #[test]

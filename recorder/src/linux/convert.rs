@@ -6,6 +6,7 @@
 //! perf's ordered events). This thread also does the slow lookups the
 //! sampling side must not: build ids, `/proc` reads, the vDSO's bytes.
 
+use super::heap::{HeapEvent, HeapStats};
 use super::images::Images;
 use super::parse::{self, Layout, Mmap2Record, PerfRecord, SampleRecord};
 use super::procfs::{self, MapsEntry};
@@ -14,8 +15,9 @@ use crate::error::RecordError;
 use crate::report::RecordWarning;
 use crate::sink::Convert;
 use lrnprof_format::{
-    LostRecord, LostSource, Pid, ProcessEvent, ProcessRecord, Record, Sample, SampleDetail,
-    SampleFlags, SampleKind, StackSnapshot, ThreadEvent, ThreadRecord, Tid, Timestamp,
+    FreeRecord, LostRecord, LostSource, Pid, ProcessEvent, ProcessRecord, Record, Sample,
+    SampleDetail, SampleFlags, SampleKind, StackSnapshot, ThreadEvent, ThreadRecord, Tid,
+    Timestamp,
 };
 use lrnprof_image::EmbedLevel;
 use std::cmp::{Ordering, Reverse};
@@ -31,6 +33,8 @@ pub(crate) enum RawMsg {
     Chunk(Vec<u8>),
     /// Every ring buffer has been drained up to at least this time (ns).
     Round(u64),
+    /// Events of the allocation sampler, in the order it wrote them.
+    Heap(Vec<HeapEvent>),
     /// The launched process exited.
     Exited {
         /// The process.
@@ -99,6 +103,10 @@ pub(crate) struct Converter {
     seq: u64,
     /// Records older than this may be released.
     released_before: u64,
+    /// Records older than this have been released.
+    released_upto: u64,
+    /// What the allocation sampler did, with `--heap`.
+    heap: Option<HeapStats>,
     last_time: u64,
     names: HashMap<u32, String>,
     launched_root: Option<u32>,
@@ -125,6 +133,8 @@ impl Converter {
             pending: BinaryHeap::new(),
             seq: 0,
             released_before: 0,
+            released_upto: 0,
+            heap: None,
             last_time: 0,
             names: HashMap::new(),
             launched_root: None,
@@ -134,6 +144,16 @@ impl Converter {
             pids_seen: HashSet::new(),
             priority: None,
         }
+    }
+
+    /// Allocation sampling is on; `explained`: a warning has already said
+    /// why the launched program's allocations will not be recorded.
+    pub fn with_heap(mut self, explained: bool) -> Converter {
+        self.heap = Some(HeapStats {
+            explained,
+            ..HeapStats::default()
+        });
+        self
     }
 
     fn push(&mut self, time: u64, record: Record) {
@@ -387,40 +407,132 @@ impl Converter {
             // context): nothing to unwind from.
             return;
         };
+        let sample = self.sample_with_stack(s.time, s.pid, s.tid, regs, s.stack, &s.callchain);
+        self.push(
+            s.time,
+            Record::Sample(Sample {
+                cpu: s.cpu,
+                kind: self.sample_kind,
+                weight: s.period,
+                kernel_callchain: s.callchain,
+                ..sample
+            }),
+        );
+    }
+
+    /// A sample of thread `tid` with `regs` and the stack copy `stack`
+    /// (from the stack pointer up), trimmed at the end of the stack's
+    /// mapping, its images noted for embedding; kind, weight, CPU and
+    /// callchain for the caller to set.
+    fn sample_with_stack(
+        &mut self,
+        time: u64,
+        pid: u32,
+        tid: u32,
+        regs: lrnprof_format::Regs,
+        stack: &[u8],
+        callchain: &[u64],
+    ) -> Sample {
         let sp = regs.sp();
-        let mut live = s.stack;
-        if let Some(end) = self.stack_end(s.pid, sp) {
+        let mut live = stack;
+        if let Some(end) = self.stack_end(pid, sp) {
             let keep = end.saturating_sub(sp).min(live.len() as u64) as usize;
             live = &live[..keep];
         }
-        self.pids_seen.insert(s.pid);
+        self.pids_seen.insert(pid);
         if self.images.embedding() {
             // Return addresses are somewhere in the stack copy: any word
             // pointing into an image marks it as needed for unwinding.
             self.images
-                .touch_sample(s.pid, s.tid, regs.ip(), &s.callchain, sp, live);
+                .touch_sample(pid, tid, regs.ip(), callchain, sp, live);
         }
-        self.push(
-            s.time,
-            Record::Sample(Sample {
-                time: Timestamp(s.time),
-                pid: Pid(s.pid),
-                tid: Tid(s.tid),
-                cpu: s.cpu,
-                kind: self.sample_kind,
-                weight: s.period,
+        Sample {
+            time: Timestamp(time),
+            pid: Pid(pid),
+            tid: Tid(tid),
+            cpu: None,
+            kind: self.sample_kind,
+            weight: 0,
+            regs,
+            stack: StackSnapshot {
+                start: sp,
+                bytes: live.to_vec(),
+            },
+            kernel_callchain: Vec::new(),
+            frames: Vec::new(),
+            kernel_frames: Vec::new(),
+            flags: SampleFlags::default(),
+            detail: SampleDetail::None,
+        }
+    }
+
+    fn heap_event(&mut self, event: HeapEvent) {
+        // The sampler's clock is ours, but a record can arrive a round
+        // late (its writer was descheduled): never before what is out.
+        let at = |t: u64, upto: u64| t.max(upto);
+        let upto = self.released_upto;
+        let Some(stats) = self.heap.as_mut() else {
+            return;
+        };
+        match event {
+            HeapEvent::Alloc {
+                time,
+                pid,
+                tid,
+                address,
+                size,
                 regs,
-                stack: StackSnapshot {
-                    start: sp,
-                    bytes: live.to_vec(),
-                },
-                kernel_callchain: s.callchain,
-                frames: Vec::new(),
-                kernel_frames: Vec::new(),
-                flags: SampleFlags::default(),
-                detail: SampleDetail::None,
-            }),
-        );
+                stack,
+            } => {
+                stats.allocations += 1;
+                let time = at(time, upto);
+                let regs = super::regs::from_sampler(self.regs.arch, regs);
+                let sample = self.sample_with_stack(time, pid, tid, regs, &stack, &[]);
+                self.push(
+                    time,
+                    Record::Sample(Sample {
+                        kind: SampleKind::Allocation,
+                        weight: size,
+                        detail: SampleDetail::Allocation { address },
+                        ..sample
+                    }),
+                );
+            }
+            HeapEvent::Free {
+                time,
+                pid,
+                tid,
+                address,
+            } => {
+                let time = at(time, upto);
+                self.push(
+                    time,
+                    Record::Free(FreeRecord {
+                        time: Timestamp(time),
+                        pid: Pid(pid),
+                        tid: Tid(tid),
+                        address,
+                    }),
+                );
+            }
+            HeapEvent::Hello { pid } => {
+                stats.processes.insert(pid);
+            }
+            HeapEvent::Lost { time, count } => {
+                let time = at(time, upto);
+                self.push(
+                    time,
+                    Record::Lost(LostRecord {
+                        time: Timestamp(time),
+                        pid: None,
+                        tid: None,
+                        count,
+                        source: LostSource::HeapSampler,
+                    }),
+                );
+            }
+            HeapEvent::Broken { .. } => stats.broken = true,
+        }
     }
 }
 
@@ -471,7 +583,13 @@ impl Convert for Converter {
             RawMsg::Round(time) => {
                 let before = self.released_before;
                 self.release(before, out);
+                self.released_upto = before;
                 self.released_before = time;
+            }
+            RawMsg::Heap(events) => {
+                for e in events {
+                    self.heap_event(e);
+                }
             }
             RawMsg::Exited { pid, time, code } => {
                 self.push(time, process_exit(time, pid, Some(code)));
@@ -493,6 +611,9 @@ impl Convert for Converter {
             warnings.push(RecordWarning::MalformedRecords {
                 count: self.malformed,
             });
+        }
+        if let Some(heap) = &self.heap {
+            heap.warnings(warnings);
         }
         let blobs = self.images.embedded_blobs(&self.pids_seen, warnings);
         out.extend(blobs.into_iter().map(Record::Blob));

@@ -10,6 +10,7 @@
 
 mod attr;
 mod convert;
+mod heap;
 mod images;
 mod launch;
 mod parse;
@@ -25,9 +26,10 @@ use crate::stop::{Deadline, StopReason, StopToken};
 use crate::{host, CpuEvent, RecordOptions, RecordSummary, TargetExit, TargetSpec};
 use attr::{AttrSettings, EventKind};
 use convert::{Converter, Initial, RawMsg};
+use heap::{Escape, HeapEvent, HeapSession};
 use lrnprof_format::{
-    Clock, Endian, EventSettings, Os, Pid, SampleEvent, SampleKind, SamplingSettings, Target,
-    Timestamp, TraceHeader,
+    Clock, Endian, EventSettings, HeapSettings, Os, Pid, SampleEvent, SampleKind, SamplingSettings,
+    Target, Timestamp, TraceHeader,
 };
 pub(crate) use parse::fuzz_records;
 use parse::Layout;
@@ -55,6 +57,12 @@ const CHANNEL_CAPACITY: usize = 32;
 const MAX_CHUNK: usize = 1 << 20;
 /// Longest wait between drains.
 const POLL_INTERVAL: Duration = Duration::from_millis(100);
+/// Longest wait between drains with allocation sampling: its ring is
+/// polled, not waited on, and a full ring makes allocating threads wait.
+const HEAP_POLL_INTERVAL: Duration = Duration::from_millis(10);
+/// Drains of the allocation sampler's ring per round at most, so a
+/// program that allocates without pause cannot hold the loop.
+const HEAP_DRAINS_PER_ROUND: usize = 4;
 
 /// The opened events and their ring buffers.
 struct Events {
@@ -144,9 +152,35 @@ pub(crate) fn record(
     let waker = Arc::clone(&wake);
     let _wake_guard = token.wake_with(Arc::new(move || sys::eventfd_add(&waker)));
     let deadline = Deadline::start(options.duration);
+    let page_size = host::page_size() as usize;
+    let plan = attr::plan_ring(
+        page_size,
+        MAX_RING_PAGES,
+        sys::geteuid() == 0,
+        procfs::read_sysctl("/proc/sys/kernel/perf_event_mlock_kb"),
+        stack_size,
+    );
+    let stack_size = plan.stack_size;
+    // Allocation samples copy as much stack as CPU samples.
+    let mut heap = match &options.heap {
+        Some(h) => Some(HeapSession::new(h, stack_size)?),
+        None => None,
+    };
+    let extras = match &heap {
+        Some(h) => launch::Extras {
+            env: h.environment(std::env::var_os("LD_PRELOAD")),
+            inherit_fd: Some(h.fd()),
+        },
+        None => launch::Extras::default(),
+    };
     let mut launched = match &options.target {
-        TargetSpec::Command(cmd) => Some(launch::spawn_waiting(cmd)?),
+        TargetSpec::Command(cmd) => Some(launch::spawn_waiting(cmd, &extras)?),
         TargetSpec::Pid(_) => None,
+    };
+    // Why the program's allocations may escape the sampler, said before it runs.
+    let escape = match (&heap, &launched) {
+        (Some(_), Some(l)) => heap::check_program(&l.path).map(|e| (l.path.clone(), e)),
+        _ => None,
     };
     // Before attaching (opening events for thousands of busy threads must
     // not wait for CPU) but after the fork, so a launched command keeps
@@ -157,19 +191,11 @@ pub(crate) fn record(
         (TargetSpec::Pid(p), None) => *p,
         (TargetSpec::Command(_), None) => unreachable!("launched above"),
     };
-    let page_size = host::page_size() as usize;
-    let plan = attr::plan_ring(
-        page_size,
-        MAX_RING_PAGES,
-        sys::geteuid() == 0,
-        procfs::read_sysctl("/proc/sys/kernel/perf_event_mlock_kb"),
-        stack_size,
-    );
-    let stack_size = plan.stack_size;
     let settings = AttrSettings {
-        event: match options.event {
-            CpuEvent::CpuClock => EventKind::CpuClock,
-            CpuEvent::Cycles => EventKind::Cycles,
+        event: match (options.cpu, options.event) {
+            (false, _) => EventKind::Tracking,
+            (true, CpuEvent::CpuClock) => EventKind::CpuClock,
+            (true, CpuEvent::Cycles) => EventKind::Cycles,
         },
         frequency_hz,
         stack_size,
@@ -198,6 +224,12 @@ pub(crate) fn record(
             bytes: plan.stack_size,
         });
     }
+    if let Some((program, escape)) = &escape {
+        reporter.warning(&RecordWarning::HeapNotSampled {
+            program: program.display().to_string(),
+            reason: escape.reason(),
+        });
+    }
     if let Some(l) = launched.as_mut() {
         l.release()?;
     }
@@ -211,7 +243,7 @@ pub(crate) fn record(
         sampling: SamplingSettings {
             event: match settings.event {
                 EventKind::Cycles => SampleEvent::Cycles,
-                EventKind::CpuClock => SampleEvent::CpuClock,
+                EventKind::CpuClock | EventKind::Tracking => SampleEvent::CpuClock,
             },
             frequency_hz,
             stack_size,
@@ -232,16 +264,26 @@ pub(crate) fn record(
         },
         hostname: host::hostname(),
         events: EventSettings {
-            cpu: true,
+            cpu: options.cpu,
+            heap: options.heap.map(|h| HeapSettings {
+                mean_interval: h.mean_interval,
+            }),
             ..EventSettings::default()
         },
     };
     let sample_kind = match settings.event {
         EventKind::Cycles => SampleKind::Cycles,
-        EventKind::CpuClock => SampleKind::CpuTime,
+        EventKind::CpuClock | EventKind::Tracking => SampleKind::CpuTime,
     };
     let layout = settings.layout();
-    let converter = Converter::new(layout, NATIVE_REGS, sample_kind, options.embed);
+    let mut converter = Converter::new(layout, NATIVE_REGS, sample_kind, options.embed);
+    if heap.is_some() {
+        let explained = matches!(
+            escape,
+            Some((_, Escape::StaticallyLinked | Escape::OwnMalloc))
+        );
+        converter = converter.with_heap(explained);
+    }
     let sink = Sink::start(out, &header, converter, CHANNEL_CAPACITY)?;
     let sender = sink.sender();
     let command = match &header.target {
@@ -269,6 +311,7 @@ pub(crate) fn record(
             &layout,
             &sender,
             &mut control,
+            heap.as_mut(),
             pid,
             launched.as_ref().map(|l| l.pid),
         )
@@ -277,7 +320,10 @@ pub(crate) fn record(
     for fd in events.all_fds() {
         let _ = sys::perf_disable(fd);
     }
-    let drained = drain_all(&mut events, &layout, &sender);
+    if let Some(h) = &heap {
+        h.stop();
+    }
+    let drained = drain_all(&mut events, &layout, &sender, heap.as_mut(), true);
     drop(priority);
     let end = sys::monotonic_ns();
     drop(sender);
@@ -335,6 +381,10 @@ fn open_first(
     }
     let e = last_err.unwrap_or_else(|| io::Error::from_raw_os_error(libc::ENOSYS));
     Err(RecordError::Unsupported(match settings.event {
+        EventKind::Tracking => format!(
+            "perf_event_open failed for the event that follows threads and images ({e}); the \
+             kernel needs CONFIG_PERF_EVENTS, and containers must allow the perf_event_open syscall"
+        ),
         EventKind::Cycles => format!(
             "the hardware cycle counter cannot be sampled here ({e}); virtual machines often \
              do not expose it: record with --event cpu-clock"
@@ -396,11 +446,14 @@ fn attach_all_threads(events: &mut Events, pid: u32) -> Result<(), RecordError> 
     Ok(())
 }
 
-/// Drain every ring buffer once; returns whether anything was drained.
+/// Drain every ring buffer once, and the allocation sampler's ring;
+/// `last`: the recording is over. Returns whether anything was drained.
 fn drain_all(
     events: &mut Events,
     layout: &Layout,
     sender: &SinkSender<RawMsg>,
+    heap: Option<&mut HeapSession>,
+    last: bool,
 ) -> Result<bool, RecordError> {
     let round = sys::monotonic_ns();
     let mut any = false;
@@ -415,6 +468,19 @@ fn drain_all(
                 sender.send(RawMsg::Chunk(chunk))?;
             }
             any = true;
+        }
+    }
+    if let Some(heap) = heap {
+        for _ in 0..HEAP_DRAINS_PER_ROUND {
+            let mut batch: Vec<HeapEvent> = Vec::new();
+            let more = heap.drain(&mut batch, sys::monotonic_ns(), last);
+            if !batch.is_empty() {
+                any = true;
+                sender.send(RawMsg::Heap(batch))?;
+            }
+            if !more {
+                break;
+            }
         }
     }
     sender.send(RawMsg::Round(round))?;
@@ -446,9 +512,15 @@ fn sample_loop(
     layout: &Layout,
     sender: &SinkSender<RawMsg>,
     control: &mut Control<'_>,
+    mut heap: Option<&mut HeapSession>,
     pid: u32,
     child: Option<u32>,
 ) -> Result<(StopReason, Option<TargetExit>), RecordError> {
+    let poll_interval = if heap.is_some() {
+        HEAP_POLL_INTERVAL
+    } else {
+        POLL_INTERVAL
+    };
     let mut fds: Vec<i32> = events
         .leaders
         .iter()
@@ -458,7 +530,7 @@ fn sample_loop(
     let wake_index = fds.len();
     fds.push(control.wake.as_raw_fd());
     loop {
-        drain_all(events, layout, sender)?;
+        drain_all(events, layout, sender, heap.as_deref_mut(), false)?;
         control.ticker.tick(control.reporter);
         if let Some(child) = child {
             if let Some(status) = sys::try_wait(child).map_err(|e| RecordError::Sys {
@@ -505,7 +577,7 @@ fn sample_loop(
         }
         let timeout = control
             .ticker
-            .timeout(control.deadline.timeout(POLL_INTERVAL));
+            .timeout(control.deadline.timeout(poll_interval));
         let ready =
             sys::poll_readable(&fds, timeout.as_millis() as i32).map_err(|e| RecordError::Sys {
                 what: "poll".into(),

@@ -10,8 +10,8 @@ mod terminal;
 use anyhow::Result;
 use clap::Parser;
 use lrnprof_recorder::{
-    record, CpuEvent, EmbedLevel, RecordOptions, StopToken, TargetSpec, DEFAULT_FREQUENCY_HZ,
-    DEFAULT_STACK_SIZE,
+    record, CpuEvent, EmbedLevel, HeapOptions, RecordOptions, StopToken, TargetSpec,
+    DEFAULT_FREQUENCY_HZ, DEFAULT_HEAP_INTERVAL, DEFAULT_STACK_SIZE,
 };
 use std::ffi::OsString;
 use std::io::IsTerminal;
@@ -44,6 +44,24 @@ struct Args {
     /// most virtual machines have none). Linux only.
     #[arg(long, short = 'e', default_value = "cpu-clock", value_parser = clap::value_parser!(CpuEvent))]
     event: CpuEvent,
+
+    /// Take CPU samples (on by default, also with --heap); off records only
+    /// the other events asked for. Linux only.
+    #[arg(long, default_value = "on", value_parser = ["on", "off"])]
+    cpu: String,
+
+    /// Also sample allocations (malloc, new, ...) of the launched command
+    /// and its children, with their stacks, for alloc_space/inuse_space
+    /// profiles. Launched commands only (not --pid). Linux only.
+    #[arg(long)]
+    heap: bool,
+
+    /// Mean bytes allocated between two sampled allocations (exponentially
+    /// distributed, as in tcmalloc); 1 records every allocation. Suffixes
+    /// K, M, G (KiB, MiB, GiB).
+    #[arg(long, value_name = "BYTES", requires = "heap", value_parser = parse_bytes,
+          default_value_t = DEFAULT_HEAP_INTERVAL)]
+    heap_rate: u64,
 
     /// Stop after this many seconds (default: until the target exits or Ctrl-C).
     #[arg(long, short)]
@@ -101,6 +119,10 @@ fn run(args: Args) -> Result<ExitCode> {
         out: args.out,
         frequency_hz: args.freq,
         event: args.event,
+        cpu: args.cpu == "on",
+        heap: args.heap.then_some(HeapOptions {
+            mean_interval: args.heap_rate,
+        }),
         duration,
         stack_size: args.stack_size,
         kernel_callchain: args.callchain == "on",
@@ -124,6 +146,24 @@ fn run(args: Args) -> Result<ExitCode> {
     })
 }
 
+/// `4096`, `512K`, `1M`, `2G` (powers of 1024), at least 1.
+fn parse_bytes(s: &str) -> Result<u64, String> {
+    let (digits, unit) = match s.as_bytes().last() {
+        Some(b'k' | b'K') => (&s[..s.len() - 1], 1u64 << 10),
+        Some(b'm' | b'M') => (&s[..s.len() - 1], 1 << 20),
+        Some(b'g' | b'G') => (&s[..s.len() - 1], 1 << 30),
+        _ => (s, 1),
+    };
+    digits
+        .parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(unit))
+        .filter(|&n| n >= 1)
+        .ok_or_else(|| {
+            format!("{s:?} is not a number of bytes of at least 1 (e.g. 4096, 512K, 1M)")
+        })
+}
+
 /// Raise the soft limit of open files to the hard limit: attaching on
 /// Linux opens one event per (thread, CPU). Launched commands inherit it,
 /// as they always have.
@@ -137,6 +177,22 @@ fn raise_open_file_limit() {
         if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 && lim.rlim_cur < lim.rlim_max {
             lim.rlim_cur = lim.rlim_max;
             libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn byte_counts_take_binary_suffixes() {
+        assert_eq!(parse_bytes("1"), Ok(1));
+        assert_eq!(parse_bytes("512K"), Ok(512 * 1024));
+        assert_eq!(parse_bytes("2m"), Ok(2 << 20));
+        assert_eq!(parse_bytes("1G"), Ok(1 << 30));
+        for bad in ["0", "", "K", "1.5M", "-1", "99999999999999999999G"] {
+            assert!(parse_bytes(bad).is_err(), "{bad}");
         }
     }
 }
