@@ -50,8 +50,8 @@ pub use options::{AnalyzeOptions, NoProgress, Progress, SampleFilter};
 pub use output::{FoldedWriter, OutputFormat, PprofWriter, ProfileWriter, SpeedscopeWriter};
 pub use pack::{pack, PackOptions, PackReport};
 pub use profile::{
-    Function, ImageInfo, Location, LocationLine, ProcessInfo, Profile, SequenceEntry, Stack, Stats,
-    ThreadProfile, ValueKind,
+    EventCounts, Function, ImageInfo, Location, LocationLine, ProcessInfo, Profile, SequenceEntry,
+    Stack, Stats, ThreadProfile, ValueKind,
 };
 pub use strip::{strip, StripReport};
 pub use symbolicate::FrameLine;

@@ -58,13 +58,10 @@ fn allocated(p: *mut c_void, size: usize) {
         return;
     }
     let t = thread::state();
-    // Safety: the thread's own state.
-    unsafe {
-        let left = (*t).countdown.wrapping_sub(size as i64);
-        (*t).countdown = left;
-        if left <= 0 {
-            countdown_ran_out(p, size, t);
-        }
+    let left = t.countdown.get().wrapping_sub(size as i64);
+    t.countdown.set(left);
+    if left <= 0 {
+        countdown_ran_out(p, size, t);
     }
 }
 
@@ -340,14 +337,11 @@ pub unsafe extern "C" fn pthread_getattr_np(thread: usize, attr: *mut PthreadAtt
         return sys::ENOSYS;
     };
     let t = thread::state();
-    // Safety: the thread's own state; the real function with the caller's
-    // arguments.
-    unsafe {
-        (*t).in_getattr += 1;
-        let rc = f(thread, attr);
-        (*t).in_getattr -= 1;
-        rc
-    }
+    t.in_getattr.set(t.in_getattr.get() + 1);
+    // Safety: the real function with the caller's arguments.
+    let rc = unsafe { f(thread, attr) };
+    t.in_getattr.set(t.in_getattr.get() - 1);
+    rc
 }
 
 /// Run when the library is loaded (after the C library's own start-up):

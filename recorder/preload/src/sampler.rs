@@ -66,6 +66,9 @@ static PHASE: AtomicU8 = AtomicU8::new(NEW);
 static CONTROL: AtomicPtr<Control> = AtomicPtr::new(core::ptr::null_mut());
 static DATA: AtomicPtr<u8> = AtomicPtr::new(core::ptr::null_mut());
 static MEAN: AtomicU64 = AtomicU64::new(0);
+/// Forks of this process (in the child), so threads know their cached ids
+/// are stale.
+static FORK_GENERATION: AtomicU32 = AtomicU32::new(0);
 static STACK_CAP: AtomicU32 = AtomicU32::new(0);
 
 /// How long a sampler waits for room in a full ring, at most, per record.
@@ -135,12 +138,10 @@ pub fn ensure_started() {
     }
     let errno = sys::errno();
     let t = thread::state();
-    // Safety: the thread's own state.
-    unsafe { (*t).busy += 1 };
+    t.busy.set(t.busy.get() + 1);
     resolve();
     connect();
-    // Safety: as above.
-    unsafe { (*t).busy -= 1 };
+    t.busy.set(t.busy.get() - 1);
     PHASE.store(READY, Ordering::Release);
     sys::set_errno(errno);
 }
@@ -290,10 +291,13 @@ fn connect() {
     );
     DATA.store(data.cast(), Ordering::Relaxed);
     CONTROL.store(control.cast(), Ordering::Release);
+    // Safety: registers a handler that only increments an atomic; the C
+    // library allocates for it, which passes through (the caller is busy).
+    unsafe { sys::pthread_atfork(None, None, Some(forked)) };
     if let Some(ring) = ring() {
         if let Some(mut r) = reserve(&ring, SMALL_LEN, kind::HELLO) {
             r.put_u64(sys::monotonic_ns());
-            r.put_u64(ids());
+            r.put_u64(ids(thread::state()));
             r.put_u64(0);
             r.commit();
         }
@@ -310,8 +314,20 @@ fn ring() -> Option<Ring> {
     Some(unsafe { Ring::new(control, DATA.load(Ordering::Relaxed)) })
 }
 
-fn ids() -> u64 {
-    u64::from(sys::pid()) | u64::from(sys::gettid()) << 32
+extern "C" fn forked() {
+    FORK_GENERATION.fetch_add(1, Ordering::Relaxed);
+}
+
+/// The process and thread ids, as a record's second word; looked up once
+/// per thread and again after a fork.
+fn ids(t: &ThreadState) -> u64 {
+    let generation = FORK_GENERATION.load(Ordering::Relaxed);
+    if t.tid.get() == 0 || t.fork_generation.get() != generation {
+        t.pid.set(sys::pid());
+        t.tid.set(sys::gettid());
+        t.fork_generation.set(generation);
+    }
+    u64::from(t.pid.get()) | u64::from(t.tid.get()) << 32
 }
 
 /// Room for a record, waiting a little for a live recorder when the ring
@@ -349,42 +365,44 @@ fn reserve(ring: &Ring, len: usize, kind: u8) -> Option<Reservation<'_>> {
 /// holds the registers it records.
 #[cold]
 #[inline(never)]
-pub fn countdown_ran_out(p: *mut c_void, size: usize, t: *mut ThreadState) {
-    let errno = sys::errno();
-    // Safety: the thread's own state; nothing else touches it.
-    let t = unsafe { &mut *t };
-    if t.busy != 0 {
+pub fn countdown_ran_out(p: *mut c_void, size: usize, t: &ThreadState) {
+    if t.busy.get() != 0 {
         // The C library allocating for the sampler: not the program's.
-        t.countdown = t.countdown.saturating_add(size as i64);
+        t.countdown
+            .set(t.countdown.get().saturating_add(size as i64));
         return;
     }
-    t.busy += 1;
+    let errno = sys::errno();
+    t.busy.set(t.busy.get() + 1);
     ensure_started();
     let mean = MEAN.load(Ordering::Relaxed);
     match ring() {
         None if PHASE.load(Ordering::Acquire) == READY => {
             // Not launched by the recorder: never sample.
-            t.countdown = i64::MAX / 2;
+            t.countdown.set(i64::MAX / 2);
         }
-        None => t.countdown = 0,
+        None => t.countdown.set(0),
         Some(ring) => {
-            if t.rng == 0 {
+            if t.rng.get() == 0 {
                 // The thread's first interval starts at its first allocation.
-                t.rng = Rng::new(thread_seed(t, p)).next_u64() | 1;
-                let mut rng = Rng::new(t.rng);
-                t.countdown = t.countdown.saturating_add(next_interval(&mut rng, mean));
-                t.rng = rng.next_u64() | 1;
+                let mut rng = Rng::new(thread_seed(t, p));
+                t.countdown.set(
+                    t.countdown
+                        .get()
+                        .saturating_add(next_interval(&mut rng, mean)),
+                );
+                t.rng.set(rng.next_u64() | 1);
             }
-            if t.countdown <= 0 {
-                let mut rng = Rng::new(t.rng);
+            if t.countdown.get() <= 0 {
+                let mut rng = Rng::new(t.rng.get());
                 // Memoryless: the next interval starts after this block.
-                t.countdown = next_interval(&mut rng, mean);
-                t.rng = rng.next_u64() | 1;
+                t.countdown.set(next_interval(&mut rng, mean));
+                t.rng.set(rng.next_u64() | 1);
                 record_allocation(&ring, p, size, t);
             }
         }
     }
-    t.busy -= 1;
+    t.busy.set(t.busy.get() - 1);
     sys::set_errno(errno);
 }
 
@@ -396,9 +414,9 @@ fn thread_seed(t: &ThreadState, p: *mut c_void) -> u64 {
 }
 
 /// Look up the thread's stack once.
-fn stack_bounds(t: &mut ThreadState) -> (u64, u64) {
-    if t.stack_high == 0 && t.in_getattr == 0 {
-        t.stack_high = NO_STACK;
+fn stack_bounds(t: &ThreadState) -> (u64, u64) {
+    if t.stack_high.get() == 0 && t.in_getattr.get() == 0 {
+        t.stack_high.set(NO_STACK);
         let f = REAL.pthread_getattr_np.load(Ordering::Acquire);
         if f != 0 {
             type GetAttr = unsafe extern "C" fn(usize, *mut sys::PthreadAttr) -> c_int;
@@ -413,21 +431,30 @@ fn stack_bounds(t: &mut ThreadState) -> (u64, u64) {
             unsafe {
                 if get(sys::pthread_self(), &mut attr) == 0 {
                     if sys::pthread_attr_getstack(&attr, &mut addr, &mut size) == 0 {
-                        t.stack_low = addr as u64;
-                        t.stack_high = (addr as u64).saturating_add(size as u64);
+                        t.stack_low.set(addr as u64);
+                        t.stack_high.set((addr as u64).saturating_add(size as u64));
                     }
                     sys::pthread_attr_destroy(&mut attr);
                 }
             }
+            // The main thread's outermost frame (`_start`'s) is where the
+            // loader left the stack pointer; above it are only the
+            // arguments, the environment and the auxiliary vector.
+            // Safety: set by the dynamic loader before any code runs.
+            let start = unsafe { sys::__libc_stack_end } as u64;
+            if t.stack_low.get() <= start && start < t.stack_high.get() {
+                t.stack_high
+                    .set(start.saturating_add(64).min(t.stack_high.get()));
+            }
         }
     }
-    (t.stack_low, t.stack_high)
+    (t.stack_low.get(), t.stack_high.get())
 }
 
 /// Write an allocation record: ids, the block, the registers here and a
 /// copy of the stack from the stack pointer up.
 #[inline(always)]
-fn record_allocation(ring: &Ring, p: *mut c_void, size: usize, t: &mut ThreadState) {
+fn record_allocation(ring: &Ring, p: *mut c_void, size: usize, t: &ThreadState) {
     let regs = thread::registers();
     let sp = regs[SP];
     let cap = u64::from(STACK_CAP.load(Ordering::Relaxed));
@@ -446,7 +473,7 @@ fn record_allocation(ring: &Ring, p: *mut c_void, size: usize, t: &mut ThreadSta
         return;
     };
     r.put_u64(sys::monotonic_ns());
-    r.put_u64(ids());
+    r.put_u64(ids(t));
     r.put_u64(p as u64);
     r.put_u64(size as u64);
     for reg in regs {
@@ -514,7 +541,7 @@ pub fn record_free(p: *mut c_void, time: u64) {
     let errno = sys::errno();
     if let Some(mut r) = reserve(&ring, SMALL_LEN, kind::FREE) {
         r.put_u64(time);
-        r.put_u64(ids());
+        r.put_u64(ids(thread::state()));
         r.put_u64(p as u64);
         r.commit();
     }

@@ -101,6 +101,13 @@ extern "C" {
         remote_count: usize,
         flags: usize,
     ) -> isize;
+    /// The initial stack pointer of the main thread (the dynamic loader's).
+    pub static __libc_stack_end: *const c_void;
+    pub fn pthread_atfork(
+        prepare: Option<extern "C" fn()>,
+        parent: Option<extern "C" fn()>,
+        child: Option<extern "C" fn()>,
+    ) -> c_int;
     pub fn nanosleep(request: *const Timespec, remaining: *mut Timespec) -> c_int;
     pub fn __errno_location() -> *mut c_int;
     #[cfg(lrnprof_preload_exports)]

@@ -9,27 +9,38 @@
 //! A library loaded at startup (as a preloaded one is) may use initial-exec.
 
 use crate::protocol::Regs;
+use core::cell::Cell;
 
-/// What a thread remembers between its allocations.
+/// What a thread remembers between its allocations. Cells: the sampler
+/// may be re-entered in the same thread (the C library allocating or
+/// freeing on its behalf), so nothing holds a unique reference to it.
 #[repr(C)]
 #[derive(Debug)]
 pub struct ThreadState {
     /// Bytes left until the next sample; a sample is taken when it drops
     /// to 0 or below.
-    pub countdown: i64,
+    pub countdown: Cell<i64>,
     /// The thread's random generator state (0: not started).
-    pub rng: u64,
+    pub rng: Cell<u64>,
     /// Lowest address of the thread's stack, when known.
-    pub stack_low: u64,
+    pub stack_low: Cell<u64>,
     /// One past its highest address; 0 not looked up yet, [`NO_STACK`]
     /// looked up without success.
-    pub stack_high: u64,
+    pub stack_high: Cell<u64>,
     /// Non-zero while the sampler itself runs in this thread: allocations
     /// the C library makes for it are passed through, unsampled.
-    pub busy: u32,
+    pub busy: Cell<u32>,
     /// Non-zero while the program's own `pthread_getattr_np` runs in this
     /// thread, which holds a lock the sampler's own call would wait for.
-    pub in_getattr: u32,
+    pub in_getattr: Cell<u32>,
+    /// The thread's id and its process's (0: not looked up yet), valid
+    /// while `fork_generation` is the process's.
+    pub tid: Cell<u32>,
+    /// See `tid`.
+    pub pid: Cell<u32>,
+    /// The process's fork count when `tid` and `pid` were looked up: a
+    /// forked child's thread has new ids.
+    pub fork_generation: Cell<u32>,
 }
 
 /// [`ThreadState::stack_high`] when the stack could not be found.
@@ -65,10 +76,12 @@ core::arch::global_asm!(
     ".popsection",
 );
 
-/// The calling thread's state (zeroed when the thread starts).
+/// The calling thread's state (zeroed when the thread starts, which is a
+/// valid `ThreadState`). Only for the calling thread, and only while it
+/// runs: never kept or handed to another thread.
 #[inline(always)]
-pub fn state() -> *mut ThreadState {
-    let p: *mut ThreadState;
+pub fn state() -> &'static ThreadState {
+    let p: *const ThreadState;
     // Safety: reads the thread pointer and the GOT entry the linker made
     // for our own thread-local symbol; writes only the output register.
     #[cfg(target_arch = "x86_64")]
@@ -93,7 +106,9 @@ pub fn state() -> *mut ThreadState {
             options(nostack, readonly, pure),
         );
     }
-    p
+    // Safety: the thread's own 64 zero-initialized, 16-aligned bytes of
+    // static TLS, alive as long as the thread.
+    unsafe { &*p }
 }
 
 /// The registers at this point of the calling function: its instruction

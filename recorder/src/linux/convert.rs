@@ -64,7 +64,9 @@ pub(crate) struct Initial {
 struct Pending {
     time: u64,
     seq: u64,
-    record: Record,
+    /// Boxed: the heap moves entries log(n) times per push and pop, and a
+    /// sample is hundreds of bytes.
+    record: Box<Record>,
 }
 
 impl PartialEq for Pending {
@@ -162,7 +164,7 @@ impl Converter {
         self.pending.push(Reverse(Pending {
             time,
             seq: self.seq,
-            record,
+            record: Box::new(record),
         }));
     }
 
@@ -172,7 +174,7 @@ impl Converter {
                 break;
             }
             let Reverse(p) = self.pending.pop().expect("peeked");
-            out.push(p.record);
+            out.push(*p.record);
         }
     }
 
