@@ -97,11 +97,11 @@ pub enum RecordWarning {
         count: u64,
     },
     /// Allocations of the launched program will not all be recorded
-    /// (`--heap`), for `reason`.
+    /// (`--heap`). `Display` writes the program, then `reason`.
     HeapNotSampled {
         /// The program.
         program: String,
-        /// Why, and what is recorded instead.
+        /// What happens and why (`is statically linked: ...`).
         reason: String,
     },
     /// The recording ended with no allocation recorded (`--heap`).
@@ -138,12 +138,7 @@ impl fmt::Display for RecordWarning {
                 f,
                 "{count} perf records could not be parsed and were skipped"
             ),
-            RecordWarning::HeapNotSampled { program, reason } => {
-                write!(
-                    f,
-                    "allocations of {program} will not all be recorded: {reason}"
-                )
-            }
+            RecordWarning::HeapNotSampled { program, reason } => write!(f, "{program} {reason}"),
             RecordWarning::HeapNothingRecorded { reason } => {
                 write!(f, "no allocation was recorded: {reason}")
             }

@@ -32,20 +32,21 @@ pub(crate) enum Escape {
 }
 
 impl Escape {
-    /// Why, in words, for a warning.
+    /// What happens and why, following the program's name in a warning.
     pub fn reason(&self) -> String {
         match self {
             Escape::StaticallyLinked => {
-                "it is statically linked: the dynamic loader, which loads the allocation \
-                 sampler, never runs, so no allocation is recorded"
+                "is statically linked: no allocation will be recorded (the \
+                                         allocation sampler is loaded by the dynamic loader, \
+                                         which a static program does not run)"
                     .into()
             }
-            Escape::OwnMalloc => "it defines malloc itself, and its own definition is found \
-                                  before the allocation sampler's, so no allocation is recorded"
+            Escape::OwnMalloc => "defines malloc itself: no allocation will be recorded (its own \
+                                  malloc is found before the allocation sampler's)"
                 .into(),
             Escape::OwnAllocator(name) => format!(
-                "it has its own allocator ({name}), whose allocations do not go through malloc \
-                 and are not recorded; only those made through malloc are"
+                "has its own allocator ({name}): only allocations made through malloc will be \
+                 recorded, not those made through {name}"
             ),
         }
     }
