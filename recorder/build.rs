@@ -47,9 +47,8 @@ fn build(lib_rs: &Path, out: &Path) -> bool {
         "-C",
         "panic=abort",
         // The analyzer unwinds through the sampler's own frames (then
-        // drops them): keep frame pointers and unwind tables.
-        "-C",
-        "force-frame-pointers=yes",
+        // drops them) with its unwind tables. No forced frame pointers:
+        // the allocator's fast paths stay without a stack frame.
         "-C",
         "force-unwind-tables=yes",
         "-C",

@@ -68,6 +68,15 @@ fn allocated(p: *mut c_void, size: usize) {
 /// A block at `p` is about to be given back: record it if it was sampled.
 #[inline(always)]
 fn freeing(p: *mut c_void) {
+    if TABLE.may_hold(p as u64) {
+        freeing_maybe_sampled(p);
+    }
+}
+
+/// Apart from `free`, which then needs no stack frame of its own.
+#[cold]
+#[inline(never)]
+fn freeing_maybe_sampled(p: *mut c_void) {
     if TABLE.remove(p as u64) {
         record_free(p, sys::monotonic_ns());
     }
@@ -193,7 +202,8 @@ pub unsafe extern "C" fn reallocarray(p: *mut c_void, n: usize, size: usize) -> 
 /// As the C function.
 #[cfg_attr(lrnprof_preload_exports, no_mangle)]
 pub unsafe extern "C" fn free(p: *mut c_void) {
-    if p.is_null() || in_arena(p) {
+    // A null `p` passes through: the table never holds 0.
+    if in_arena(p) {
         return;
     }
     freeing(p);

@@ -85,9 +85,9 @@ impl Table {
         &self.filter[(hash(address) >> (64 - FILTER_LOG2)) as usize]
     }
 
-    /// Remember `address` (not 0); `false` if its bucket is full.
+    /// Remember `address`; `false` if its bucket is full (or it is 0).
     pub fn insert(&self, address: u64) -> bool {
-        let Some(bucket) = self.bucket(address) else {
+        let Some(bucket) = self.bucket(address).filter(|_| address != 0) else {
             return false;
         };
         let count = self.filter(address);
@@ -106,21 +106,26 @@ impl Table {
         false
     }
 
-    /// Forget `address` if it is remembered; `true` if it was. Inlined:
-    /// every `free` asks, and almost every answer comes from the filter.
+    /// Whether `address` may be remembered: `false` is sure, and is what
+    /// almost every `free` hears, from one byte of the filter.
+    #[inline(always)]
+    pub fn may_hold(&self, address: u64) -> bool {
+        self.live.load(Ordering::Relaxed) != 0 && self.filter(address).load(Ordering::Relaxed) != 0
+    }
+
+    /// Forget `address` if it is remembered; `true` if it was.
     #[inline(always)]
     pub fn remove(&self, address: u64) -> bool {
-        if self.live.load(Ordering::Relaxed) == 0
-            || self.filter(address).load(Ordering::Relaxed) == 0
-        {
-            return false;
-        }
-        self.remove_slow(address)
+        self.may_hold(address) && self.remove_slow(address)
     }
 
     #[cold]
     #[inline(never)]
     fn remove_slow(&self, address: u64) -> bool {
+        // 0 marks a free slot: it is never remembered.
+        if address == 0 {
+            return false;
+        }
         let Some(bucket) = self.bucket(address) else {
             return false;
         };
@@ -191,5 +196,7 @@ mod tests {
         let removed = addresses.iter().filter(|&&a| t.remove(a)).count();
         assert_eq!(removed, kept);
         assert!(!t.remove(0x1234_5670));
+        assert!(!t.insert(0), "0 is a free slot");
+        assert!(!t.remove(0));
     }
 }
