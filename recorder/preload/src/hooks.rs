@@ -213,19 +213,15 @@ pub unsafe extern "C" fn free(p: *mut c_void) {
     }
 }
 
-/// `free_sized` (C23).
-///
-/// # Safety
-/// As the C function.
-#[cfg_attr(lrnprof_preload_exports, no_mangle)]
-pub unsafe extern "C" fn free_sized(p: *mut c_void, size: usize) {
-    if p.is_null() || in_arena(p) {
+/// A free through `call`, the real function if there is one, else `free`.
+#[inline(always)]
+fn free_through<F: Copy>(p: *mut c_void, slot: &AtomicUsize, call: impl FnOnce(F)) {
+    if in_arena(p) {
         return;
     }
     freeing(p);
-    match real::<FreeSized>(&REAL.free_sized) {
-        // Safety: the real function with the caller's arguments.
-        Some(f) => unsafe { f(p, size) },
+    match real::<F>(slot) {
+        Some(f) => call(f),
         None => {
             if let Some(f) = real::<Free>(&REAL.free) {
                 // Safety: the real free.
@@ -235,26 +231,26 @@ pub unsafe extern "C" fn free_sized(p: *mut c_void, size: usize) {
     }
 }
 
+/// `free_sized` (C23).
+///
+/// # Safety
+/// As the C function.
+#[cfg_attr(lrnprof_preload_exports, no_mangle)]
+pub unsafe extern "C" fn free_sized(p: *mut c_void, size: usize) {
+    // Safety: the real function with the caller's arguments.
+    free_through(p, &REAL.free_sized, |f: FreeSized| unsafe { f(p, size) });
+}
+
 /// `free_aligned_sized` (C23).
 ///
 /// # Safety
 /// As the C function.
 #[cfg_attr(lrnprof_preload_exports, no_mangle)]
 pub unsafe extern "C" fn free_aligned_sized(p: *mut c_void, align: usize, size: usize) {
-    if p.is_null() || in_arena(p) {
-        return;
-    }
-    freeing(p);
-    match real::<FreeAlignedSized>(&REAL.free_aligned_sized) {
+    free_through(p, &REAL.free_aligned_sized, |f: FreeAlignedSized| {
         // Safety: the real function with the caller's arguments.
-        Some(f) => unsafe { f(p, align, size) },
-        None => {
-            if let Some(f) = real::<Free>(&REAL.free) {
-                // Safety: the real free.
-                unsafe { f(p) };
-            }
-        }
-    }
+        unsafe { f(p, align, size) }
+    });
 }
 
 /// `posix_memalign`.
@@ -305,13 +301,10 @@ pub unsafe extern "C" fn memalign(align: usize, size: usize) -> *mut c_void {
     aligned(&REAL.memalign, align, size)
 }
 
-/// `valloc`.
-///
-/// # Safety
-/// As the C function.
-#[cfg_attr(lrnprof_preload_exports, no_mangle)]
-pub unsafe extern "C" fn valloc(size: usize) -> *mut c_void {
-    let Some(f) = real::<Malloc>(&REAL.valloc) else {
+/// An allocation through `slot`'s real function of one size argument.
+#[inline(always)]
+fn sized(slot: &AtomicUsize, size: usize) -> *mut c_void {
+    let Some(f) = real::<Malloc>(slot) else {
         return core::ptr::null_mut();
     };
     // Safety: the real function.
@@ -320,19 +313,22 @@ pub unsafe extern "C" fn valloc(size: usize) -> *mut c_void {
     p
 }
 
+/// `valloc`.
+///
+/// # Safety
+/// As the C function.
+#[cfg_attr(lrnprof_preload_exports, no_mangle)]
+pub unsafe extern "C" fn valloc(size: usize) -> *mut c_void {
+    sized(&REAL.valloc, size)
+}
+
 /// `pvalloc`: counted as the bytes asked for, not the whole pages given.
 ///
 /// # Safety
 /// As the C function.
 #[cfg_attr(lrnprof_preload_exports, no_mangle)]
 pub unsafe extern "C" fn pvalloc(size: usize) -> *mut c_void {
-    let Some(f) = real::<Malloc>(&REAL.pvalloc) else {
-        return core::ptr::null_mut();
-    };
-    // Safety: the real function.
-    let p = unsafe { f(size) };
-    allocated(p, size);
-    p
+    sized(&REAL.pvalloc, size)
 }
 
 /// `pthread_getattr_np`, noting that the program is inside it: it holds

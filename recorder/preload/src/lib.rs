@@ -37,30 +37,20 @@ pub mod protocol;
 pub mod ring;
 pub mod table;
 
-#[cfg(all(
-    any(test, lrnprof_preload_exports),
-    target_os = "linux",
-    any(target_arch = "x86_64", target_arch = "aarch64")
-))]
-mod hooks;
-#[cfg(all(
-    any(test, lrnprof_preload_exports),
-    target_os = "linux",
-    any(target_arch = "x86_64", target_arch = "aarch64")
-))]
-mod sampler;
-#[cfg(all(
-    any(test, lrnprof_preload_exports),
-    target_os = "linux",
-    any(target_arch = "x86_64", target_arch = "aarch64")
-))]
-mod sys;
-#[cfg(all(
-    any(test, lrnprof_preload_exports),
-    target_os = "linux",
-    any(target_arch = "x86_64", target_arch = "aarch64")
-))]
-mod thread;
+/// Declares modules that exist only in the shared library (and in this
+/// crate's tests): the C library glue, for Linux on x86-64 and AArch64.
+macro_rules! sampler_modules {
+    ($($name:ident),*) => {$(
+        #[cfg(all(
+            any(test, lrnprof_preload_exports),
+            target_os = "linux",
+            any(target_arch = "x86_64", target_arch = "aarch64")
+        ))]
+        mod $name;
+    )*};
+}
+
+sampler_modules!(hooks, sampler, sys, thread);
 
 /// In the shared library a panic (none is expected) ends the process, as
 /// an allocator failure would.

@@ -151,10 +151,7 @@ impl Converter {
     /// Allocation sampling is on; `explained`: a warning has already said
     /// why the launched program's allocations will not be recorded.
     pub fn with_heap(mut self, explained: bool) -> Converter {
-        self.heap = Some(HeapStats {
-            explained,
-            ..HeapStats::default()
-        });
+        self.heap = Some(HeapStats::new(explained));
         self
     }
 
@@ -469,10 +466,7 @@ impl Converter {
     }
 
     fn heap_event(&mut self, event: HeapEvent) {
-        // The sampler's clock is ours, but a record can arrive a round
-        // late (its writer was descheduled): never before what is out.
-        let at = |t: u64, upto: u64| t.max(upto);
-        let upto = self.released_upto;
+        let released = self.released_upto;
         let Some(stats) = self.heap.as_mut() else {
             return;
         };
@@ -487,7 +481,7 @@ impl Converter {
                 stack,
             } => {
                 stats.allocations += 1;
-                let time = at(time, upto);
+                let time = stats.place(pid, tid, time, released);
                 let regs = super::regs::from_sampler(self.regs.arch, regs);
                 let sample = self.sample_with_stack(time, pid, tid, regs, &stack, &[]);
                 self.push(
@@ -506,7 +500,7 @@ impl Converter {
                 tid,
                 address,
             } => {
-                let time = at(time, upto);
+                let time = stats.place(pid, tid, time, released);
                 self.push(
                     time,
                     Record::Free(FreeRecord {
@@ -521,7 +515,7 @@ impl Converter {
                 stats.processes.insert(pid);
             }
             HeapEvent::Lost { time, count } => {
-                let time = at(time, upto);
+                let time = time.max(released);
                 self.push(
                     time,
                     Record::Lost(LostRecord {

@@ -63,6 +63,10 @@ const HEAP_POLL_INTERVAL: Duration = Duration::from_millis(10);
 /// Drains of the allocation sampler's ring per round at most, so a
 /// program that allocates without pause cannot hold the loop.
 const HEAP_DRAINS_PER_ROUND: usize = 4;
+/// With allocation sampling, records are held back this much longer
+/// before they are put in time order and written: a sampler's thread can
+/// be descheduled between reading the clock and writing its record.
+const HEAP_HOLD_NS: u64 = 200_000_000;
 
 /// The opened events and their ring buffers.
 struct Events {
@@ -470,10 +474,13 @@ fn drain_all(
             any = true;
         }
     }
+    let mut round = Some(round);
     if let Some(heap) = heap {
+        round = round.map(|r| r.saturating_sub(HEAP_HOLD_NS));
+        let mut more = true;
         for _ in 0..HEAP_DRAINS_PER_ROUND {
             let mut batch: Vec<HeapEvent> = Vec::new();
-            let more = heap.drain(&mut batch, sys::monotonic_ns(), last);
+            more = heap.drain(&mut batch, sys::monotonic_ns(), last);
             if !batch.is_empty() {
                 any = true;
                 sender.send(RawMsg::Heap(batch))?;
@@ -482,8 +489,14 @@ fn drain_all(
                 break;
             }
         }
+        if more {
+            // Older records may still be in the ring: nothing is done yet.
+            round = None;
+        }
     }
-    sender.send(RawMsg::Round(round))?;
+    if let Some(round) = round {
+        sender.send(RawMsg::Round(round))?;
+    }
     Ok(any)
 }
 

@@ -119,23 +119,9 @@ impl RingMap {
     /// Map `1 + data_pages` pages of `fd` (data_pages a power of two).
     pub fn new(fd: &OwnedFd, page_size: usize, data_pages: usize) -> io::Result<RingMap> {
         let len = page_size * (1 + data_pages);
-        // Safety: a fresh shared mapping of the perf fd; the kernel checks
-        // the length.
-        let base = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                fd.as_raw_fd(),
-                0,
-            )
-        };
-        if base == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error());
-        }
+        let base = map_shared(fd, len)?;
         let mut ring = RingMap {
-            base: base.cast(),
+            base,
             len,
             data_offset: page_size,
             data_size: page_size * data_pages,
@@ -451,6 +437,26 @@ pub(crate) fn memfd(name: &CStr, len: usize) -> io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(high) })
 }
 
+/// Map `len` bytes of `fd` from its start, shared and writable.
+fn map_shared(fd: &OwnedFd, len: usize) -> io::Result<*mut u8> {
+    // Safety: a fresh shared mapping placed by the kernel, which checks
+    // the length against the file; the caller owns and unmaps it.
+    let ptr = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            fd.as_raw_fd(),
+            0,
+        )
+    };
+    if ptr == libc::MAP_FAILED {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(ptr.cast())
+}
+
 /// A shared, writable mapping of a whole file, unmapped on drop.
 #[derive(Debug)]
 pub(crate) struct SharedMap {
@@ -465,22 +471,8 @@ unsafe impl Send for SharedMap {}
 impl SharedMap {
     /// Map `len` bytes of `fd` from its start.
     pub fn new(fd: &OwnedFd, len: usize) -> io::Result<SharedMap> {
-        // Safety: a new mapping placed by the kernel; checked below.
-        let ptr = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                fd.as_raw_fd(),
-                0,
-            )
-        };
-        if ptr == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error());
-        }
         Ok(SharedMap {
-            ptr: ptr.cast(),
+            ptr: map_shared(fd, len)?,
             len,
         })
     }

@@ -19,7 +19,7 @@ use lrnprof_preload::protocol::{
     self, state, Control, Event, Settings, CONTROL_SIZE, ENV_VAR, MAX_RECORD,
 };
 use lrnprof_preload::ring::{Consumer, Pop, Ring, KIND_SKIP};
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::ffi::OsString;
 use std::hash::{BuildHasher, Hasher};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
@@ -246,9 +246,41 @@ pub(crate) struct HeapStats {
     pub broken: bool,
     /// A warning already said why the program's allocations escape it.
     pub explained: bool,
+    /// Per thread, the last time given to one of its events that came
+    /// after the recorder had written later records (see [`Self::place`]).
+    late: HashMap<(u32, u32), u64>,
 }
 
 impl HeapStats {
+    /// Nothing yet; `explained`: a warning already said why the launched
+    /// program's allocations escape the sampler.
+    pub fn new(explained: bool) -> HeapStats {
+        HeapStats {
+            explained,
+            ..HeapStats::default()
+        }
+    }
+
+    /// The time to write an event of thread `tid` taken at `time` under,
+    /// when records before `released` are already written: its own, or,
+    /// for an event that arrived that late (its thread was descheduled
+    /// between taking the time and writing it, for longer than the
+    /// recorder holds records back), the first free nanosecond of its
+    /// thread from `released` on. The trace stays in time order, and no
+    /// two events of one thread share a time (the analyzer pairs an
+    /// allocation with its free by thread and time).
+    pub fn place(&mut self, pid: u32, tid: u32, time: u64, released: u64) -> u64 {
+        if time >= released {
+            return time;
+        }
+        if self.late.len() > 4096 {
+            self.late.retain(|_, &mut t| t >= released);
+        }
+        let last = self.late.entry((pid, tid)).or_insert(0);
+        *last = released.max(last.saturating_add(1));
+        *last
+    }
+
     /// What the user should know at the end.
     pub fn warnings(&self, out: &mut Vec<RecordWarning>) {
         if self.broken {
@@ -310,6 +342,16 @@ mod tests {
             8192,
         )
         .unwrap()
+    }
+
+    #[test]
+    fn late_events_are_placed_after_what_is_written_at_distinct_times() {
+        let mut stats = HeapStats::default();
+        assert_eq!(stats.place(1, 2, 500, 100), 500, "on time");
+        assert_eq!(stats.place(1, 2, 50, 100), 100);
+        assert_eq!(stats.place(1, 2, 60, 100), 101, "same thread: the next ns");
+        assert_eq!(stats.place(1, 3, 60, 100), 100, "another thread");
+        assert_eq!(stats.place(1, 2, 70, 200), 200);
     }
 
     #[test]
