@@ -7,12 +7,11 @@ use crate::error::AnalyzeError;
 #[cfg(test)]
 use crate::options::SampleFilter;
 use crate::options::{AnalyzeOptions, Progress};
-use crate::pipeline::{open, pool, prepare};
+use crate::pipeline::{for_each_sample_chunk, open, pool, prepare};
 use crate::profile::{amounts, kinds_of, HeapScale, Profile, ProfileBuilder, UnwoundSample};
 use crate::symbolicate::symbolicate;
-use crate::timeline::chunk_blocks;
 use crate::unwind::ArchCache;
-use lrnprof_format::{Record, Sample, Timestamp, TraceReader};
+use lrnprof_format::{Timestamp, TraceReader};
 use rayon::prelude::*;
 use std::path::Path;
 
@@ -64,6 +63,7 @@ fn run<D: AsRef<[u8]> + Sync>(
     let mut builder = ProfileBuilder::new(
         prepared.timeline.threads.len(),
         options.keep_sequences,
+        options.every_sample,
         kinds,
         options.value,
     );
@@ -80,62 +80,40 @@ fn run<D: AsRef<[u8]> + Sync>(
                 .saturating_add((secs.max(0.0) * 1e9) as u64),
         )
     });
-    let blocks = reader.blocks();
-    let total = blocks.len() as u64;
-    let mut done = 0;
-    let step = chunk_blocks();
-    for (n, chunk) in blocks.chunks(step).enumerate() {
-        let cached: Vec<Option<Vec<Sample>>> = (0..chunk.len())
-            .map(|i| cache.get_mut(n * step + i).and_then(Option::take))
-            .collect();
-        let samples: Vec<Sample> = chunk
-            .par_iter()
-            .zip(cached)
-            .flat_map_iter(|(b, cached)| {
-                cached
-                    .unwrap_or_else(|| {
-                        reader
-                            .decode_block(b)
-                            .unwrap_or_default()
-                            .into_iter()
-                            .filter_map(|r| match r {
-                                Record::Sample(s) => Some(s),
-                                _ => None,
-                            })
-                            .collect()
-                    })
-                    .into_iter()
-                    .filter(|s| prepared.selected(&options.filter, s))
-            })
-            .collect();
-        let unwound: Vec<UnwoundSample> = samples
-            .par_iter()
-            .map_init(
-                || ArchCache::new(prepared.arch),
-                |cache, s| {
-                    let u = prepared.unwind(cache, s);
-                    let outcome = prepared
-                        .timeline
-                        .outcomes
-                        .get(&(s.pid, s.tid, s.time, s.kind));
-                    UnwoundSample {
-                        thread: prepared.timeline.thread_index[&(s.pid, s.tid)],
-                        time: s.time,
-                        amounts: amounts(s.kind, s.weight, outcome, heap, inuse_at),
-                        frames: prepared.frame_keys(s, &u.frames),
-                        clean: u.clean,
-                        used_kernel_chain: u.used_kernel_chain,
-                        presymbolized: !s.frames.is_empty(),
-                    }
-                },
-            )
-            .collect();
-        for u in unwound {
-            builder.add(u);
-        }
-        done += chunk.len() as u64;
-        progress.update("unwinding", done, total);
-    }
+    let total = reader.blocks().len() as u64;
+    for_each_sample_chunk(
+        reader,
+        &mut cache,
+        |s| prepared.selected(&options.filter, s),
+        |samples, done| {
+            let unwound: Vec<UnwoundSample> = samples
+                .par_iter()
+                .map_init(
+                    || ArchCache::new(prepared.arch),
+                    |cache, s| {
+                        let u = prepared.unwind(cache, s);
+                        let outcome = prepared
+                            .timeline
+                            .outcomes
+                            .get(&(s.pid, s.tid, s.time, s.kind));
+                        UnwoundSample {
+                            thread: prepared.timeline.thread_index[&(s.pid, s.tid)],
+                            time: s.time,
+                            amounts: amounts(s.kind, s.weight, outcome, heap, inuse_at),
+                            frames: prepared.frame_keys(s, &u.frames),
+                            clean: u.clean,
+                            used_kernel_chain: u.used_kernel_chain,
+                            presymbolized: !s.frames.is_empty(),
+                        }
+                    },
+                )
+                .collect();
+            for u in unwound {
+                builder.add(u);
+            }
+            progress.update("unwinding", done, total);
+        },
+    );
 
     let lines = symbolicate(
         builder.frames(),

@@ -7,11 +7,13 @@ use crate::error::AnalyzeError;
 use crate::image::{load_image, ImageData, LoadedImage, LocateOptions};
 use crate::options::{AnalyzeOptions, Progress, SampleFilter};
 use crate::symbolicate::JitMap;
-use crate::timeline::{generation_index, scan, Generation, Mapping, SampleCache, Timeline};
+use crate::timeline::{
+    chunk_blocks, generation_index, scan, Generation, Mapping, SampleCache, Timeline,
+};
 use crate::unwind::{
     continue_with_callchain, ArchCache, ArchUnwinder, ModuleCache, Unwound, MAX_FRAMES,
 };
-use lrnprof_format::{Arch, Endian, ImageKind, Pid, Regs, Sample, SampleKind, TraceReader};
+use lrnprof_format::{Arch, Endian, ImageKind, Pid, Record, Regs, Sample, SampleKind, TraceReader};
 use rayon::prelude::*;
 use std::collections::HashMap;
 use std::path::Path;
@@ -172,6 +174,48 @@ pub(crate) fn prepare<D: AsRef<[u8]> + Sync>(
         arch,
         little_endian,
         sampler_images,
+    }
+}
+
+/// The second pass: the samples that `keep` selects, a chunk of blocks at
+/// a time (decoded in parallel, or taken from the first pass's cache),
+/// in trace order, each chunk handed to `each` with how many blocks are
+/// done. Call inside the worker pool.
+pub(crate) fn for_each_sample_chunk<D: AsRef<[u8]> + Sync>(
+    reader: &TraceReader<D>,
+    cache: &mut SampleCache,
+    keep: impl Fn(&Sample) -> bool + Sync,
+    mut each: impl FnMut(Vec<Sample>, u64),
+) {
+    let blocks = reader.blocks();
+    let step = chunk_blocks();
+    let mut done = 0;
+    for (n, chunk) in blocks.chunks(step).enumerate() {
+        let cached: Vec<Option<Vec<Sample>>> = (0..chunk.len())
+            .map(|i| cache.get_mut(n * step + i).and_then(Option::take))
+            .collect();
+        let samples: Vec<Sample> = chunk
+            .par_iter()
+            .zip(cached)
+            .flat_map_iter(|(b, cached)| {
+                cached
+                    .unwrap_or_else(|| {
+                        reader
+                            .decode_block(b)
+                            .unwrap_or_default()
+                            .into_iter()
+                            .filter_map(|r| match r {
+                                Record::Sample(s) => Some(s),
+                                _ => None,
+                            })
+                            .collect()
+                    })
+                    .into_iter()
+                    .filter(|s| keep(s))
+            })
+            .collect();
+        done += chunk.len() as u64;
+        each(samples, done);
     }
 }
 

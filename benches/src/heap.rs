@@ -48,7 +48,7 @@ pub enum HeapSetup {
     /// `lrnprof-rec --heap`: allocations sampled at the default rate, and
     /// CPU samples (the default).
     LrnprofHeap,
-    /// `lrnprof-rec --heap --cpu off`: allocations only.
+    /// `lrnprof-rec --heap --no-cpu`: allocations only.
     LrnprofHeapOnly,
     /// `lrnprof-rec`: CPU samples only, for the share of the above that
     /// is CPU sampling.
@@ -72,7 +72,7 @@ impl HeapSetup {
         match self {
             HeapSetup::Alone => "no profiler",
             HeapSetup::LrnprofHeap => "lrnprof-rec --heap",
-            HeapSetup::LrnprofHeapOnly => "lrnprof-rec --heap --cpu off",
+            HeapSetup::LrnprofHeapOnly => "lrnprof-rec --heap --no-cpu",
             HeapSetup::LrnprofCpuOnly => "lrnprof-rec (CPU only)",
             HeapSetup::Heaptrack => "heaptrack",
         }
@@ -234,7 +234,7 @@ fn run_one(
             c
         }
         HeapSetup::LrnprofHeap => lrnprof(&["--heap"]),
-        HeapSetup::LrnprofHeapOnly => lrnprof(&["--heap", "--cpu", "off"]),
+        HeapSetup::LrnprofHeapOnly => lrnprof(&["--heap", "--no-cpu"]),
         HeapSetup::LrnprofCpuOnly => lrnprof(&[]),
         HeapSetup::Heaptrack => {
             let mut c = Command::new(&o.heaptrack);
@@ -429,7 +429,7 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("| heaptrack | 6.00 s | 3.00 |"), "{text}");
-        assert!(!text.contains("--cpu off"), "{text}");
+        assert!(!text.contains("--no-cpu"), "{text}");
         assert!(text.contains("Note: heaptrack: failed once"), "{text}");
     }
 }

@@ -8,7 +8,8 @@
 //! parsing `perf` output ([`parse_perf_stats`], [`parse_perf_script`]) and
 //! medians ([`median`]). With `--heap` it runs the heap comparison instead
 //! ([`run_heap`]): an allocation-heavy program alone, under
-//! `lrnprof-rec --heap` and under heaptrack.
+//! `lrnprof-rec --heap` and under heaptrack. The `syscalls` binary compares
+//! syscall tracing with strace and perf trace ([`run_syscalls`]).
 //!
 //! ```
 //! use lrnprof_benches::{median, parse_perf_script};
@@ -28,6 +29,7 @@ mod perf_text;
 mod report;
 mod stats;
 pub mod synthetic;
+mod syscall_bench;
 mod workloads;
 
 pub use compare::{
@@ -46,4 +48,7 @@ pub use perf_text::{
 };
 pub use report::{machine_description, markdown};
 pub use stats::{median, paired_overheads, percent};
+pub use syscall_bench::{
+    run_syscalls, syscall_markdown, SyscallBenchOptions, SyscallComparison, SyscallSetup,
+};
 pub use workloads::{prepare as prepare_workloads, pseudo_text, Workload};

@@ -103,8 +103,9 @@ use unsupported as native;
 pub use error::RecordError;
 pub use lrnprof_image::EmbedLevel;
 pub use options::{
-    CpuEvent, HeapOptions, RecordOptions, TargetSpec, DEFAULT_FREQUENCY_HZ, DEFAULT_HEAP_INTERVAL,
-    DEFAULT_STACK_SIZE,
+    CpuEvent, HeapOptions, OffCpuOptions, RecordOptions, SyscallOptions, TargetSpec,
+    DEFAULT_FREQUENCY_HZ, DEFAULT_HEAP_INTERVAL, DEFAULT_OFF_CPU_STACK_SIZE, DEFAULT_STACK_SIZE,
+    DEFAULT_SYSCALL_STACK_SIZE,
 };
 pub use report::{NoReporter, RecordStatus, RecordWarning, Reporter};
 pub use stop::{StopReason, StopRequest, StopToken};
@@ -148,9 +149,24 @@ pub fn record(
             ));
         }
     }
-    if !options.cpu && options.heap.is_none() {
+    if !options.cpu
+        && options.heap.is_none()
+        && options.syscalls.is_none()
+        && options.off_cpu.is_none()
+    {
         return Err(RecordError::InvalidOption(
-            "nothing to record: CPU sampling is off and no other event was asked for".into(),
+            "nothing to record: CPU sampling is off and neither allocations, syscalls nor \
+             off-CPU time were asked for"
+                .into(),
+        ));
+    }
+    if options
+        .syscalls
+        .as_ref()
+        .is_some_and(|s| s.stack_every != 1)
+    {
+        return Err(RecordError::InvalidOption(
+            "syscall stacks can only be copied at every call (stack_every 1) for now".into(),
         ));
     }
     native::record(options, stop, reporter)
