@@ -25,7 +25,6 @@ use core::sync::atomic::{AtomicUsize, Ordering};
 type Malloc = unsafe extern "C" fn(usize) -> *mut c_void;
 type Calloc = unsafe extern "C" fn(usize, usize) -> *mut c_void;
 type Realloc = unsafe extern "C" fn(*mut c_void, usize) -> *mut c_void;
-type ReallocArray = unsafe extern "C" fn(*mut c_void, usize, usize) -> *mut c_void;
 type Free = unsafe extern "C" fn(*mut c_void);
 type FreeSized = unsafe extern "C" fn(*mut c_void, usize);
 type FreeAlignedSized = unsafe extern "C" fn(*mut c_void, usize, usize);
@@ -178,7 +177,11 @@ pub unsafe extern "C" fn realloc(p: *mut c_void, size: usize) -> *mut c_void {
     reallocate(p, size, |p| unsafe { f(p, size) })
 }
 
-/// `reallocarray`.
+/// `reallocarray`: `realloc` with the product checked, which is what the
+/// C library's own is. Not passed to the real `reallocarray`: glibc's
+/// calls `realloc` through its PLT, which is this library's again, and
+/// the block would be counted twice (and its second sample, for an
+/// address already in the table, lost).
 ///
 /// # Safety
 /// As the C function.
@@ -188,12 +191,8 @@ pub unsafe extern "C" fn reallocarray(p: *mut c_void, n: usize, size: usize) -> 
         sys::set_errno(sys::ENOMEM);
         return core::ptr::null_mut();
     };
-    match real::<ReallocArray>(&REAL.reallocarray) {
-        // Safety: the real reallocarray, with the caller's arguments.
-        Some(f) => reallocate(p, total, |p| unsafe { f(p, n, size) }),
-        // Safety: as the C function.
-        None => unsafe { realloc(p, total) },
-    }
+    // Safety: as the C function.
+    unsafe { realloc(p, total) }
 }
 
 /// `free`.

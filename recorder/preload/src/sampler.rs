@@ -26,7 +26,6 @@ pub struct Real {
     pub malloc: AtomicUsize,
     pub calloc: AtomicUsize,
     pub realloc: AtomicUsize,
-    pub reallocarray: AtomicUsize,
     pub free: AtomicUsize,
     pub free_sized: AtomicUsize,
     pub free_aligned_sized: AtomicUsize,
@@ -43,7 +42,6 @@ pub static REAL: Real = Real {
     malloc: AtomicUsize::new(0),
     calloc: AtomicUsize::new(0),
     realloc: AtomicUsize::new(0),
-    reallocarray: AtomicUsize::new(0),
     free: AtomicUsize::new(0),
     free_sized: AtomicUsize::new(0),
     free_aligned_sized: AtomicUsize::new(0),
@@ -148,11 +146,10 @@ pub fn ensure_started() {
 }
 
 fn resolve() {
-    let slots: [(&AtomicUsize, &CStr); 13] = [
+    let slots: [(&AtomicUsize, &CStr); 12] = [
         (&REAL.malloc, c"malloc"),
         (&REAL.calloc, c"calloc"),
         (&REAL.realloc, c"realloc"),
-        (&REAL.reallocarray, c"reallocarray"),
         (&REAL.free, c"free"),
         (&REAL.free_sized, c"free_sized"),
         (&REAL.free_aligned_sized, c"free_aligned_sized"),

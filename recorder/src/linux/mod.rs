@@ -99,7 +99,19 @@ pub(crate) fn record(
     let _wake_guard = token.wake_with(Arc::new(move || sys::eventfd_add(&waker)));
     let deadline = Deadline::start(options.duration);
     let page_size = host::page_size() as usize;
-    let largest_stack = plan.specs.iter().map(|s| s.stack_size).max().unwrap_or(0);
+    // Allocation samples copy as much stack as CPU samples (their copies
+    // go through the sampler's ring, but one limit keeps both alike).
+    let heap_stack = match options.heap {
+        Some(_) => attr::valid_stack_size(options.stack_size),
+        None => 0,
+    };
+    let largest_stack = plan
+        .specs
+        .iter()
+        .map(|s| s.stack_size)
+        .chain([heap_stack])
+        .max()
+        .unwrap_or(0);
     let ring = attr::plan_ring(
         page_size,
         MAX_RING_PAGES,
@@ -110,8 +122,7 @@ pub(crate) fn record(
     for spec in &mut plan.specs {
         spec.stack_size = spec.stack_size.min(ring.stack_size);
     }
-    // Allocation samples copy as much stack as CPU samples.
-    let heap_stack = attr::valid_stack_size(options.stack_size).min(ring.stack_size);
+    let heap_stack = heap_stack.min(ring.stack_size);
     let mut heap = match &options.heap {
         Some(h) => Some(HeapSession::new(h, heap_stack)?),
         None => None,
@@ -199,7 +210,8 @@ pub(crate) fn record(
                 EventKind::CpuClock => SampleEvent::CpuClock,
             },
             frequency_hz,
-            stack_size: stack_of(Role::Cpu),
+            // The CPU samples' copy, or with --no-cpu the allocations'.
+            stack_size: stack_of(Role::Cpu).max(heap_stack),
             kernel_callchain: options.cpu && options.kernel_callchain,
             include_kernel: false,
         },

@@ -20,6 +20,10 @@ const SITES: &[&str] = &[
     "memalign_site",
     "aligned_site",
     "mixed_site",
+    "array_site",
+    "oldalign_site",
+    "valloc_site",
+    "pvalloc_site",
     "leak_site",
     "thread_site",
 ];
@@ -40,6 +44,10 @@ fn sites_truth(scale: u64) -> BTreeMap<&'static str, (u64, u64)> {
         ("memalign_site", (256 * 3000 * scale, 256 * scale)),
         ("aligned_site", (256 * 2048 * scale, 256 * scale)),
         ("mixed_site", (64 * mixed * scale, 64 * 8 * scale)),
+        ("array_site", (128 * 3000 * scale, 128 * scale)),
+        ("oldalign_site", (128 * 1500 * scale, 128 * scale)),
+        ("valloc_site", (64 * 2500 * scale, 64 * scale)),
+        ("pvalloc_site", (64 * 700 * scale, 64 * scale)),
         ("leak_site", (100 * 7000, 100)),
         ("thread_site", (2 * 1000 * 500 * scale, 2 * 1000 * scale)),
     ])
@@ -258,6 +266,121 @@ fn heap_profiles_open_in_pprof_by_sample_type() {
             .unwrap_or("");
         assert!(first.ends_with(top), "{index}: {first}\n{text}");
         assert!(!text.contains(absent), "{index}: {text}");
+    }
+    remove_scratch_dir(&dir);
+}
+
+/// `lrnprof-analyze ARGS`, which must succeed: its standard output.
+fn analyze_ok(args: &[&str]) -> String {
+    String::from_utf8(crate::analyze::ok(args).stdout).expect("UTF-8 output")
+}
+
+#[test]
+fn heap_values_reach_every_view() {
+    require_perf!();
+    let dir = scratch_dir("heap-views");
+    let exe = build_sites(&dir);
+    let (trace, _) = record_heap(&dir, "views", &["--heap-rate", "1"], &exe, &["1"], 0);
+    let t = trace.to_str().expect("a UTF-8 scratch path");
+    let out = |name: &str| dir.join(name).to_str().unwrap().to_string();
+    let leaked_bytes: u64 = leaked().values().sum();
+    // top: the leaking site first, in bytes.
+    let top = analyze_ok(&["top", t, "--value", "inuse_space", "-n", "3"]);
+    assert!(
+        top.contains("bytes in use (estimated) (inuse_space)"),
+        "{top}"
+    );
+    let first = top.lines().nth(2).unwrap_or("");
+    assert!(first.contains("leak_site"), "{top}");
+    assert!(first.trim_start().starts_with("683.6KiB"), "{top}");
+    // info: a total per value.
+    let info: serde_json::Value =
+        serde_json::from_str(&analyze_ok(&["info", t, "--json"])).unwrap();
+    let total = |name: &str| {
+        info["values"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|v| v["name"] == name)
+            .and_then(|v| v["total"].as_u64())
+            .unwrap_or_else(|| panic!("no {name} in {info}"))
+    };
+    let allocated: u64 = sites_truth(1).values().map(|&(bytes, _)| bytes).sum();
+    // The C library allocates a little on its own (thread start-up).
+    assert!(total("alloc_space") >= allocated, "{info}");
+    assert!(total("alloc_space") < allocated + 64 * 1024, "{info}");
+    assert!(total("inuse_space") >= leaked_bytes, "{info}");
+    assert!(total("inuse_space") < leaked_bytes + 16 * 1024, "{info}");
+    // Flame graph, Firefox profile and speedscope weigh bytes or counts.
+    let svg = out("views.svg");
+    analyze_ok(&[t, "--format", "svg", "--value", "alloc_space", "-o", &svg]);
+    let svg = std::fs::read_to_string(svg).unwrap();
+    assert!(
+        svg.contains("malloc_site (1,024,000 bytes"),
+        "no malloc_site bytes in the SVG"
+    );
+    let firefox = out("views.json");
+    analyze_ok(&[
+        t,
+        "--format",
+        "firefox",
+        "--value",
+        "inuse_space",
+        "-o",
+        &firefox,
+    ]);
+    let firefox: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(firefox).unwrap()).unwrap();
+    let mut weight = 0;
+    for thread in firefox["threads"].as_array().unwrap() {
+        assert_eq!(thread["samples"]["weightType"], "bytes");
+        weight += thread["samples"]["weight"]
+            .as_array()
+            .map_or(0, |w| w.iter().filter_map(|v| v.as_u64()).sum::<u64>());
+    }
+    assert_eq!(weight, total("inuse_space"));
+    let speedscope = analyze_ok(&[
+        t,
+        "--format",
+        "speedscope",
+        "--value",
+        "alloc_objects",
+        "-o",
+        "-",
+    ]);
+    let speedscope: serde_json::Value = serde_json::from_str(&speedscope).unwrap();
+    assert_eq!(speedscope["profiles"][0]["unit"], "none");
+    // diff: compares the value asked for.
+    let diff = analyze_ok(&["diff", t, t, "--value", "alloc_space", "-o", &out("d.svg")]);
+    assert!(
+        diff.contains("bytes allocated (estimated) (alloc_space)"),
+        "{diff}"
+    );
+    remove_scratch_dir(&dir);
+}
+
+#[test]
+fn allocations_alone_are_recorded_and_unwound_with_no_cpu() {
+    require_perf!();
+    let dir = scratch_dir("heap-no-cpu");
+    let exe = build_sites(&dir);
+    let (trace, out) = record_heap(
+        &dir,
+        "no-cpu",
+        &["--heap-rate", "1", "--no-cpu"],
+        &exe,
+        &["1"],
+        0,
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains(", 0 lost"), "{stderr}");
+    let reader = lrnprof_format::TraceReader::open(&trace).unwrap();
+    let header = reader.header();
+    assert!(!header.events.cpu);
+    assert!(header.sampling.stack_size > 0, "{:?}", header.sampling);
+    let space = totals(&folded(&trace, "alloc_space"));
+    for (site, (bytes, _)) in sites_truth(1) {
+        assert_eq!(space.get(site), Some(&bytes), "alloc_space of {site}");
     }
     remove_scratch_dir(&dir);
 }
