@@ -1,6 +1,8 @@
 //! The syscall-tracing comparison: one program making N `write(2)` calls,
 //! run without a tracer, under `lrnprof-rec --syscalls` (with and without
-//! CPU samples), `strace -c -f` and `perf trace -s`, every setup once per
+//! CPU samples), `strace -c -f`, `perf trace -s` and `perf record` of the
+//! same two tracepoints without stacks (the floor of the kernel mechanism
+//! lrnprof uses), every setup once per
 //! round in turn, so all see the same machine load. Reports medians and
 //! what each tracer adds to the program's wall time, as a ratio to what
 //! strace adds.
@@ -122,6 +124,27 @@ pub fn run_syscalls(options: &SyscallBenchOptions) -> Result<SyscallComparison, 
         } else {
             notes.push(format!("{name}: {} not found", tool.display()));
         }
+    }
+    // The floor of the mechanism lrnprof uses: the kernel writing one perf
+    // sample per tracepoint hit, with no stack, registers or tool work.
+    if options.perf.exists() {
+        let data = options.work_dir.join("perf.data").display().to_string();
+        let mut v = vec![options.perf.display().to_string()];
+        v.extend(
+            [
+                "record",
+                "-q",
+                "-e",
+                "raw_syscalls:sys_enter",
+                "-e",
+                "raw_syscalls:sys_exit",
+                "-o",
+            ]
+            .map(String::from),
+        );
+        v.push(data);
+        v.push("--".into());
+        candidates.push(("perf record, both tracepoints, no stacks", v));
     }
     let mut setups: Vec<SyscallSetup> = candidates
         .iter()
