@@ -582,6 +582,64 @@ mod tests {
             "{}",
             info.to_text()
         );
+        assert!(
+            info.to_text().contains(
+                "events:       1 CPU samples, 2 sampled allocations, \
+                 1 frees of sampled allocations, 1 system calls, 1 switch-outs\n"
+            ),
+            "{}",
+            info.to_text()
+        );
+        std::fs::remove_file(&path).unwrap();
+    }
+
+    #[test]
+    fn allocation_stacks_start_below_the_allocation_sampler() {
+        let path =
+            std::env::temp_dir().join(format!("lrnprof-an-sampler-{}.lpt", std::process::id()));
+        let mut header = TraceHeader::example();
+        header.events.heap = Some(HeapSettings { mean_interval: 1 });
+        let sampler = Record::ImageMap(ImageMapRecord {
+            start: 0x30000,
+            end: 0x40000,
+            path: "/run/user/1/lrnprof/liblrnprof_preload-0123456789abcdef.so".into(),
+            build_id: Some(BuildId(vec![9])),
+            ..match map(2, "x", 0) {
+                Record::ImageMap(m) => m,
+                _ => unreachable!(),
+            }
+        });
+        // Unwound: two frames in the sampler, then the program's.
+        let frames = vec![0x30100, 0x30200, 0x10100, 0x10200];
+        let records = vec![
+            map(1, "/nonexistent/liba.so", 1),
+            sampler,
+            event(
+                10,
+                frames.clone(),
+                SampleKind::Allocation,
+                64,
+                SampleDetail::Allocation { address: 0xa0 },
+            ),
+            // A CPU sample in the sampler is the sampler's cost: kept.
+            sample(20, frames),
+        ];
+        write_trace_with(&path, &header, &records);
+        let with = |value: &str| AnalyzeOptions {
+            offline: true,
+            value: ValueKind::from_name(value),
+            ..Default::default()
+        };
+        assert_eq!(
+            folded(&path, &with("alloc_space")),
+            "tid-1;liba.so+0x1ff;liba.so+0xff 64\n"
+        );
+        assert_eq!(
+            folded(&path, &with("cpu")),
+            "tid-1;liba.so+0x1ff;liba.so+0xff;\
+             liblrnprof_preload-0123456789abcdef.so+0x1ff;\
+             liblrnprof_preload-0123456789abcdef.so+0x100 1000\n"
+        );
         std::fs::remove_file(&path).unwrap();
     }
 

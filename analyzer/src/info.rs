@@ -80,8 +80,8 @@ fn describe_events(h: &TraceHeader) -> String {
             "every allocation".to_string()
         } else {
             format!(
-                "allocations sampled every {} bytes on average",
-                heap.mean_interval
+                "allocations sampled every {} allocated on average (heap values are estimates)",
+                human(heap.mean_interval, "bytes")
             )
         });
     }
@@ -115,6 +115,46 @@ fn human(total: u64, unit: &str) -> String {
         "bytes" => format!("{total} bytes"),
         _ => total.to_string(),
     }
+}
+
+/// The trace's events per kind, when it holds more than CPU samples:
+/// `106 CPU samples, 52406 sampled allocations, 52297 frees; lost: 3 by
+/// the allocation sampler`.
+fn events_line(e: &crate::profile::EventCounts) -> Option<String> {
+    let mut parts = Vec::new();
+    let mut add = |n: u64, what: &str| {
+        if n > 0 {
+            parts.push(format!("{n} {what}"));
+        }
+    };
+    add(e.cpu_samples, "CPU samples");
+    add(e.allocations, "sampled allocations");
+    add(e.frees, "frees of sampled allocations");
+    add(e.syscalls, "system calls");
+    add(e.off_cpu, "switch-outs");
+    let only_cpu = e.allocations + e.frees + e.syscalls + e.off_cpu == 0;
+    let mut lost = Vec::new();
+    for (n, by) in [
+        (e.lost_kernel, "by the kernel"),
+        (e.lost_recorder, "by the recorder"),
+        (e.lost_heap_sampler, "by the allocation sampler"),
+    ] {
+        if n > 0 {
+            lost.push(format!("{n} {by}"));
+        }
+    }
+    if only_cpu && e.lost_heap_sampler == 0 {
+        return None;
+    }
+    let mut line = if parts.is_empty() {
+        "none".to_string()
+    } else {
+        parts.join(", ")
+    };
+    if !lost.is_empty() {
+        line.push_str(&format!("; lost: {}", lost.join(", ")));
+    }
+    Some(line)
 }
 
 /// A thread in [`TraceInfo`].
@@ -218,6 +258,9 @@ impl TraceInfo {
             "samples:      {} ({} lost), {:.0} bytes per sample, {} bytes of stack copies",
             st.trace_samples, st.lost_samples, self.bytes_per_sample, st.stack_bytes
         );
+        if let Some(line) = events_line(&st.events) {
+            let _ = writeln!(s, "events:       {line}");
+        }
         let _ = writeln!(
             s,
             "unwound:      {:.1}% of samples to their thread's root, {:.1}% unknown frames",

@@ -60,8 +60,8 @@ pub use output::{
 };
 pub use pack::{pack, PackOptions, PackReport};
 pub use profile::{
-    Function, ImageInfo, Location, LocationLine, ProcessInfo, Profile, SequenceEntry, Stack, Stats,
-    ThreadProfile, ValueKind,
+    EventCounts, Function, ImageInfo, Location, LocationLine, ProcessInfo, Profile, SequenceEntry,
+    Stack, Stats, ThreadProfile, ValueKind,
 };
 pub use strip::{strip, StripReport};
 pub use symbolicate::FrameLine;

@@ -13,7 +13,7 @@ use crate::timeline::{
 use crate::unwind::{
     continue_with_callchain, ArchCache, ArchUnwinder, ModuleCache, Unwound, MAX_FRAMES,
 };
-use lrnprof_format::{Arch, Endian, ImageKind, Pid, Record, Regs, Sample, TraceReader};
+use lrnprof_format::{Arch, Endian, ImageKind, Pid, Record, Regs, Sample, SampleKind, TraceReader};
 use rayon::prelude::*;
 use std::collections::HashMap;
 use std::path::Path;
@@ -96,6 +96,19 @@ pub(crate) struct Prepared {
     unwinders: HashMap<Pid, ProcessUnwind>,
     pub arch: Arch,
     little_endian: bool,
+    /// Per image: whether it is lrnprof's allocation sampler.
+    sampler_images: Vec<bool>,
+}
+
+/// File names of lrnprof's allocation sampler, which `lrnprof-rec --heap`
+/// writes as `liblrnprof_preload-HASH.so`.
+const SAMPLER_PREFIX: &str = "liblrnprof_preload";
+
+/// Whether the image at `path` is lrnprof's allocation sampler.
+fn is_sampler(path: &str) -> bool {
+    path.rsplit('/')
+        .next()
+        .is_some_and(|name| name.starts_with(SAMPLER_PREFIX))
 }
 
 /// First pass, image loading and unwinders. Call inside the worker pool.
@@ -146,6 +159,11 @@ pub(crate) fn prepare<D: AsRef<[u8]> + Sync>(
         .collect();
     let jit_maps = load_jit_maps(&timeline, options.offline);
     let little_endian = timeline.header.endian == Endian::Little;
+    let sampler_images = timeline
+        .images
+        .iter()
+        .map(|k| is_sampler(&k.path))
+        .collect();
     Prepared {
         timeline,
         images,
@@ -155,6 +173,7 @@ pub(crate) fn prepare<D: AsRef<[u8]> + Sync>(
         unwinders,
         arch,
         little_endian,
+        sampler_images,
     }
 }
 
@@ -283,19 +302,30 @@ impl Prepared {
 
     /// Frames of `s` (from [`unwind`](Self::unwind)) as symbolication
     /// keys: return addresses moved back into their call instruction.
+    /// An allocation's stack starts inside lrnprof's allocation sampler,
+    /// where it was copied: those frames are dropped, so its leaf is the
+    /// program's call to the allocator.
     pub fn frame_keys(&self, s: &Sample, frames: &[u64]) -> Vec<FrameKey> {
         let mappings = self
             .generation(s)
             .map(|(g, _)| &g.mappings[..])
             .unwrap_or(&[]);
-        frames
+        let mut keys: Vec<FrameKey> = frames
             .iter()
             .enumerate()
             .map(|(i, &avma)| {
                 let lookup = if i == 0 { avma } else { avma.wrapping_sub(1) };
                 self.frame_key(s.pid, mappings, Avma(lookup))
             })
-            .collect()
+            .collect();
+        if s.kind == SampleKind::Allocation {
+            let ours = keys
+                .iter()
+                .take_while(|k| k.image().is_some_and(|i| self.sampler_images[i as usize]))
+                .count();
+            keys.drain(..ours);
+        }
+        keys
     }
 
     /// On AArch64 a function without a frame record keeps its return
@@ -389,4 +419,19 @@ fn load_jit_maps(timeline: &Timeline, offline: bool) -> HashMap<u32, JitMap> {
         }
     }
     maps
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_sampler_is_known_by_its_file_name() {
+        assert!(is_sampler(
+            "/run/user/1000/lrnprof/liblrnprof_preload-0123456789abcdef.so"
+        ));
+        assert!(is_sampler("liblrnprof_preload.so"));
+        assert!(!is_sampler("/usr/lib/libc.so.6"));
+        assert!(!is_sampler("/opt/liblrnprof_preload/libc.so"));
+    }
 }

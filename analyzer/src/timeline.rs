@@ -6,8 +6,8 @@ use crate::blobs::BlobStore;
 use crate::options::Progress;
 use crate::outcomes::Outcomes;
 use lrnprof_format::{
-    BuildId, ImageKind, Pid, ProcessEvent, Record, Sample, SampleDetail, SampleKind, Summary, Tid,
-    Timestamp, TraceHeader, TraceReader,
+    BuildId, ImageKind, LostSource, Pid, ProcessEvent, Record, Sample, SampleDetail, SampleKind,
+    Summary, Tid, Timestamp, TraceHeader, TraceReader,
 };
 use rayon::prelude::*;
 use std::collections::{BTreeMap, HashMap};
@@ -139,6 +139,8 @@ pub(crate) struct Timeline {
     pub samples: u64,
     pub presymbolized_samples: u64,
     pub lost: u64,
+    /// Samples per kind, and the event records that end them.
+    pub counts: EventCounts,
     pub first_time: Option<Timestamp>,
     pub last_time: Option<Timestamp>,
     pub summary: Option<Summary>,
@@ -161,6 +163,7 @@ impl Timeline {
             samples: 0,
             presymbolized_samples: 0,
             lost: 0,
+            counts: EventCounts::default(),
             first_time: None,
             last_time: None,
             summary: None,
@@ -198,6 +201,7 @@ impl Timeline {
                 detail,
             } => {
                 self.outcomes.sample(pid, tid, time, kind, &detail);
+                self.counts.sample(kind);
                 self.see_time(time);
                 self.samples += 1;
                 self.presymbolized_samples += u64::from(presymbolized);
@@ -257,18 +261,64 @@ impl Timeline {
                     .or_default()
                     .unmap(u.start, u.end);
             }
-            Record::Lost(l) => self.lost += l.count,
+            Record::Lost(l) => {
+                self.lost += l.count;
+                self.counts.lost(l.source, l.count);
+            }
             Record::Idle(i) => {
                 let th = self.threads.entry((i.pid, i.tid)).or_default();
                 th.idle_ticks = th.idle_ticks.saturating_add(i.ticks);
             }
             Record::Blob(b) => self.blobs.add(b),
             Record::Summary(s) => self.summary = Some(s),
-            // Events of the heap, syscall and off-CPU views: the CPU profile
-            // does not use them.
-            Record::Free(_) | Record::SyscallExit(_) | Record::SwitchIn(_) => {}
+            // Their meaning went to `outcomes` above.
+            Record::Free(_) => self.counts.frees += 1,
+            Record::SyscallExit(_) | Record::SwitchIn(_) => {}
             Record::Sample(_) => unreachable!("samples are turned into Item::Sample"),
         }
+    }
+}
+
+/// How many events of each kind a trace holds.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct EventCounts {
+    /// CPU samples (clock, timer or cycles).
+    pub cpu_samples: u64,
+    /// Sampled allocations.
+    pub allocations: u64,
+    /// Frees of sampled allocations.
+    pub frees: u64,
+    /// Syscall entries.
+    pub syscalls: u64,
+    /// Off-CPU switch-outs.
+    pub off_cpu: u64,
+    /// Samples or events the kernel's buffers dropped.
+    pub lost_kernel: u64,
+    /// Samples the recorder dropped.
+    pub lost_recorder: u64,
+    /// Allocations and frees the allocation sampler dropped.
+    pub lost_heap_sampler: u64,
+}
+
+impl EventCounts {
+    fn sample(&mut self, kind: SampleKind) {
+        match kind {
+            SampleKind::CpuTime | SampleKind::Cycles | SampleKind::WallTime => {
+                self.cpu_samples += 1
+            }
+            SampleKind::Allocation => self.allocations += 1,
+            SampleKind::Syscall => self.syscalls += 1,
+            SampleKind::OffCpu => self.off_cpu += 1,
+        }
+    }
+
+    fn lost(&mut self, source: LostSource, count: u64) {
+        let n = match source {
+            LostSource::Kernel => &mut self.lost_kernel,
+            LostSource::Recorder => &mut self.lost_recorder,
+            LostSource::HeapSampler => &mut self.lost_heap_sampler,
+        };
+        *n = n.saturating_add(count);
     }
 }
 

@@ -6,8 +6,10 @@
 //! medians and ratios to the baseline of the same run. This library holds its
 //! pieces: measuring a command's CPU time and peak memory ([`measure`]),
 //! parsing `perf` output ([`parse_perf_stats`], [`parse_perf_script`]) and
-//! medians ([`median`]). The `syscalls` binary compares syscall tracing with
-//! strace and perf trace ([`run_syscalls`]).
+//! medians ([`median`]). With `--heap` it runs the heap comparison instead
+//! ([`run_heap`]): an allocation-heavy program alone, under
+//! `lrnprof-rec --heap` and under heaptrack. The `syscalls` binary compares
+//! syscall tracing with strace and perf trace ([`run_syscalls`]).
 //!
 //! ```
 //! use lrnprof_benches::{median, parse_perf_script};
@@ -21,6 +23,7 @@
 mod compare;
 mod error;
 mod folded;
+mod heap;
 mod measure;
 mod perf_text;
 mod report;
@@ -35,6 +38,10 @@ pub use compare::{
 };
 pub use error::BenchError;
 pub use folded::parse_folded;
+pub use heap::{
+    heap_markdown, parse_program_cpu, run_heap, HeapCompareOptions, HeapComparison, HeapRun,
+    HeapSetup,
+};
 pub use measure::{command_line, measure, parse_vmhwm_kib, Measured};
 pub use perf_text::{
     parse_perf_script, parse_perf_stats, PerfStats, StackCompleteness, ROOT_FUNCTIONS,

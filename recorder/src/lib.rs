@@ -103,8 +103,9 @@ use unsupported as native;
 pub use error::RecordError;
 pub use lrnprof_image::EmbedLevel;
 pub use options::{
-    CpuEvent, OffCpuOptions, RecordOptions, SyscallOptions, TargetSpec, DEFAULT_FREQUENCY_HZ,
-    DEFAULT_OFF_CPU_STACK_SIZE, DEFAULT_STACK_SIZE, DEFAULT_SYSCALL_STACK_SIZE,
+    CpuEvent, HeapOptions, OffCpuOptions, RecordOptions, SyscallOptions, TargetSpec,
+    DEFAULT_FREQUENCY_HZ, DEFAULT_HEAP_INTERVAL, DEFAULT_OFF_CPU_STACK_SIZE, DEFAULT_STACK_SIZE,
+    DEFAULT_SYSCALL_STACK_SIZE,
 };
 pub use report::{NoReporter, RecordStatus, RecordWarning, Reporter};
 pub use stop::{StopReason, StopRequest, StopToken};
@@ -134,10 +135,28 @@ pub fn record(
             "the sampling frequency must be at least 1 Hz".into(),
         ));
     }
-    if !options.cpu && options.syscalls.is_none() && options.off_cpu.is_none() {
+    if let Some(heap) = &options.heap {
+        if let TargetSpec::Pid(_) = options.target {
+            return Err(RecordError::InvalidOption(
+                "--heap needs a command to launch: the allocation sampler is loaded when a \
+                 program starts, and a running process (--pid) cannot be made to load it"
+                    .into(),
+            ));
+        }
+        if heap.mean_interval == 0 {
+            return Err(RecordError::InvalidOption(
+                "--heap-rate must be at least 1 byte (1 records every allocation)".into(),
+            ));
+        }
+    }
+    if !options.cpu
+        && options.heap.is_none()
+        && options.syscalls.is_none()
+        && options.off_cpu.is_none()
+    {
         return Err(RecordError::InvalidOption(
-            "nothing to record: CPU sampling is off and neither syscalls nor off-CPU time \
-             were asked for"
+            "nothing to record: CPU sampling is off and neither allocations, syscalls nor \
+             off-CPU time were asked for"
                 .into(),
         ));
     }

@@ -46,6 +46,30 @@ impl std::str::FromStr for CpuEvent {
     }
 }
 
+/// Allocation sampling (`lrnprof-rec --heap`): the launched command gets
+/// an allocator wrapper preloaded that samples allocations by bytes and
+/// hands them to the recorder through shared memory. Linux only, and only
+/// for launched commands: a running process cannot be made to load it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HeapOptions {
+    /// Mean bytes allocated between two sampled allocations (the gaps are
+    /// exponentially distributed, as in tcmalloc and jemalloc); 1 records
+    /// every allocation.
+    pub mean_interval: u64,
+}
+
+/// The default mean bytes between two sampled allocations: 512 KiB, as
+/// tcmalloc and Go sample.
+pub const DEFAULT_HEAP_INTERVAL: u64 = 512 * 1024;
+
+impl Default for HeapOptions {
+    fn default() -> Self {
+        HeapOptions {
+            mean_interval: DEFAULT_HEAP_INTERVAL,
+        }
+    }
+}
+
 /// How to trace system calls (Linux): every call of the target's threads
 /// through the kernel's `raw_syscalls` tracepoints, with its number,
 /// arguments, return value and duration, and the user stack at its entry.
@@ -130,10 +154,12 @@ pub struct RecordOptions {
     /// what the kernel allows.
     pub frequency_hz: u32,
     /// Take CPU samples (the default); off, only the events asked for below
-    /// are recorded.
+    /// are recorded (threads, processes and images are followed either way).
     pub cpu: bool,
     /// What triggers a CPU sample.
     pub event: CpuEvent,
+    /// Sample allocations too; `None`: no allocation sampling.
+    pub heap: Option<HeapOptions>,
     /// Stop after this long; `None` records until the target exits or the
     /// caller stops the recording through its [`StopToken`](crate::StopToken).
     pub duration: Option<Duration>,
@@ -169,6 +195,7 @@ impl Default for RecordOptions {
             frequency_hz: DEFAULT_FREQUENCY_HZ,
             cpu: true,
             event: CpuEvent::default(),
+            heap: None,
             duration: None,
             stack_size: DEFAULT_STACK_SIZE,
             kernel_callchain: true,

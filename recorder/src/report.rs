@@ -115,6 +115,23 @@ pub enum RecordWarning {
         /// Why reading failed.
         reason: String,
     },
+    /// Allocations of the launched program will not all be recorded
+    /// (`--heap`). `Display` writes the program, then `reason`.
+    HeapNotSampled {
+        /// The program.
+        program: String,
+        /// What happens and why (`is statically linked: ...`).
+        reason: String,
+    },
+    /// The recording ended with no allocation recorded (`--heap`).
+    HeapNothingRecorded {
+        /// What is known of why.
+        reason: String,
+    },
+    /// The allocation sampler's shared ring stopped being readable (a
+    /// process was killed while writing to it): allocations after that
+    /// point are missing.
+    HeapRingBroken,
 }
 
 impl fmt::Display for RecordWarning {
@@ -148,6 +165,15 @@ impl fmt::Display for RecordWarning {
                 "{samples} stack copies stopped at stack pages their thread never touched, \
                  and reading those pages from the target failed ({reason}); their stacks may \
                  stop short: record as root or with CAP_SYS_PTRACE"
+            ),
+            RecordWarning::HeapNotSampled { program, reason } => write!(f, "{program} {reason}"),
+            RecordWarning::HeapNothingRecorded { reason } => {
+                write!(f, "no allocation was recorded: {reason}")
+            }
+            RecordWarning::HeapRingBroken => write!(
+                f,
+                "the allocation sampler's shared memory stopped being readable (a process was \
+                 killed while writing to it): later allocations and frees are missing"
             ),
         }
     }

@@ -69,7 +69,8 @@ fn analyze(args: &[&str]) -> Output {
         .expect("running lrnprof-analyze")
 }
 
-fn ok(args: &[&str]) -> Output {
+/// `lrnprof-analyze ARGS`, which must succeed.
+pub(crate) fn ok(args: &[&str]) -> Output {
     let out = analyze(args);
     assert!(
         out.status.success(),

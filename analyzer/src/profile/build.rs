@@ -248,6 +248,7 @@ impl ProfileBuilder {
             presymbolized_samples: self.presymbolized,
             kernel_callchain_samples: self.kernel_chain,
             lost_samples: timeline.lost,
+            events: timeline.counts.clone(),
             trace_bytes: reader.len(),
             finished: reader.report().finished,
             ..Default::default()

@@ -8,6 +8,7 @@ pub(crate) use build::{ProfileBuilder, UnwoundSample};
 pub use values::ValueKind;
 pub(crate) use values::{amounts, kinds_of, primary, Amounts, HeapScale};
 
+pub use crate::timeline::EventCounts;
 use lrnprof_format::{BuildId, Pid, Tid, Timestamp, TraceHeader};
 use serde::Serialize;
 
@@ -211,6 +212,8 @@ pub struct Stats {
     pub stack_bytes: u64,
     /// Whether the trace was finished cleanly by its recorder.
     pub finished: bool,
+    /// Events in the trace per kind (whatever the filter kept).
+    pub events: EventCounts,
 }
 
 impl Stats {

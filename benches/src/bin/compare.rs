@@ -3,11 +3,12 @@
 //! ```text
 //! cargo build --release -p lrnprof-recorder -p lrnprof-analyzer
 //! cargo run --release -p lrnprof-benches --bin compare [-- --runs 5 --scale 4 --markdown out.md]
+//! cargo run --release -p lrnprof-benches --bin compare -- --heap   # vs heaptrack
 //! ```
 
 use anyhow::Context as _;
 use clap::Parser;
-use lrnprof_benches::{markdown, CompareOptions};
+use lrnprof_benches::{heap_markdown, markdown, run_heap, CompareOptions, HeapCompareOptions};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -55,6 +56,13 @@ struct Args {
     /// Keep the scratch directory (traces, logs) instead of deleting it.
     #[arg(long)]
     keep: bool,
+    /// Run the heap comparison instead: an allocation-heavy program alone,
+    /// under lrnprof-rec --heap and under heaptrack.
+    #[arg(long)]
+    heap: bool,
+    /// The heaptrack script (for --heap).
+    #[arg(long, default_value = "/usr/bin/heaptrack")]
+    heaptrack: PathBuf,
 }
 
 fn main() -> ExitCode {
@@ -87,13 +95,36 @@ fn run(args: Args) -> anyhow::Result<()> {
     } else {
         (args.runs, args.scale)
     };
+    let rec = args.rec.unwrap_or_else(|| exe_dir.join("lrnprof-rec"));
+    if args.heap {
+        let options = HeapCompareOptions {
+            repo,
+            work_dir: work_dir.clone(),
+            runs,
+            scale,
+            rec,
+            heaptrack: args.heaptrack,
+            freq: args.freq,
+            timeout: Duration::from_secs(600),
+        };
+        let comparison = run_heap(&options, &mut std::io::stderr())?;
+        let text = heap_markdown(&comparison);
+        println!("{text}");
+        if let Some(path) = &args.markdown {
+            std::fs::write(path, &text).with_context(|| format!("writing {}", path.display()))?;
+        }
+        if args.work_dir.is_none() && !args.keep {
+            let _ = std::fs::remove_dir_all(&work_dir);
+        }
+        return Ok(());
+    }
     let options = CompareOptions {
         repo,
         work_dir: work_dir.clone(),
         runs,
         scale,
         perf: args.perf,
-        rec: args.rec.unwrap_or_else(|| exe_dir.join("lrnprof-rec")),
+        rec,
         analyze: args
             .analyze
             .unwrap_or_else(|| exe_dir.join("lrnprof-analyze")),

@@ -30,6 +30,7 @@ const PERF_TYPE_TRACEPOINT: u32 = 2;
 const PERF_COUNT_HW_CPU_CYCLES: u64 = 0;
 const PERF_COUNT_SW_CPU_CLOCK: u64 = 0;
 const PERF_COUNT_SW_CONTEXT_SWITCHES: u64 = 3;
+const PERF_COUNT_SW_DUMMY: u64 = 9;
 
 /// The CPU sampling event.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -56,6 +57,9 @@ pub(crate) enum Role {
     /// The software context-switch event: registers and stack at each
     /// switch-out, and (`context_switch`) a record at each switch-in.
     Switch,
+    /// A dummy event that never samples, opened only to write the records
+    /// that follow the target when no other event does (`--heap --no-cpu`).
+    Tracking,
 }
 
 /// One event opened for every thread and CPU.
@@ -151,6 +155,7 @@ impl AttrSettings {
             Role::Cpu => sample::PERIOD | sample::REGS_USER,
             Role::SyscallEnter => sample::RAW | sample::REGS_USER,
             Role::SyscallExit => return t | sample::RAW,
+            Role::Tracking => return t,
             Role::Switch => sample::REGS_USER,
         };
         if spec.stack_size > 0 {
@@ -208,6 +213,11 @@ impl AttrSettings {
             Role::Switch => {
                 flags |= flag::CONTEXT_SWITCH;
                 (PERF_TYPE_SOFTWARE, PERF_COUNT_SW_CONTEXT_SWITCHES, 1)
+            }
+            // The dummy event never counts, so never samples.
+            Role::Tracking => {
+                flags |= flag::EXCLUDE_KERNEL;
+                (PERF_TYPE_SOFTWARE, PERF_COUNT_SW_DUMMY, 1)
             }
         };
         let sample_type = self.sample_type(spec);
@@ -327,7 +337,7 @@ pub(crate) fn permission_advice(
     // Tracepoint data (PERF_SAMPLE_RAW) needs paranoid -1, events that fire
     // in the kernel need 1 or lower, user-only sampling 2 or lower.
     let (needed, what) = match role {
-        Role::Cpu => (2, "sampling"),
+        Role::Cpu | Role::Tracking => (2, "sampling"),
         Role::SyscallEnter | Role::SyscallExit => (-1, "syscall tracing (--syscalls)"),
         Role::Switch => (1, "off-CPU recording (--off-cpu)"),
     };
@@ -384,6 +394,19 @@ mod tests {
         .attr(&cpu());
         assert_eq!((a.type_, a.sample_period), (0, 1000));
         assert_ne!(a.flags & flag::FREQ, 0);
+    }
+
+    #[test]
+    fn tracking_only_uses_the_dummy_event_and_keeps_the_side_records() {
+        let a = settings().attr(&EventSpec {
+            tracking: true,
+            ..EventSpec::new(Role::Tracking, 0)
+        });
+        assert_eq!((a.type_, a.config), (1, 9));
+        assert_eq!(a.sample_type & sample::STACK_USER, 0);
+        for f in [flag::MMAP2, flag::COMM, flag::TASK, flag::INHERIT] {
+            assert_ne!(a.flags & f, 0, "flag {f:#x}");
+        }
     }
 
     #[test]

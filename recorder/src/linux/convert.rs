@@ -7,6 +7,7 @@
 //! sampling side must not: build ids, `/proc` reads, the vDSO's bytes.
 
 use super::attr::Role;
+use super::heap::{HeapEvent, HeapStats};
 use super::images::Images;
 use super::parse::{self, Layouts, Mmap2Record, PerfRecord, SampleRecord};
 use super::procfs::{self, MapsEntry};
@@ -18,9 +19,9 @@ use crate::error::RecordError;
 use crate::report::RecordWarning;
 use crate::sink::Convert;
 use lrnprof_format::{
-    LostRecord, LostSource, Pid, ProcessEvent, ProcessRecord, Record, Regs, Sample, SampleDetail,
-    SampleFlags, SampleKind, StackSnapshot, SwitchInRecord, SyscallExitRecord, ThreadEvent,
-    ThreadRecord, Tid, Timestamp,
+    FreeRecord, LostRecord, LostSource, Pid, ProcessEvent, ProcessRecord, Record, Regs, Sample,
+    SampleDetail, SampleFlags, SampleKind, StackSnapshot, SwitchInRecord, SyscallExitRecord,
+    ThreadEvent, ThreadRecord, Tid, Timestamp,
 };
 use lrnprof_image::EmbedLevel;
 use std::collections::{HashMap, HashSet};
@@ -35,6 +36,8 @@ pub(crate) enum RawMsg {
     Chunk(Vec<u8>),
     /// Every ring buffer has been drained up to at least this time (ns).
     Round(u64),
+    /// Events of the allocation sampler, in the order it wrote them.
+    Heap(Vec<HeapEvent>),
     /// The launched process exited.
     Exited {
         /// The process.
@@ -95,6 +98,10 @@ pub(crate) struct Converter {
     seq: u64,
     /// Records older than this may be released.
     released_before: u64,
+    /// Records older than this have been released.
+    released_upto: u64,
+    /// What the allocation sampler did, with `--heap`.
+    heap: Option<HeapStats>,
     last_time: u64,
     names: HashMap<u32, String>,
     launched_root: Option<u32>,
@@ -107,6 +114,15 @@ pub(crate) struct Converter {
     /// Most bytes of stack the kernel copies per sample, per event role.
     stack_sizes: Vec<(Role, u32)>,
     untouched: UntouchedPages,
+}
+
+/// Room the kernel had for a sample's stack copy.
+#[derive(Debug, Clone, Copy)]
+struct KernelCopy {
+    /// The event's `sample_stack_user`.
+    stack_size: u32,
+    /// Where the copy starts in the perf record.
+    stack_offset: usize,
 }
 
 /// What the converter needs to know of the sampling settings.
@@ -149,6 +165,8 @@ impl Converter {
             pending: Vec::new(),
             seq: 0,
             released_before: 0,
+            released_upto: 0,
+            heap: None,
             last_time: 0,
             names: HashMap::new(),
             launched_root: None,
@@ -168,6 +186,13 @@ impl Converter {
             .iter()
             .find(|(r, _)| *r == role)
             .map_or(0, |(_, n)| *n)
+    }
+
+    /// Allocation sampling is on; `explained`: a warning has already said
+    /// why the launched program's allocations will not be recorded.
+    pub fn with_heap(mut self, explained: bool) -> Converter {
+        self.heap = Some(HeapStats::new(explained));
+        self
     }
 
     fn push(&mut self, time: u64, record: Record) {
@@ -480,6 +505,8 @@ impl Converter {
                 }
                 return;
             }
+            // The dummy event never samples.
+            Role::Tracking => return,
             Role::Switch => (
                 SampleKind::OffCpu,
                 0,
@@ -495,26 +522,76 @@ impl Converter {
             None => (self.regs.convert)(&vec![0; self.regs.mask.count_ones() as usize])
                 .expect("registers of the mask's length convert"),
         };
+        // What the kernel had room to copy: a copy shorter than that may
+        // have stopped at a page the thread never touched.
+        let room = KernelCopy {
+            stack_size: self.stack_size(s.role),
+            stack_offset: s.stack_offset,
+        };
+        let sample = self.sample_with_stack(
+            s.time,
+            s.pid,
+            s.tid,
+            regs,
+            s.stack,
+            &s.callchain,
+            Some(room),
+        );
+        let sample = Sample {
+            cpu: s.cpu,
+            kind,
+            weight,
+            kernel_callchain: s.callchain,
+            detail,
+            ..sample
+        };
+        if s.role == Role::Switch {
+            self.flush_switched_out(s.tid);
+            self.switched_out.insert(s.tid, sample);
+        } else {
+            self.push(s.time, Record::Sample(sample));
+        }
+    }
+
+    /// A sample of thread `tid` with `regs` and the stack copy `stack`
+    /// (from the stack pointer up), trimmed at the end of the stack's
+    /// mapping, its images noted for embedding; kind, weight, CPU and
+    /// callchain for the caller to set. `kernel`:
+    /// the copy was made by the kernel, which stops at pages the thread
+    /// never touched (see `untouched`), with room for this much.
+    #[allow(clippy::too_many_arguments)]
+    fn sample_with_stack(
+        &mut self,
+        time: u64,
+        pid: u32,
+        tid: u32,
+        regs: Regs,
+        stack: &[u8],
+        callchain: &[u64],
+        kernel: Option<KernelCopy>,
+    ) -> Sample {
         let sp = regs.sp();
-        let mut live = s.stack;
+        let mut live = stack;
         let mut flags = SampleFlags::default();
-        if let Some(end) = self.stack_end(s.pid, sp) {
+        if let Some(end) = self.stack_end(pid, sp) {
             let keep = end.saturating_sub(sp).min(live.len() as u64) as usize;
             live = &live[..keep];
-            let missing = untouched::missing_range(
-                sp,
-                s.stack.len(),
-                end,
-                self.stack_size(s.role),
-                s.stack_offset,
-                self.untouched.page_size(),
-            );
+            let missing = kernel.and_then(|k| {
+                untouched::missing_range(
+                    sp,
+                    stack.len(),
+                    end,
+                    k.stack_size,
+                    k.stack_offset,
+                    self.untouched.page_size(),
+                )
+            });
             if let Some(missing) = missing {
                 flags = SampleFlags::STACK_CUT_SHORT;
-                self.untouched.cut_short(s.pid, s.tid, missing);
+                self.untouched.cut_short(pid, tid, missing);
             }
         }
-        self.pids_seen.insert(s.pid);
+        self.pids_seen.insert(pid);
         if self.images.embedding() {
             // Return addresses are somewhere in the stack copy: any word
             // pointing into an image marks it as needed for unwinding, and
@@ -524,38 +601,98 @@ impl Converter {
                 Regs::X86_64(_) => None,
             };
             self.images.touch_sample(&SampleRefs {
-                pid: s.pid,
-                tid: s.tid,
+                pid,
+                tid,
                 ip: regs.ip(),
                 lr,
-                callchain: &s.callchain,
+                callchain,
                 sp,
                 stack: live,
             });
         }
-        let sample = Sample {
-            time: Timestamp(s.time),
-            pid: Pid(s.pid),
-            tid: Tid(s.tid),
-            cpu: s.cpu,
-            kind,
-            weight,
+        Sample {
+            time: Timestamp(time),
+            pid: Pid(pid),
+            tid: Tid(tid),
+            cpu: None,
+            kind: self.sample_kind,
+            weight: 0,
             regs,
             stack: StackSnapshot {
                 start: sp,
                 bytes: live.to_vec(),
             },
-            kernel_callchain: s.callchain,
+            kernel_callchain: Vec::new(),
             frames: Vec::new(),
             kernel_frames: Vec::new(),
             flags,
-            detail,
+            detail: SampleDetail::None,
+        }
+    }
+
+    fn heap_event(&mut self, event: HeapEvent) {
+        let released = self.released_upto;
+        let Some(stats) = self.heap.as_mut() else {
+            return;
         };
-        if s.role == Role::Switch {
-            self.flush_switched_out(s.tid);
-            self.switched_out.insert(s.tid, sample);
-        } else {
-            self.push(s.time, Record::Sample(sample));
+        match event {
+            HeapEvent::Alloc {
+                time,
+                pid,
+                tid,
+                address,
+                size,
+                regs,
+                stack,
+            } => {
+                stats.allocations += 1;
+                let time = stats.place(pid, tid, time, released);
+                let regs = super::regs::from_sampler(self.regs.arch, regs);
+                let sample = self.sample_with_stack(time, pid, tid, regs, &stack, &[], None);
+                self.push(
+                    time,
+                    Record::Sample(Sample {
+                        kind: SampleKind::Allocation,
+                        weight: size,
+                        detail: SampleDetail::Allocation { address },
+                        ..sample
+                    }),
+                );
+            }
+            HeapEvent::Free {
+                time,
+                pid,
+                tid,
+                address,
+            } => {
+                let time = stats.place(pid, tid, time, released);
+                self.push(
+                    time,
+                    Record::Free(FreeRecord {
+                        time: Timestamp(time),
+                        pid: Pid(pid),
+                        tid: Tid(tid),
+                        address,
+                    }),
+                );
+            }
+            HeapEvent::Hello { pid } => {
+                stats.processes.insert(pid);
+            }
+            HeapEvent::Lost { time, count } => {
+                let time = time.max(released);
+                self.push(
+                    time,
+                    Record::Lost(LostRecord {
+                        time: Timestamp(time),
+                        pid: None,
+                        tid: None,
+                        count,
+                        source: LostSource::HeapSampler,
+                    }),
+                );
+            }
+            HeapEvent::Broken { .. } => stats.broken = true,
         }
     }
 }
@@ -610,7 +747,13 @@ impl Convert for Converter {
             RawMsg::Round(time) => {
                 let before = self.released_before;
                 self.release(before, out);
+                self.released_upto = before;
                 self.released_before = time;
+            }
+            RawMsg::Heap(events) => {
+                for e in events {
+                    self.heap_event(e);
+                }
             }
             RawMsg::Exited { pid, time, code } => {
                 self.push(time, process_exit(time, pid, Some(code)));
@@ -640,6 +783,9 @@ impl Convert for Converter {
                 samples: untouched.cut_short,
                 reason: reason.clone(),
             });
+        }
+        if let Some(heap) = &self.heap {
+            heap.warnings(warnings);
         }
         let blobs = self.images.embedded_blobs(&self.pids_seen, warnings);
         out.extend(blobs.into_iter().map(Record::Blob));

@@ -6,8 +6,8 @@ use super::sys;
 use crate::error::RecordError;
 use std::ffi::{CString, OsStr, OsString};
 use std::io::Read;
-use std::os::fd::OwnedFd;
-use std::os::unix::ffi::OsStrExt;
+use std::os::fd::{OwnedFd, RawFd};
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
@@ -58,13 +58,46 @@ fn file_is_executable(p: &Path) -> Option<bool> {
 pub(crate) struct Launched {
     /// The child's pid.
     pub pid: u32,
+    /// The program it will exec, found like `execvp` does.
+    pub path: PathBuf,
     go: Option<OwnedFd>,
     status: Option<OwnedFd>,
     command: String,
 }
 
+/// What the command gets besides the recorder's environment.
+#[derive(Debug, Default)]
+pub(crate) struct Extras {
+    /// Variables to set (replacing the recorder's of the same name).
+    pub env: Vec<(OsString, OsString)>,
+    /// A close-on-exec descriptor of the recorder the command inherits.
+    pub inherit_fd: Option<RawFd>,
+}
+
+/// The environment `base` with `set` applied, as `NAME=VALUE` C strings.
+fn environment(
+    base: impl Iterator<Item = (OsString, OsString)>,
+    set: &[(OsString, OsString)],
+) -> Vec<CString> {
+    let mut vars: Vec<(OsString, OsString)> = base
+        .filter(|(k, _)| !set.iter().any(|(s, _)| s == k))
+        .collect();
+    vars.extend(set.iter().cloned());
+    vars.into_iter()
+        .filter_map(|(k, v)| {
+            let mut entry = k.into_vec();
+            entry.push(b'=');
+            entry.extend(v.into_vec());
+            CString::new(entry).ok()
+        })
+        .collect()
+}
+
 /// Fork the command, stopped before `execve`.
-pub(crate) fn spawn_waiting(command: &[OsString]) -> Result<Launched, RecordError> {
+pub(crate) fn spawn_waiting(
+    command: &[OsString],
+    extras: &Extras,
+) -> Result<Launched, RecordError> {
     let display = command[0].to_string_lossy().into_owned();
     let path = resolve_program(
         &command[0],
@@ -94,6 +127,17 @@ pub(crate) fn spawn_waiting(command: &[OsString]) -> Result<Launched, RecordErro
         .collect::<Result<Vec<_>, _>>()?;
     let mut argv: Vec<*const libc::c_char> = c_args.iter().map(|a| a.as_ptr()).collect();
     argv.push(std::ptr::null());
+    let mut child = sys::ChildSetup {
+        inherit_fd: extras.inherit_fd,
+        ..Default::default()
+    };
+    if !extras.env.is_empty() {
+        child.env_strings = environment(std::env::vars_os(), &extras.env);
+        let mut envp: Vec<*const libc::c_char> =
+            child.env_strings.iter().map(|e| e.as_ptr()).collect();
+        envp.push(std::ptr::null());
+        child.envp = Some(envp);
+    }
     let (go_read, go_write) = sys::pipe()?;
     let (status_read, status_write) = sys::pipe()?;
     let pid = sys::fork_exec_when_told(
@@ -101,9 +145,11 @@ pub(crate) fn spawn_waiting(command: &[OsString]) -> Result<Launched, RecordErro
         &argv,
         (&go_read, &go_write),
         (&status_read, &status_write),
+        &child,
     )?;
     Ok(Launched {
         pid,
+        path,
         go: Some(go_write),
         status: Some(status_read),
         command: display,
@@ -178,6 +224,20 @@ mod tests {
             resolve_program(OsStr::new("nope"), path, fake_fs),
             Err(false)
         );
+    }
+
+    #[test]
+    fn the_environment_is_the_recorders_with_overrides() {
+        let base = [("A", "1"), ("LD_PRELOAD", "old.so"), ("B", "2")]
+            .into_iter()
+            .map(|(k, v)| (OsString::from(k), OsString::from(v)));
+        let set = [(
+            OsString::from("LD_PRELOAD"),
+            OsString::from("new.so:old.so"),
+        )];
+        let env = environment(base, &set);
+        let env: Vec<&str> = env.iter().map(|e| e.to_str().unwrap()).collect();
+        assert_eq!(env, ["A=1", "B=2", "LD_PRELOAD=new.so:old.so"]);
     }
 
     #[test]

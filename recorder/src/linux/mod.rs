@@ -11,6 +11,7 @@
 mod attr;
 mod convert;
 mod events;
+mod heap;
 mod images;
 mod launch;
 mod layouts;
@@ -31,9 +32,10 @@ use crate::{host, CpuEvent, RecordOptions, RecordSummary, TargetExit, TargetSpec
 use attr::{AttrSettings, EventKind, EventSpec, Role};
 use convert::{ConvertSettings, Converter, Initial, RawMsg};
 use events::{Events, OpenError};
+use heap::{Escape, HeapEvent, HeapSession};
 use lrnprof_format::{
-    resolve_syscall_filter, Clock, Endian, EventSettings, OffCpuSettings, Os, Pid, SampleEvent,
-    SampleKind, SamplingSettings, SyscallSettings, Target, Timestamp, TraceHeader,
+    resolve_syscall_filter, Clock, Endian, EventSettings, HeapSettings, OffCpuSettings, Os, Pid,
+    SampleEvent, SampleKind, SamplingSettings, SyscallSettings, Target, Timestamp, TraceHeader,
 };
 pub(crate) use parse::fuzz_records;
 use parse::Layouts;
@@ -61,6 +63,16 @@ const MAX_CHUNK: usize = 1 << 20;
 /// it (see `untouched`): until then every sample of that thread is cut
 /// short too. 20 ms keeps that under 2% of a 1 kHz thread's first second.
 const POLL_INTERVAL: Duration = Duration::from_millis(20);
+/// Longest wait between drains with allocation sampling: its ring is
+/// polled, not waited on, and a full ring makes allocating threads wait.
+const HEAP_POLL_INTERVAL: Duration = Duration::from_millis(10);
+/// Drains of the allocation sampler's ring per round at most, so a
+/// program that allocates without pause cannot hold the loop.
+const HEAP_DRAINS_PER_ROUND: usize = 4;
+/// With allocation sampling, records are held back this much longer
+/// before they are put in time order and written: a sampler's thread can
+/// be descheduled between reading the clock and writing its record.
+const HEAP_HOLD_NS: u64 = 200_000_000;
 
 /// Record on Linux.
 pub(crate) fn record(
@@ -91,21 +103,20 @@ pub(crate) fn record(
     let waker = Arc::clone(&wake);
     let _wake_guard = token.wake_with(Arc::new(move || sys::eventfd_add(&waker)));
     let deadline = Deadline::start(options.duration);
-    let mut launched = match &options.target {
-        TargetSpec::Command(cmd) => Some(launch::spawn_waiting(cmd)?),
-        TargetSpec::Pid(_) => None,
-    };
-    // Before attaching (opening events for thousands of busy threads must
-    // not wait for CPU) but after the fork, so a launched command keeps
-    // its normal priority.
-    let priority = sys::raise_thread_priority();
-    let pid = match (&options.target, &launched) {
-        (_, Some(l)) => l.pid,
-        (TargetSpec::Pid(p), None) => *p,
-        (TargetSpec::Command(_), None) => unreachable!("launched above"),
-    };
     let page_size = host::page_size() as usize;
-    let largest_stack = plan.specs.iter().map(|s| s.stack_size).max().unwrap_or(0);
+    // Allocation samples copy as much stack as CPU samples (their copies
+    // go through the sampler's ring, but one limit keeps both alike).
+    let heap_stack = match options.heap {
+        Some(_) => attr::valid_stack_size(options.stack_size),
+        None => 0,
+    };
+    let largest_stack = plan
+        .specs
+        .iter()
+        .map(|s| s.stack_size)
+        .chain([heap_stack])
+        .max()
+        .unwrap_or(0);
     let ring = attr::plan_ring(
         page_size,
         MAX_RING_PAGES,
@@ -116,6 +127,36 @@ pub(crate) fn record(
     for spec in &mut plan.specs {
         spec.stack_size = spec.stack_size.min(ring.stack_size);
     }
+    let heap_stack = heap_stack.min(ring.stack_size);
+    let mut heap = match &options.heap {
+        Some(h) => Some(HeapSession::new(h, heap_stack)?),
+        None => None,
+    };
+    let extras = match &heap {
+        Some(h) => launch::Extras {
+            env: h.environment(std::env::var_os("LD_PRELOAD")),
+            inherit_fd: Some(h.fd()),
+        },
+        None => launch::Extras::default(),
+    };
+    let mut launched = match &options.target {
+        TargetSpec::Command(cmd) => Some(launch::spawn_waiting(cmd, &extras)?),
+        TargetSpec::Pid(_) => None,
+    };
+    // Why the program's allocations may escape the sampler, said before it runs.
+    let escape = match (&heap, &launched) {
+        (Some(_), Some(l)) => heap::check_program(&l.path).map(|e| (l.path.clone(), e)),
+        _ => None,
+    };
+    // Before attaching (opening events for thousands of busy threads must
+    // not wait for CPU) but after the fork, so a launched command keeps
+    // its normal priority.
+    let priority = sys::raise_thread_priority();
+    let pid = match (&options.target, &launched) {
+        (_, Some(l)) => l.pid,
+        (TargetSpec::Pid(p), None) => *p,
+        (TargetSpec::Command(_), None) => unreachable!("launched above"),
+    };
     let settings = AttrSettings {
         event: match options.event {
             CpuEvent::CpuClock => EventKind::CpuClock,
@@ -146,6 +187,12 @@ pub(crate) fn record(
             bytes: ring.stack_size,
         });
     }
+    if let Some((program, escape)) = &escape {
+        reporter.warning(&RecordWarning::HeapNotSampled {
+            program: program.display().to_string(),
+            reason: escape.reason(),
+        });
+    }
     if let Some(l) = launched.as_mut() {
         l.release()?;
     }
@@ -168,7 +215,8 @@ pub(crate) fn record(
                 EventKind::CpuClock => SampleEvent::CpuClock,
             },
             frequency_hz,
-            stack_size: stack_of(Role::Cpu),
+            // The CPU samples' copy, or with --no-cpu the allocations'.
+            stack_size: stack_of(Role::Cpu).max(heap_stack),
             kernel_callchain: options.cpu && options.kernel_callchain,
             include_kernel: false,
         },
@@ -187,7 +235,9 @@ pub(crate) fn record(
         hostname: host::hostname(),
         events: EventSettings {
             cpu: options.cpu,
-            heap: None,
+            heap: options.heap.map(|h| HeapSettings {
+                mean_interval: h.mean_interval,
+            }),
             syscalls: plan.syscalls.map(|s| SyscallSettings {
                 stack_size: stack_of(Role::SyscallEnter),
                 ..s
@@ -202,7 +252,7 @@ pub(crate) fn record(
         EventKind::CpuClock => SampleKind::CpuTime,
     };
     let layouts = events.layouts().clone();
-    let converter = Converter::new(ConvertSettings {
+    let mut converter = Converter::new(ConvertSettings {
         layouts: layouts.clone(),
         regs: NATIVE_REGS,
         sample_kind,
@@ -211,6 +261,13 @@ pub(crate) fn record(
         stack_sizes: plan.specs.iter().map(|s| (s.role, s.stack_size)).collect(),
         page_size: page_size as u64,
     });
+    if heap.is_some() {
+        let explained = matches!(
+            escape,
+            Some((_, Escape::StaticallyLinked | Escape::OwnMalloc))
+        );
+        converter = converter.with_heap(explained);
+    }
     let sink = Sink::start(out, &header, converter, CHANNEL_CAPACITY)?;
     let sender = sink.sender();
     let command = match &header.target {
@@ -236,6 +293,7 @@ pub(crate) fn record(
             &layouts,
             &sender,
             &mut control,
+            heap.as_mut(),
             pid,
             launched.as_ref().map(|l| l.pid),
         )
@@ -244,7 +302,10 @@ pub(crate) fn record(
     for fd in events.switch_order(false) {
         let _ = sys::perf_disable(fd);
     }
-    let drained = drain_all(&mut events, &layouts, &sender);
+    if let Some(h) = &heap {
+        h.stop();
+    }
+    let drained = drain_all(&mut events, &layouts, &sender, heap.as_mut(), true);
     drop(priority);
     let end = sys::monotonic_ns();
     drop(sender);
@@ -332,6 +393,11 @@ fn plan_events(options: &RecordOptions) -> Result<EventPlan, RecordError> {
             ..EventSpec::new(Role::Switch, off.stack_size)
         });
     }
+    if specs.is_empty() {
+        // Allocations only (`--heap --no-cpu`): an event that never samples
+        // still follows the threads, processes and images they need.
+        specs.push(EventSpec::new(Role::Tracking, 0));
+    }
     if let Some(first) = specs.first_mut() {
         first.tracking = true;
     }
@@ -387,6 +453,10 @@ fn open_first(
         Role::SyscallEnter | Role::SyscallExit => RecordError::Tracing(format!(
             "the kernel refused a raw_syscalls tracepoint event ({e}); it needs \
              CONFIG_FTRACE_SYSCALLS and a perf_event_open that allows tracepoints"
+        )),
+        Role::Tracking => RecordError::Unsupported(format!(
+            "perf_event_open failed for the event that follows threads and images ({e}); the \
+             kernel needs CONFIG_PERF_EVENTS, and containers must allow the perf_event_open syscall"
         )),
         Role::Switch => RecordError::Unsupported(format!(
             "the context-switch event cannot be opened ({e}); off-CPU recording needs Linux 4.3 \
@@ -446,11 +516,14 @@ fn attach_all_threads(events: &mut Events, pid: u32) -> Result<(), RecordError> 
     Ok(())
 }
 
-/// Drain every ring buffer once; returns whether anything was drained.
+/// Drain every ring buffer once, and the allocation sampler's ring;
+/// `last`: the recording is over. Returns whether anything was drained.
 fn drain_all(
     events: &mut Events,
     layouts: &Layouts,
     sender: &SinkSender<RawMsg>,
+    heap: Option<&mut HeapSession>,
+    last: bool,
 ) -> Result<bool, RecordError> {
     let round = sys::monotonic_ns();
     let mut any = false;
@@ -467,7 +540,29 @@ fn drain_all(
             any = true;
         }
     }
-    sender.send(RawMsg::Round(round))?;
+    let mut round = Some(round);
+    if let Some(heap) = heap {
+        round = round.map(|r| r.saturating_sub(HEAP_HOLD_NS));
+        let mut more = true;
+        for _ in 0..HEAP_DRAINS_PER_ROUND {
+            let mut batch: Vec<HeapEvent> = Vec::new();
+            more = heap.drain(&mut batch, sys::monotonic_ns(), last);
+            if !batch.is_empty() {
+                any = true;
+                sender.send(RawMsg::Heap(batch))?;
+            }
+            if !more {
+                break;
+            }
+        }
+        if more {
+            // Older records may still be in the ring: nothing is done yet.
+            round = None;
+        }
+    }
+    if let Some(round) = round {
+        sender.send(RawMsg::Round(round))?;
+    }
     Ok(any)
 }
 
@@ -496,14 +591,20 @@ fn sample_loop(
     layouts: &Layouts,
     sender: &SinkSender<RawMsg>,
     control: &mut Control<'_>,
+    mut heap: Option<&mut HeapSession>,
     pid: u32,
     child: Option<u32>,
 ) -> Result<(StopReason, Option<TargetExit>), RecordError> {
+    let poll_interval = if heap.is_some() {
+        HEAP_POLL_INTERVAL
+    } else {
+        POLL_INTERVAL
+    };
     let mut fds: Vec<i32> = events.ring_fds().map(|fd| fd.as_raw_fd()).collect();
     let wake_index = fds.len();
     fds.push(control.wake.as_raw_fd());
     loop {
-        drain_all(events, layouts, sender)?;
+        drain_all(events, layouts, sender, heap.as_deref_mut(), false)?;
         control.ticker.tick(control.reporter);
         if let Some(child) = child {
             if let Some(status) = sys::try_wait(child).map_err(|e| RecordError::Sys {
@@ -550,7 +651,7 @@ fn sample_loop(
         }
         let timeout = control
             .ticker
-            .timeout(control.deadline.timeout(POLL_INTERVAL));
+            .timeout(control.deadline.timeout(poll_interval));
         let ready =
             sys::poll_readable(&fds, timeout.as_millis() as i32).map_err(|e| RecordError::Sys {
                 what: "poll".into(),

@@ -31,6 +31,24 @@ pub(crate) const AARCH64: ArchRegs = ArchRegs {
     convert: aarch64,
 };
 
+/// The registers the allocation sampler records (`lrnprof_preload`'s
+/// `Regs`: x86-64 `[rip, rsp, rbp, 0]`, AArch64 `[pc, sp, x29, x30]`).
+pub(crate) fn from_sampler(arch: Arch, r: [u64; 4]) -> Regs {
+    match arch {
+        Arch::X86_64 => Regs::X86_64(RegsX86_64 {
+            ip: r[0],
+            sp: r[1],
+            bp: r[2],
+        }),
+        Arch::Aarch64 => Regs::Aarch64(RegsAarch64 {
+            pc: r[0] & AARCH64_ADDRESS_MASK,
+            sp: r[1],
+            fp: r[2],
+            lr: r[3] & AARCH64_ADDRESS_MASK,
+        }),
+    }
+}
+
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 fn x86_64(v: &[u64]) -> Option<Regs> {
     match *v {
@@ -42,7 +60,6 @@ fn x86_64(v: &[u64]) -> Option<Regs> {
 /// User addresses on AArch64 Linux fit in 48 bits (52 with LVA, which
 /// user space must opt into); higher bits of a return address are a
 /// pointer-authentication code.
-#[cfg_attr(not(target_arch = "aarch64"), allow(dead_code))]
 const AARCH64_ADDRESS_MASK: u64 = (1 << 48) - 1;
 
 #[cfg_attr(not(target_arch = "aarch64"), allow(dead_code))]
@@ -87,6 +104,27 @@ mod tests {
                 pc: 0x40_0000,
                 sp: 0x5000,
                 fp: 0xf0,
+                lr: 0x40_1234
+            })
+        );
+    }
+
+    #[test]
+    fn sampler_registers_keep_their_order() {
+        assert_eq!(
+            from_sampler(Arch::X86_64, [1, 2, 3, 0]),
+            Regs::X86_64(RegsX86_64 {
+                ip: 1,
+                sp: 2,
+                bp: 3
+            })
+        );
+        assert_eq!(
+            from_sampler(Arch::Aarch64, [0x40_0000, 2, 3, 0x00ab_0000_0040_1234]),
+            Regs::Aarch64(RegsAarch64 {
+                pc: 0x40_0000,
+                sp: 2,
+                fp: 3,
                 lr: 0x40_1234
             })
         );

@@ -153,23 +153,9 @@ impl RingMap {
     /// Map `1 + data_pages` pages of `fd` (data_pages a power of two).
     pub fn new(fd: &OwnedFd, page_size: usize, data_pages: usize) -> io::Result<RingMap> {
         let len = page_size * (1 + data_pages);
-        // Safety: a fresh shared mapping of the perf fd; the kernel checks
-        // the length.
-        let base = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                fd.as_raw_fd(),
-                0,
-            )
-        };
-        if base == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error());
-        }
+        let base = map_shared(fd, len)?;
         let mut ring = RingMap {
-            base: base.cast(),
+            base,
             len,
             data_offset: page_size,
             data_size: page_size * data_pages,
@@ -413,11 +399,13 @@ pub(crate) fn fork_exec_when_told(
     argv: &[*const libc::c_char],
     go: (&OwnedFd, &OwnedFd),
     status: (&OwnedFd, &OwnedFd),
+    child: &ChildSetup,
 ) -> Result<u32, RecordError> {
     let (go_read, go_write) = (go.0.as_raw_fd(), go.1.as_raw_fd());
     let (status_read, status_write) = (status.0.as_raw_fd(), status.1.as_raw_fd());
-    // Safety: the child only calls close, read, execv, write and _exit,
-    // which are async-signal-safe, on memory prepared before the fork.
+    let envp = child.envp.as_ref().map(|e| e.as_ptr());
+    // Safety: the child only calls close, read, fcntl, execv(e), write and
+    // _exit, which are async-signal-safe, on memory prepared before the fork.
     unsafe {
         let pid = libc::fork();
         if pid < 0 {
@@ -431,12 +419,108 @@ pub(crate) fn fork_exec_when_told(
             if n != 1 {
                 libc::_exit(127);
             }
-            libc::execv(path.as_ptr(), argv.as_ptr());
+            if let Some(fd) = child.inherit_fd {
+                libc::fcntl(fd, libc::F_SETFD, 0);
+            }
+            match envp {
+                Some(envp) => libc::execve(path.as_ptr(), argv.as_ptr(), envp),
+                None => libc::execv(path.as_ptr(), argv.as_ptr()),
+            };
             let errno = *libc::__errno_location();
             libc::write(status_write, (&errno as *const i32).cast(), 4);
             libc::_exit(127);
         }
         Ok(pid as u32)
+    }
+}
+
+/// What a launched command gets besides its arguments, prepared before the
+/// fork (the child may not allocate).
+#[derive(Debug, Default)]
+pub(crate) struct ChildSetup {
+    /// Its whole environment, NULL-terminated; `None`: the recorder's.
+    pub envp: Option<Vec<*const libc::c_char>>,
+    /// Keeps `envp`'s strings alive.
+    pub env_strings: Vec<std::ffi::CString>,
+    /// A descriptor of the recorder (opened close-on-exec) the command
+    /// inherits.
+    pub inherit_fd: Option<RawFd>,
+}
+
+/// A memory file of `len` bytes, close-on-exec, at descriptor 100 or above
+/// where the open-file limit allows, out of the way of the descriptors
+/// programs expect to find free.
+pub(crate) fn memfd(name: &CStr, len: usize) -> io::Result<OwnedFd> {
+    // Safety: a valid name; the kernel returns a new descriptor.
+    let fd = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // Safety: we own the new descriptor.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    // Safety: resizing our own memory file.
+    if unsafe { libc::ftruncate(fd.as_raw_fd(), len as libc::off_t) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // Safety: duplicating our descriptor; the copy is ours.
+    let high = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 100) };
+    if high < 0 {
+        return Ok(fd);
+    }
+    // Safety: a new descriptor we own (the low one closes on drop).
+    Ok(unsafe { OwnedFd::from_raw_fd(high) })
+}
+
+/// Map `len` bytes of `fd` from its start, shared and writable.
+fn map_shared(fd: &OwnedFd, len: usize) -> io::Result<*mut u8> {
+    // Safety: a fresh shared mapping placed by the kernel, which checks
+    // the length against the file; the caller owns and unmaps it.
+    let ptr = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            fd.as_raw_fd(),
+            0,
+        )
+    };
+    if ptr == libc::MAP_FAILED {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(ptr.cast())
+}
+
+/// A shared, writable mapping of a whole file, unmapped on drop.
+#[derive(Debug)]
+pub(crate) struct SharedMap {
+    ptr: *mut u8,
+    len: usize,
+}
+
+// Safety: plain shared memory; users access it through atomics or space
+// they own.
+unsafe impl Send for SharedMap {}
+
+impl SharedMap {
+    /// Map `len` bytes of `fd` from its start.
+    pub fn new(fd: &OwnedFd, len: usize) -> io::Result<SharedMap> {
+        Ok(SharedMap {
+            ptr: map_shared(fd, len)?,
+            len,
+        })
+    }
+
+    /// Its first byte (page-aligned).
+    pub fn ptr(&self) -> *mut u8 {
+        self.ptr
+    }
+}
+
+impl Drop for SharedMap {
+    fn drop(&mut self) {
+        // Safety: our own mapping, no longer used.
+        unsafe { libc::munmap(self.ptr.cast(), self.len) };
     }
 }
 

@@ -89,6 +89,18 @@ pub(crate) fn record(
             "the macOS backend samples with a timer; --event cycles is Linux only".into(),
         ));
     }
+    if options.heap.is_some() {
+        return Err(RecordError::Unsupported(
+            "--heap is Linux only: on macOS, DYLD_INSERT_LIBRARIES is ignored by \
+             hardened-runtime and platform binaries, and lrnprof cannot test it (docs/macos.md)"
+                .into(),
+        ));
+    }
+    if !options.cpu {
+        return Err(RecordError::InvalidOption(
+            "the macOS backend records CPU samples only; --cpu off is Linux only".into(),
+        ));
+    }
     if options.frequency_hz > MAX_FREQUENCY_HZ {
         return Err(RecordError::InvalidOption(format!(
             "sampling frequency {} Hz is above the macOS backend's limit of {MAX_FREQUENCY_HZ} Hz",

@@ -10,9 +10,9 @@ mod terminal;
 use anyhow::Result;
 use clap::Parser;
 use lrnprof_recorder::{
-    record, CpuEvent, EmbedLevel, OffCpuOptions, RecordOptions, StopToken, SyscallOptions,
-    TargetSpec, DEFAULT_FREQUENCY_HZ, DEFAULT_OFF_CPU_STACK_SIZE, DEFAULT_STACK_SIZE,
-    DEFAULT_SYSCALL_STACK_SIZE,
+    record, CpuEvent, EmbedLevel, HeapOptions, OffCpuOptions, RecordOptions, StopToken,
+    SyscallOptions, TargetSpec, DEFAULT_FREQUENCY_HZ, DEFAULT_HEAP_INTERVAL,
+    DEFAULT_OFF_CPU_STACK_SIZE, DEFAULT_STACK_SIZE, DEFAULT_SYSCALL_STACK_SIZE,
 };
 use std::ffi::OsString;
 use std::io::IsTerminal;
@@ -46,6 +46,19 @@ struct Args {
     #[arg(long, short = 'e', default_value = "cpu-clock", value_parser = clap::value_parser!(CpuEvent))]
     event: CpuEvent,
 
+    /// Also sample allocations (malloc, new, ...) of the launched command
+    /// and its children, with their stacks, for alloc_space/inuse_space
+    /// profiles. Launched commands only (not --pid). Linux only.
+    #[arg(long)]
+    heap: bool,
+
+    /// Mean bytes allocated between two sampled allocations (exponentially
+    /// distributed, as in tcmalloc); 1 records every allocation. Suffixes
+    /// K, M, G (KiB, MiB, GiB).
+    #[arg(long, value_name = "BYTES", requires = "heap", value_parser = parse_bytes,
+          default_value_t = DEFAULT_HEAP_INTERVAL)]
+    heap_rate: u64,
+
     /// Stop after this many seconds (default: until the target exits or Ctrl-C).
     #[arg(long, short)]
     duration: Option<f64>,
@@ -67,7 +80,8 @@ struct Args {
     #[arg(long, default_value = "symbols", value_parser = clap::value_parser!(EmbedLevel))]
     embed: EmbedLevel,
 
-    /// Do not take CPU samples (record only --syscalls and/or --off-cpu).
+    /// Do not take CPU samples (record only --heap, --syscalls and/or
+    /// --off-cpu).
     #[arg(long)]
     no_cpu: bool,
 
@@ -139,6 +153,9 @@ fn run(args: Args) -> Result<ExitCode> {
         out: args.out,
         frequency_hz: args.freq,
         event: args.event,
+        heap: args.heap.then_some(HeapOptions {
+            mean_interval: args.heap_rate,
+        }),
         duration,
         stack_size: args.stack_size,
         kernel_callchain: args.callchain == "on",
@@ -176,6 +193,24 @@ fn run(args: Args) -> Result<ExitCode> {
         Some(exit) => ExitCode::from(exit.shell_code().clamp(0, 255) as u8),
         None => ExitCode::SUCCESS,
     })
+}
+
+/// `4096`, `512K`, `1M`, `2G` (powers of 1024), at least 1.
+fn parse_bytes(s: &str) -> Result<u64, String> {
+    let (digits, unit) = match s.as_bytes().last() {
+        Some(b'k' | b'K') => (&s[..s.len() - 1], 1u64 << 10),
+        Some(b'm' | b'M') => (&s[..s.len() - 1], 1 << 20),
+        Some(b'g' | b'G') => (&s[..s.len() - 1], 1 << 30),
+        _ => (s, 1),
+    };
+    digits
+        .parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(unit))
+        .filter(|&n| n >= 1)
+        .ok_or_else(|| {
+            format!("{s:?} is not a number of bytes of at least 1 (e.g. 4096, 512K, 1M)")
+        })
 }
 
 /// The one command that shows a profile of `trace`: its flame graph in the
@@ -231,6 +266,17 @@ fn raise_open_file_limit() {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn byte_counts_take_binary_suffixes() {
+        assert_eq!(parse_bytes("1"), Ok(1));
+        assert_eq!(parse_bytes("512K"), Ok(512 * 1024));
+        assert_eq!(parse_bytes("2m"), Ok(2 << 20));
+        assert_eq!(parse_bytes("1G"), Ok(1 << 30));
+        for bad in ["0", "", "K", "1.5M", "-1", "99999999999999999999G"] {
+            assert!(parse_bytes(bad).is_err(), "{bad}");
+        }
+    }
 
     #[test]
     fn view_command_fits_the_machine_and_the_shell() {

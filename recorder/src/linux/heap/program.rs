@@ -1,0 +1,105 @@
+//! Why a program's allocations may escape the sampler, told before it is
+//! launched: a statically linked program has no dynamic loader to preload
+//! anything, one that defines `malloc` itself is found before the sampler
+//! in symbol lookup, and one with its own allocator (linked in under other
+//! names) never calls `malloc` for most of its memory.
+
+use object::read::elf::{ElfFile64, ProgramHeader};
+use object::{Object, ObjectSymbol, ReadCache};
+use std::path::Path;
+
+/// Entry points of allocators that programs link in under their own names.
+const OWN_ALLOCATORS: &[(&str, &str)] = &[
+    ("mi_malloc", "mimalloc"),
+    ("je_malloc", "jemalloc"),
+    ("_rjem_malloc", "jemalloc"),
+    ("tc_malloc", "tcmalloc"),
+    ("rpmalloc", "rpmalloc"),
+    ("sn_malloc", "snmalloc"),
+];
+
+/// What stops the sampler from seeing some or all of a program's
+/// allocations.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Escape {
+    /// No `PT_INTERP`: nothing is preloaded, nothing is sampled.
+    StaticallyLinked,
+    /// The program's own `malloc` is found first: nothing is sampled.
+    OwnMalloc,
+    /// An allocator linked in under other names: what it hands out is
+    /// not sampled.
+    OwnAllocator(&'static str),
+}
+
+impl Escape {
+    /// What happens and why, following the program's name in a warning.
+    pub fn reason(&self) -> String {
+        match self {
+            Escape::StaticallyLinked => {
+                "is statically linked: no allocation will be recorded (the \
+                                         allocation sampler is loaded by the dynamic loader, \
+                                         which a static program does not run)"
+                    .into()
+            }
+            Escape::OwnMalloc => "defines malloc itself: no allocation will be recorded (its own \
+                                  malloc is found before the allocation sampler's)"
+                .into(),
+            Escape::OwnAllocator(name) => format!(
+                "has its own allocator ({name}): only allocations made through malloc will be \
+                 recorded, not those made through {name}"
+            ),
+        }
+    }
+}
+
+/// Look at the ELF file `program` for an [`Escape`]. Anything that is not
+/// a 64-bit ELF file (a script, which starts a dynamic interpreter) or
+/// cannot be read gives `None`.
+pub(crate) fn check(program: &Path) -> Option<Escape> {
+    let file = std::fs::File::open(program).ok()?;
+    let cache = ReadCache::new(file);
+    let elf = ElfFile64::<object::Endianness, _>::parse(&cache).ok()?;
+    let endian = elf.endian();
+    let has_interp = elf
+        .elf_program_headers()
+        .iter()
+        .any(|ph| ph.p_type(endian) == object::elf::PT_INTERP);
+    if !has_interp {
+        return Some(Escape::StaticallyLinked);
+    }
+    let defined = |name: &str| {
+        elf.symbols()
+            .chain(elf.dynamic_symbols())
+            .any(|s| s.is_definition() && s.name() == Ok(name))
+    };
+    if defined("malloc") {
+        return Some(Escape::OwnMalloc);
+    }
+    OWN_ALLOCATORS
+        .iter()
+        .find(|(symbol, _)| defined(symbol))
+        .map(|(_, name)| Escape::OwnAllocator(name))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_dynamic_program_without_its_own_allocator_is_fine() {
+        assert_eq!(check(Path::new("/bin/sh")), None);
+        assert_eq!(check(Path::new("/nonexistent")), None);
+        // This test binary: dynamic, Rust's allocator is malloc.
+        assert_eq!(check(&std::env::current_exe().unwrap()), None);
+    }
+
+    #[test]
+    fn reasons_say_what_is_recorded() {
+        assert!(Escape::StaticallyLinked
+            .reason()
+            .contains("statically linked"));
+        assert!(Escape::OwnAllocator("mimalloc")
+            .reason()
+            .contains("mimalloc"));
+    }
+}
