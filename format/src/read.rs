@@ -135,6 +135,11 @@ impl<D: AsRef<[u8]>> TraceReader<D> {
         &self.report
     }
 
+    /// The trace's bytes, as given to [`new`](Self::new).
+    pub fn data(&self) -> &D {
+        &self.data
+    }
+
     /// Total size of the trace, in bytes.
     pub fn len(&self) -> u64 {
         self.data.as_ref().len() as u64
