@@ -182,14 +182,28 @@ impl<'c> StackView<'c> {
 
     /// The 8-byte word at `addr`, in the given byte order.
     pub fn read_u64(&self, addr: u64, little_endian: bool) -> Option<u64> {
-        let mut b = [0u8; 8];
-        self.read(addr, &mut b).then(|| {
+        let word = |b: [u8; 8]| {
             if little_endian {
                 u64::from_le_bytes(b)
             } else {
                 u64::from_be_bytes(b)
             }
-        })
+        };
+        // The usual case, a word inside one piece (an unwinder reads many).
+        if let Repr::Pieces(pieces) = self.repr {
+            let off = addr.checked_sub(self.start)?;
+            if off.checked_add(8)? > u64::from(self.len) {
+                return None;
+            }
+            let i = pieces.partition_point(|p| u64::from(p.off) + p.bytes.len() as u64 <= off);
+            let p = pieces.get(i)?;
+            let at = (off - u64::from(p.off)) as usize;
+            if let Some(b) = p.bytes.get(at..at + 8) {
+                return b.try_into().ok().map(word);
+            }
+        }
+        let mut b = [0u8; 8];
+        self.read(addr, &mut b).then(|| word(b))
     }
 
     /// The snapshot as one buffer (empty bytes if they were not kept).

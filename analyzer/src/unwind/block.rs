@@ -45,8 +45,10 @@ pub(crate) fn unwind_block(cx: &BlockContext<'_>, raw: &RawBlock) -> UnwoundBloc
 }
 
 /// Nodes per thread above which a thread's walks are compacted to those
-/// later samples can still reuse.
-const COMPACT_AT: usize = 1 << 15;
+/// later samples can still reuse: small enough to stay in the CPU's
+/// caches, large enough that compacting (copying at most [`MAX_BASES`]
+/// chains) is rare.
+const COMPACT_AT: usize = 4096;
 
 /// A walked sample that later samples of its thread may reuse.
 #[derive(Clone, Copy)]
@@ -66,13 +68,15 @@ struct ThreadWalks<R> {
     thread: u32,
     arena: Vec<Node<R>>,
     recent: VecDeque<Entry>,
+    /// Buffers of the last compaction, reused by the next.
+    spare: Vec<Node<R>>,
+    moved: Vec<u32>,
 }
 
 struct BlockUnwinder<'c, 'p, A: UnwindArch> {
     cx: &'c BlockContext<'p>,
     cache: ArchCache,
     threads: FxHashMap<(Pid, Tid), ThreadWalks<A::Regs>>,
-    scratch: Vec<Node<A::Regs>>,
     frames: Vec<u64>,
     out: UnwoundBlock,
 }
@@ -83,7 +87,6 @@ impl<'c, 'p, A: UnwindArch> BlockUnwinder<'c, 'p, A> {
             cx,
             cache: ArchCache::new(cx.prepared.arch),
             threads: FxHashMap::default(),
-            scratch: Vec::new(),
             frames: Vec::new(),
             out: UnwoundBlock::default(),
         }
@@ -195,6 +198,8 @@ impl<'c, 'p, A: UnwindArch> BlockUnwinder<'c, 'p, A> {
                     thread,
                     arena: Vec::new(),
                     recent: VecDeque::new(),
+                    spare: Vec::new(),
+                    moved: Vec::new(),
                 },
             );
         }
@@ -235,7 +240,6 @@ impl<'c, 'p, A: UnwindArch> BlockUnwinder<'c, 'p, A> {
         });
         let base = base.map(|(e, _)| *e);
         let little_endian = prepared.little_endian();
-        let scratch = &mut self.scratch;
         // A trace is untrusted input: should the unwinder panic on it,
         // keep the instruction pointer and go on.
         let walked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
@@ -248,7 +252,6 @@ impl<'c, 'p, A: UnwindArch> BlockUnwinder<'c, 'p, A> {
                 little_endian,
                 reuse.as_ref(),
                 &mut walks.arena,
-                scratch,
             )
         }))
         .map_err(|_| Fallback { callchain: false })?;
@@ -352,8 +355,11 @@ impl<R: Copy> ThreadWalks<R> {
 
     /// Copy the frames of the remembered walks into a new arena.
     fn compact(&mut self) {
-        let mut moved = vec![NONE; self.arena.len()];
-        let mut arena: Vec<Node<R>> = Vec::new();
+        let mut moved = std::mem::take(&mut self.moved);
+        moved.clear();
+        moved.resize(self.arena.len(), NONE);
+        let mut arena = std::mem::take(&mut self.spare);
+        arena.clear();
         let mut path = Vec::new();
         for e in self.recent.iter_mut() {
             path.clear();
@@ -378,6 +384,7 @@ impl<R: Copy> ThreadWalks<R> {
             }
             e.walked.leaf = moved.get(e.walked.leaf as usize).copied().unwrap_or(NONE);
         }
-        self.arena = arena;
+        self.spare = std::mem::replace(&mut self.arena, arena);
+        self.moved = moved;
     }
 }

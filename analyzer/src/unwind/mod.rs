@@ -168,7 +168,6 @@ fn walk_whole<A: UnwindArch>(
 ) -> Option<Unwound> {
     let (pc, regs) = A::start(unwinder, regs)?;
     let mut arena = Vec::new();
-    let mut scratch = Vec::new();
     let walked = walk::<A>(
         unwinder,
         cache,
@@ -178,7 +177,6 @@ fn walk_whole<A: UnwindArch>(
         little_endian,
         None,
         &mut arena,
-        &mut scratch,
     );
     let mut frames = Vec::with_capacity(walked.len as usize);
     frames.extend(chain(&arena, walked.leaf).map(|n| n.address.address()));
@@ -338,10 +336,11 @@ pub(crate) fn walk<A: UnwindArch>(
     little_endian: bool,
     reuse: Option<&Reuse>,
     arena: &mut Vec<Node<A::Regs>>,
-    scratch: &mut Vec<Node<A::Regs>>,
 ) -> Walked {
     use framehop::Unwinder as _;
-    scratch.clear();
+    // New frames go straight to the arena, each the parent of the one
+    // before; the last one's parent is set when the walk ends.
+    let first = arena.len();
     let mut address = FrameAddress::InstructionPointer(pc);
     // The earlier sample's frame not below the current one, and its depth.
     let mut other = reuse.map_or(NONE, |r| r.leaf);
@@ -378,7 +377,7 @@ pub(crate) fn walk<A: UnwindArch>(
                 break r.clean;
             }
         }
-        if scratch.len() >= MAX_FRAMES {
+        if arena.len() - first >= MAX_FRAMES {
             hit_bound = true;
             break false;
         }
@@ -391,12 +390,13 @@ pub(crate) fn walk<A: UnwindArch>(
             stack.read_u64(addr, little_endian).ok_or(())
         };
         let next = unwinder.unwind_frame(this, &mut regs, cache, &mut read);
-        scratch.push(Node {
+        let parent = arena.len() as u32 + 1;
+        arena.push(Node {
             address: this,
             regs: this_regs,
             lo,
             hi,
-            parent: NONE,
+            parent,
         });
         match next {
             Ok(Some(ra)) => match FrameAddress::from_return_address(ra) {
@@ -407,7 +407,7 @@ pub(crate) fn walk<A: UnwindArch>(
             Err(_) => break false,
         }
     };
-    let new = scratch.len() as u32;
+    let new = (arena.len() - first) as u32;
     let (tail, tail_len) = match (joined, reuse) {
         (Some((node, depth)), Some(r)) => (node, r.len.saturating_sub(depth)),
         _ => (NONE, 0),
@@ -416,22 +416,16 @@ pub(crate) fn walk<A: UnwindArch>(
     let (mut lo, mut hi) = arena
         .get(tail as usize)
         .map_or((u64::MAX, 0), |n| (n.lo, n.hi));
-    for n in scratch.iter_mut().rev() {
+    if let Some(last) = arena[first..].last_mut() {
+        last.parent = tail;
+    }
+    for n in arena[first..].iter_mut().rev() {
         lo = lo.min(n.lo);
         hi = hi.max(n.hi);
         n.lo = lo;
         n.hi = hi;
     }
-    let first = arena.len() as u32;
-    for (i, n) in scratch.iter().enumerate() {
-        let parent = if i + 1 < scratch.len() {
-            first + i as u32 + 1
-        } else {
-            tail
-        };
-        arena.push(Node { parent, ..*n });
-    }
-    let leaf = if new > 0 { first } else { tail };
+    let leaf = if new > 0 { first as u32 } else { tail };
     let total = new + tail_len;
     Walked {
         leaf,
