@@ -80,7 +80,11 @@ pub(crate) fn parse_file(bytes: Arc<Vec<u8>>) -> Result<ParsedFile, String> {
         let Some(key) = wanted_name(name, macho) else {
             continue;
         };
-        if data.sections.contains_key(&key) || (dsym && !key.starts_with(".debug_")) {
+        if data.sections.contains_key(&key)
+            || (dsym && !key.starts_with(".debug_"))
+            || crate::symbolicate::unused_dwarf(&key)
+        {
+            // Nothing reads it: do not inflate it.
             continue;
         }
         let plain = sec

@@ -10,8 +10,8 @@ pub(crate) use jitmap::JitMap;
 pub(crate) use resolve::{symbolicate, Resolved};
 
 use crate::address::Svma;
-use crate::image::ImageData;
-use gimli::EndianArcSlice;
+use crate::image::{ImageData, SectionBytes};
+use gimli::EndianReader;
 use gimli::RunTimeEndian;
 use std::borrow::Cow;
 use std::sync::Arc;
@@ -27,12 +27,36 @@ pub struct FrameLine {
     pub line: Option<u32>,
 }
 
-type Reader = EndianArcSlice<RunTimeEndian>;
+/// DWARF is read in place, from the image's shared buffers.
+type Reader = EndianReader<RunTimeEndian, SectionBytes>;
 
-/// An image's DWARF sections, copied once into shared buffers so that every
-/// worker's [`Symbolizer`] can read them.
+// Safety: a `SectionBytes` derefs to a range of a `Vec` inside an `Arc`,
+// whose heap buffer never moves while any clone of the `Arc` lives, and
+// clones deref to the same bytes.
+unsafe impl stable_deref_trait::StableDeref for SectionBytes {}
+// Safety: as above; a clone shares the `Arc` and the range.
+unsafe impl stable_deref_trait::CloneStableDeref for SectionBytes {}
+
+/// DWARF sections the symbolizer never reads: variable locations, macros
+/// and name indexes.
+pub(crate) fn unused_dwarf(name: &str) -> bool {
+    matches!(
+        name,
+        ".debug_loc"
+            | ".debug_loclists"
+            | ".debug_macro"
+            | ".debug_macinfo"
+            | ".debug_pubnames"
+            | ".debug_pubtypes"
+            | ".debug_gnu_pubnames"
+            | ".debug_gnu_pubtypes"
+    )
+}
+
+/// An image's DWARF sections, shared (not copied) so that every worker's
+/// [`Symbolizer`] can read them.
 pub(crate) struct DwarfSections {
-    sections: Vec<(gimli::SectionId, Arc<[u8]>)>,
+    sections: Vec<(gimli::SectionId, SectionBytes)>,
     endian: RunTimeEndian,
 }
 
@@ -50,8 +74,8 @@ impl DwarfSections {
         let mut sections = Vec::new();
         // Dwarf::load asks for each section it knows once: record them.
         let _ = gimli::Dwarf::load(|id| -> Result<(), gimli::Error> {
-            if let Some(s) = data.section(id.name()) {
-                sections.push((id, Arc::from(&s.bytes[..])));
+            if let Some(s) = data.section(id.name()).filter(|_| !unused_dwarf(id.name())) {
+                sections.push((id, s.bytes.clone()));
             }
             Ok(())
         });
@@ -70,12 +94,11 @@ impl<'a> Symbolizer<'a> {
     pub fn new(data: &'a ImageData, sections: Option<&DwarfSections>) -> Symbolizer<'a> {
         let dwarf = sections.and_then(|d| {
             let loaded = gimli::Dwarf::load(|id| -> Result<Reader, gimli::Error> {
-                let bytes = d
-                    .sections
-                    .iter()
-                    .find(|(sid, _)| *sid == id)
-                    .map_or_else(|| Arc::from(&[][..]), |(_, b)| b.clone());
-                Ok(EndianArcSlice::new(bytes, d.endian))
+                let bytes = d.sections.iter().find(|(sid, _)| *sid == id).map_or_else(
+                    || SectionBytes::whole(Arc::new(Vec::new())),
+                    |(_, b)| b.clone(),
+                );
+                Ok(EndianReader::new(bytes, d.endian))
             });
             loaded
                 .ok()
