@@ -23,6 +23,7 @@ mod folded;
 mod measure;
 mod perf_text;
 mod report;
+mod scale;
 mod stats;
 pub mod synthetic;
 mod workloads;
@@ -38,5 +39,6 @@ pub use perf_text::{
     parse_perf_script, parse_perf_stats, PerfStats, StackCompleteness, ROOT_FUNCTIONS,
 };
 pub use report::{machine_description, markdown};
+pub use scale::{run_scale, scale_markdown, Analyzer, ScaleOptions, ScaleReport, ScaleRow};
 pub use stats::{median, paired_overheads, percent};
 pub use workloads::{prepare as prepare_workloads, pseudo_text, Workload};

@@ -180,6 +180,16 @@ impl<'c> StackView<'c> {
         true
     }
 
+    /// A reader of words that remembers where its last read was, for the
+    /// many nearby reads of an unwinder.
+    pub fn reader(&self, little_endian: bool) -> StackReader<'c> {
+        StackReader {
+            view: *self,
+            little_endian,
+            hint: 0,
+        }
+    }
+
     /// The 8-byte word at `addr`, in the given byte order.
     pub fn read_u64(&self, addr: u64, little_endian: bool) -> Option<u64> {
         let word = |b: [u8; 8]| {
@@ -215,6 +225,52 @@ impl<'c> StackView<'c> {
         StackSnapshot {
             start: self.start,
             bytes,
+        }
+    }
+}
+
+/// Reads words of a [`StackView`], starting each search at the piece of
+/// the previous read.
+#[derive(Debug, Clone)]
+pub struct StackReader<'c> {
+    view: StackView<'c>,
+    little_endian: bool,
+    hint: usize,
+}
+
+impl StackReader<'_> {
+    /// The 8-byte word at `addr`, as [`StackView::read_u64`].
+    pub fn read_u64(&mut self, addr: u64) -> Option<u64> {
+        if let Repr::Pieces(pieces) = self.view.repr {
+            let off = addr.checked_sub(self.view.start)?;
+            if off.checked_add(8)? > u64::from(self.view.len) {
+                return None;
+            }
+            fn inside<'p>(p: &Piece<'p>, off: u64) -> Option<&'p [u8]> {
+                let at = off.checked_sub(u64::from(p.off))?;
+                p.bytes.get(at as usize..at as usize + 8)
+            }
+            // The last piece read, or the next one up.
+            for i in [self.hint, self.hint + 1] {
+                if let Some(b) = pieces.get(i).and_then(|p| inside(p, off)) {
+                    self.hint = i;
+                    return b.try_into().ok().map(|b| self.word(b));
+                }
+            }
+            let i = pieces.partition_point(|p| u64::from(p.off) + p.bytes.len() as u64 <= off);
+            if let Some(b) = pieces.get(i).and_then(|p| inside(p, off)) {
+                self.hint = i;
+                return b.try_into().ok().map(|b| self.word(b));
+            }
+        }
+        self.view.read_u64(addr, self.little_endian)
+    }
+
+    fn word(&self, b: [u8; 8]) -> u64 {
+        if self.little_endian {
+            u64::from_le_bytes(b)
+        } else {
+            u64::from_be_bytes(b)
         }
     }
 }

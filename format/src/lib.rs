@@ -53,7 +53,9 @@ mod v1;
 mod write;
 
 pub use block::{BlockBuilder, EncodedBlock, MAX_BLOCK_DECODED_LEN};
-pub use cursor::{BlockCursor, RawBlock, RecordRef, SampleRef, StackBase, StackMode, StackView};
+pub use cursor::{
+    BlockCursor, RawBlock, RecordRef, SampleRef, StackBase, StackMode, StackReader, StackView,
+};
 pub use error::FormatError;
 pub use raw::{BlockHeader, BlockKind, Codec, MAGIC, OLDEST_READABLE_VERSION, VERSION};
 pub use read::{BlockInfo, ReadReport, SkippedRange, TraceReader};

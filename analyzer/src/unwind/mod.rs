@@ -347,6 +347,7 @@ pub(crate) fn walk<A: UnwindArch>(
     let mut other_depth = 0u32;
     let mut joined = None;
     let mut hit_bound = false;
+    let mut words = stack.reader(little_endian);
     let clean = loop {
         if let Some(r) = reuse {
             let sp = A::sp(&regs);
@@ -387,7 +388,7 @@ pub(crate) fn walk<A: UnwindArch>(
         let mut read = |addr: u64| -> Result<u64, ()> {
             lo = lo.min(addr);
             hi = hi.max(addr.saturating_add(8));
-            stack.read_u64(addr, little_endian).ok_or(())
+            words.read_u64(addr).ok_or(())
         };
         let next = unwinder.unwind_frame(this, &mut regs, cache, &mut read);
         let parent = arena.len() as u32 + 1;
