@@ -61,7 +61,8 @@ impl RawBlock {
 /// What a [`BlockCursor`] keeps of stack snapshots.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StackMode {
-    /// Check each snapshot's encoding, keep no bytes: views are empty.
+    /// Check each snapshot's encoding, keep no bytes: views are empty, and
+    /// samples' kernel callchains and kernel frames are skipped (empty).
     LengthsOnly,
     /// Keep each snapshot readable through its [`StackView`].
     Bytes,
@@ -342,8 +343,15 @@ impl<'a> BlockCursor<'a> {
                 Ok(crate::v1::WireRecordV1In::Sample(w)) => WireRecordIn::Sample(w.into()),
                 Err(e) => return Err(bad(e.to_string())),
             }
-        } else {
+        } else if self.keep {
             WireRecordIn::deserialize(&mut de).map_err(|e| bad(e.to_string()))?
+        } else {
+            // A metadata pass: kernel stacks are skipped, not collected.
+            match WireRecordIn::<Skipped>::deserialize(&mut de) {
+                Ok(WireRecordIn::Plain(r)) => WireRecordIn::Plain(r),
+                Ok(WireRecordIn::Sample(w)) => WireRecordIn::Sample(w.without_kernel_stacks()),
+                Err(e) => return Err(bad(e.to_string())),
+            }
         };
         let w = match wire {
             WireRecordIn::Plain(r) => {
@@ -428,16 +436,61 @@ impl<'a> BlockCursor<'a> {
 
 /// A record as a cursor reads it from a version-2 block.
 #[derive(Deserialize)]
-enum WireRecordIn<'a> {
+enum WireRecordIn<'a, K = Vec<u64>> {
     Plain(Record),
     #[serde(borrow)]
-    Sample(WireSampleIn<'a>),
+    Sample(WireSampleIn<'a, K>),
+}
+
+/// A list of addresses read past without being kept.
+struct Skipped;
+
+impl<'de> Deserialize<'de> for Skipped {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Skipped, D::Error> {
+        struct Visit;
+        impl<'de> serde::de::Visitor<'de> for Visit {
+            type Value = Skipped;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a sequence")
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> Result<Skipped, A::Error> {
+                while seq.next_element::<u64>()?.is_some() {}
+                Ok(Skipped)
+            }
+        }
+        d.deserialize_seq(Visit)
+    }
+}
+
+impl<'a> WireSampleIn<'a, Skipped> {
+    /// The sample with empty kernel callchain and kernel frames.
+    fn without_kernel_stacks(self) -> WireSampleIn<'a> {
+        WireSampleIn {
+            time: self.time,
+            pid: self.pid,
+            tid: self.tid,
+            cpu: self.cpu,
+            kind: self.kind,
+            weight: self.weight,
+            regs: self.regs,
+            stack: self.stack,
+            kernel_callchain: Vec::new(),
+            frames: self.frames,
+            kernel_frames: Vec::new(),
+            flags: self.flags,
+            detail: self.detail,
+        }
+    }
 }
 
 /// A sample as stored, its literal stack bytes borrowed from the block.
-/// Field order is part of the format (see `block::WireSample`).
+/// Field order is part of the format (see `block::WireSample`). `K` holds
+/// the kernel callchain and kernel frames.
 #[derive(Deserialize)]
-pub(crate) struct WireSampleIn<'a> {
+pub(crate) struct WireSampleIn<'a, K = Vec<u64>> {
     pub time: Timestamp,
     pub pid: Pid,
     pub tid: Tid,
@@ -447,9 +500,9 @@ pub(crate) struct WireSampleIn<'a> {
     pub regs: Regs,
     #[serde(borrow)]
     pub stack: WireStackIn<'a>,
-    pub kernel_callchain: Vec<u64>,
+    pub kernel_callchain: K,
     pub frames: Vec<u64>,
-    pub kernel_frames: Vec<u64>,
+    pub kernel_frames: K,
     pub flags: SampleFlags,
     pub detail: SampleDetail,
 }
