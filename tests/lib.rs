@@ -146,25 +146,52 @@ pub fn perf_unavailable() -> Option<String> {
             if !cfg!(target_os = "linux") {
                 return Some("perf_event_open exists only on Linux".into());
             }
-            let dir = scratch_dir("perf-probe");
-            let out = Command::new(lrnprof_rec())
-                .arg("--out")
-                .arg(dir.join("probe.lpt"))
-                .args(["--", "true"])
-                .output()
-                .expect("running lrnprof-rec");
-            remove_scratch_dir(&dir);
-            if out.status.success() {
-                return None;
-            }
-            let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-            if stderr.contains("not permitted") || stderr.contains("not supported") {
-                Some(stderr.trim().to_string())
-            } else {
-                panic!("lrnprof-rec failed for another reason than permissions: {stderr}")
-            }
+            probe_recording("perf-probe", &[], &["not permitted", "not supported"])
         })
         .clone()
+}
+
+/// `None` if this machine lets us trace our own processes' system calls
+/// and context switches (tracefs mounted, tracepoints and kernel-side
+/// events permitted); otherwise why not, for a skip message. Decided once,
+/// by recording `true` with `lrnprof-rec --syscalls --off-cpu`.
+pub fn tracing_unavailable() -> Option<String> {
+    static REASON: OnceLock<Option<String>> = OnceLock::new();
+    REASON
+        .get_or_init(|| {
+            perf_unavailable().or_else(|| {
+                probe_recording(
+                    "tracing-probe",
+                    &["--syscalls", "--off-cpu"],
+                    &["not permitted", "cannot trace system calls"],
+                )
+            })
+        })
+        .clone()
+}
+
+/// Record `true` with `lrnprof-rec ARGS`: `None` if that works, else the
+/// recorder's error when it contains one of `refusals` (a reason to skip);
+/// any other failure panics.
+fn probe_recording(name: &str, args: &[&str], refusals: &[&str]) -> Option<String> {
+    let dir = scratch_dir(name);
+    let out = Command::new(lrnprof_rec())
+        .arg("--out")
+        .arg(dir.join("probe.lpt"))
+        .args(args)
+        .args(["--", "true"])
+        .output()
+        .expect("running lrnprof-rec");
+    remove_scratch_dir(&dir);
+    if out.status.success() {
+        return None;
+    }
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    if refusals.iter().any(|r| stderr.contains(r)) {
+        Some(stderr.trim().to_string())
+    } else {
+        panic!("lrnprof-rec {args:?} failed for another reason than permissions: {stderr}")
+    }
 }
 
 /// Whether the tests run under CI: `CI=true` (or `CI=1`), as CI services
@@ -194,6 +221,17 @@ macro_rules! skip {
         $crate::cannot_check(&format!($($why)+));
         return;
     }};
+}
+
+/// [`skip!`] the calling test when syscall tracing and off-CPU recording
+/// are not permitted or not available here (see [`tracing_unavailable`]).
+#[macro_export]
+macro_rules! require_tracing {
+    () => {
+        if let Some(why) = $crate::tracing_unavailable() {
+            $crate::skip!("syscall tracing is not usable here: {why}");
+        }
+    };
 }
 
 /// [`skip!`] the calling test when `perf_event_open` is not permitted or

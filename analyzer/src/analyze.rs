@@ -63,6 +63,7 @@ fn run(
     let mut builder = ProfileBuilder::new(
         prepared.timeline.threads.len(),
         options.keep_sequences,
+        options.every_sample,
         kinds,
         options.value,
     );

@@ -51,6 +51,12 @@ pub enum AnalyzeError {
         /// The values the trace has, comma-separated.
         recorded: String,
     },
+    /// `syscalls` was asked of a trace recorded without them.
+    #[error("the trace has no syscall events: record with `lrnprof-rec --syscalls`")]
+    NoSyscalls,
+    /// A syscall filter names no syscall or class of the trace's architecture.
+    #[error("--syscall: {0}")]
+    SyscallFilter(String),
     /// A filter matched nothing.
     #[error("no samples left after filtering ({0}); run `lrnprof-analyze info` to see the trace's processes, threads and time range")]
     NothingSelected(String),

@@ -86,14 +86,18 @@ fn describe_events(h: &TraceHeader) -> String {
         });
     }
     if let Some(s) = &h.events.syscalls {
-        parts.push(if s.filter.is_empty() {
+        let which = if s.filter.is_empty() {
             "every system call".to_string()
         } else {
             format!("{} kinds of system call", s.filter.len())
-        });
+        };
+        parts.push(format!("{which} (stacks up to {} bytes)", s.stack_size));
     }
-    if h.events.off_cpu.is_some() {
-        parts.push("context switches (off-CPU time)".to_string());
+    if let Some(o) = &h.events.off_cpu {
+        parts.push(format!(
+            "context switches (off-CPU time; stacks up to {} bytes)",
+            o.stack_size
+        ));
     }
     if parts.is_empty() {
         "nothing".to_string()

@@ -6,7 +6,9 @@
 //! where the copy ends), symbolicates each unique address once with
 //! addr2line (inline frames, demangling) or symbol tables, and aggregates
 //! unique stacks into a [`Profile`]. Output writers ([`ProfileWriter`])
-//! turn a profile into pprof, folded stacks or speedscope JSON.
+//! turn a profile into pprof, folded stacks, speedscope JSON, a flame
+//! graph SVG or Firefox Profiler JSON; [`TopReport`] and [`DiffReport`] are tables of
+//! the hottest functions and of what changed between two profiles.
 //!
 //! Image data comes, in order of preference, from `--symbols` directories
 //! and the recorded path (only when the build id matches), the usual debug
@@ -28,6 +30,7 @@ mod analyze;
 #[doc(hidden)]
 pub mod bench;
 mod blobs;
+mod diff;
 mod error;
 mod image;
 mod info;
@@ -39,15 +42,22 @@ mod pipeline;
 mod profile;
 mod strip;
 mod symbolicate;
+mod syscalls;
 mod timeline;
+mod top;
+mod units;
 mod unwind;
 mod write_file;
 
 pub use analyze::analyze;
+pub use diff::{write_diff_svg, DiffReport, DiffRow};
 pub use error::AnalyzeError;
 pub use info::{ThreadInfo, TraceInfo, ValueTotal};
 pub use options::{AnalyzeOptions, NoProgress, Progress, SampleFilter};
-pub use output::{FoldedWriter, OutputFormat, PprofWriter, ProfileWriter, SpeedscopeWriter};
+pub use output::{
+    FirefoxWriter, FoldedWriter, OutputFormat, PprofWriter, ProfileWriter, SpeedscopeWriter,
+    SvgWriter,
+};
 pub use pack::{pack, PackOptions, PackReport};
 pub use profile::{
     Function, ImageInfo, Location, LocationLine, ProcessInfo, Profile, SequenceEntry, Stack, Stats,
@@ -55,4 +65,9 @@ pub use profile::{
 };
 pub use strip::{strip, StripReport};
 pub use symbolicate::FrameLine;
+pub use syscalls::{
+    syscall_report, CallSite, SiteStats, SlowCall, SyscallReport, SyscallReportOptions,
+    SyscallStats,
+};
+pub use top::{TopOptions, TopOrder, TopReport, TopRow};
 pub use write_file::{default_output_path, write_atomically};

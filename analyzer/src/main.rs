@@ -3,17 +3,20 @@
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use lrnprof_analyzer::{
-    analyze, default_output_path, pack, strip, write_atomically, AnalyzeOptions, OutputFormat,
-    PackOptions, Progress, SampleFilter, TraceInfo, ValueKind,
+    analyze, default_output_path, pack, strip, syscall_report, write_atomically, write_diff_svg,
+    AnalyzeOptions, DiffReport, OutputFormat, PackOptions, Profile, Progress, SampleFilter,
+    SyscallReportOptions, TopOptions, TopOrder, TopReport, TraceInfo, ValueKind,
 };
 use lrnprof_format::{Pid, Tid};
 use std::io::IsTerminal;
-use std::path::PathBuf;
-use std::process::ExitCode;
+use std::path::{Path, PathBuf};
+use std::process::{Command as Process, ExitCode, Stdio};
 use std::sync::Mutex;
 use std::time::Instant;
 
-/// Analyze an lrnprof trace: unwind, symbolicate, write pprof, folded or speedscope.
+/// Analyze an lrnprof trace: unwind, symbolicate, write pprof, folded, speedscope, a flame
+/// graph SVG or a Firefox Profiler profile; or show the hottest functions (top) or what
+/// changed between two traces (diff).
 #[derive(Parser, Debug)]
 #[command(
     name = "lrnprof-analyze",
@@ -30,6 +33,42 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
+    /// The hottest functions, as a table: self and total share of the value shown, samples.
+    Top {
+        /// The trace.
+        trace: PathBuf,
+        /// Show this many functions (0: all).
+        #[arg(short = 'n', value_name = "N", default_value_t = 20)]
+        n: usize,
+        /// Sort by self (where the value is spent) or total (with callees).
+        #[arg(long, value_enum, default_value_t = By::SelfValue)]
+        by: By,
+        #[command(flatten)]
+        view: ViewArgs,
+        #[command(flatten)]
+        common: CommonArgs,
+    },
+    /// Which functions got slower or faster from BASE to NEW (shares of each trace's
+    /// total): a table, and a differential flame graph SVG.
+    Diff {
+        /// The trace before the change.
+        base: PathBuf,
+        /// The trace after it.
+        new: PathBuf,
+        /// Show this many functions (0: all).
+        #[arg(short = 'n', value_name = "N", default_value_t = 20)]
+        n: usize,
+        /// The differential flame graph (default: NEW.diff.svg).
+        #[arg(long, short = 'o', value_name = "OUT")]
+        output: Option<PathBuf>,
+        /// Open the flame graph in the browser once written.
+        #[arg(long)]
+        open: bool,
+        #[command(flatten)]
+        view: ViewArgs,
+        #[command(flatten)]
+        common: CommonArgs,
+    },
     /// Show what a trace holds: processes, threads, images and where their data comes from.
     Info {
         /// The trace.
@@ -48,6 +87,34 @@ enum Command {
         /// The stripped trace to write.
         #[arg(long, short = 'o', value_name = "OUT")]
         output: PathBuf,
+        #[command(flatten)]
+        common: CommonArgs,
+    },
+    /// Summarize the system calls of a trace recorded with `lrnprof-rec
+    /// --syscalls`, like `strace -c`, with the call site (function and
+    /// file:line) of each, their errors, and unusually slow calls.
+    Syscalls {
+        /// The trace.
+        trace: PathBuf,
+        /// Print JSON: an array of syscalls with their calls, errors,
+        /// total_ns, call sites and slow calls.
+        #[arg(long, conflicts_with = "csv")]
+        json: bool,
+        /// Print CSV: one row per syscall (with --sites: per syscall and call site).
+        #[arg(long)]
+        csv: bool,
+        /// With --csv: one row per syscall and call site.
+        #[arg(long, requires = "csv")]
+        sites: bool,
+        /// Only these syscalls: names and classes, comma-separated
+        /// (openat,read,%file; classes file, network, process, memory, signal, ipc).
+        #[arg(long = "syscall", value_name = "LIST")]
+        syscalls: Vec<String>,
+        /// A call is unusually slow at this many times its call site's median.
+        #[arg(long, value_name = "FACTOR", default_value_t = 10.0)]
+        slow_factor: f64,
+        #[command(flatten)]
+        select: SelectArgs,
         #[command(flatten)]
         common: CommonArgs,
     },
@@ -89,9 +156,23 @@ struct RunArgs {
     /// Output format.
     #[arg(long, short = 'f', value_enum, default_value_t = Format::Pprof)]
     format: Format,
-    /// Output file, `-` for stdout (default: TRACE.pb.gz / .folded / .speedscope.json).
+    /// Output file, `-` for stdout (default: TRACE.pb.gz / .folded / .speedscope.json / .svg /
+    /// .firefox.json).
     #[arg(long, short = 'o', value_name = "OUT")]
     output: Option<PathBuf>,
+    /// Open the result in the browser once written (the flame graph itself; the viewer's
+    /// page for speedscope and Firefox Profiler files).
+    #[arg(long)]
+    open: bool,
+    #[command(flatten)]
+    view: ViewArgs,
+    #[command(flatten)]
+    common: CommonArgs,
+}
+
+/// Which threads and time range to keep.
+#[derive(Args, Debug)]
+struct SelectArgs {
     /// Only this process.
     #[arg(long)]
     pid: Option<u32>,
@@ -101,12 +182,31 @@ struct RunArgs {
     /// Only threads with this name.
     #[arg(long, value_name = "NAME")]
     thread_name: Option<String>,
-    /// Only samples at or after this many seconds into the recording.
+    /// Only events at or after this many seconds into the recording.
     #[arg(long, value_name = "SECS")]
     from: Option<f64>,
-    /// Only samples before this many seconds into the recording.
+    /// Only events before this many seconds into the recording.
     #[arg(long, value_name = "SECS")]
     to: Option<f64>,
+}
+
+impl SelectArgs {
+    fn filter(&self) -> SampleFilter {
+        SampleFilter {
+            pid: self.pid.map(Pid),
+            tid: self.tid.map(Tid),
+            thread_name: self.thread_name.clone(),
+            from_secs: self.from,
+            to_secs: self.to,
+        }
+    }
+}
+
+/// Which samples, and which value of them, a view shows.
+#[derive(Args, Debug)]
+struct ViewArgs {
+    #[command(flatten)]
+    select: SelectArgs,
     /// Do not show inlined functions as their own frames.
     #[arg(long)]
     no_inline: bool,
@@ -117,8 +217,24 @@ struct RunArgs {
     /// trace's main value when it has no CPU samples.
     #[arg(long, value_name = "NAME", value_parser = parse_value)]
     value: Option<ValueKind>,
-    #[command(flatten)]
-    common: CommonArgs,
+}
+
+impl ViewArgs {
+    /// Analysis options with these filters and value.
+    fn options(&self, common: &CommonArgs) -> AnalyzeOptions {
+        let mut opts = options(common);
+        opts.filter = self.select.filter();
+        opts.no_inline = self.no_inline;
+        opts.value = self.value;
+        opts
+    }
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug)]
+enum By {
+    #[value(name = "self")]
+    SelfValue,
+    Total,
 }
 
 fn parse_value(name: &str) -> Result<ValueKind, String> {
@@ -136,6 +252,8 @@ enum Format {
     Pprof,
     Folded,
     Speedscope,
+    Svg,
+    Firefox,
 }
 
 impl From<Format> for OutputFormat {
@@ -144,6 +262,8 @@ impl From<Format> for OutputFormat {
             Format::Pprof => OutputFormat::Pprof,
             Format::Folded => OutputFormat::Folded,
             Format::Speedscope => OutputFormat::Speedscope,
+            Format::Svg => OutputFormat::Svg,
+            Format::Firefox => OutputFormat::Firefox,
         }
     }
 }
@@ -191,6 +311,58 @@ fn run(cli: Cli) -> Result<()> {
         last: Mutex::new((String::new(), 0)),
     };
     match cli.command {
+        Some(Command::Top {
+            trace,
+            n,
+            by,
+            view,
+            common,
+        }) => {
+            let profile = analyze(&trace, &view.options(&common), &progress)?;
+            warn(&profile);
+            let by = match by {
+                By::SelfValue => TopOrder::SelfValue,
+                By::Total => TopOrder::Total,
+            };
+            print!(
+                "{}",
+                TopReport::new(&profile, &TopOptions { limit: n, by }).to_text()
+            );
+            Ok(())
+        }
+        Some(Command::Diff {
+            base,
+            new,
+            n,
+            output,
+            open,
+            view,
+            common,
+        }) => {
+            let mut opts = view.options(&common);
+            let base_profile = analyze(&base, &opts, &progress)?;
+            warn(&base_profile);
+            let kind = base_profile
+                .shown_value()
+                .context("the base trace recorded no value to compare")?;
+            // The same value of both: the new trace must have recorded it.
+            opts.value = Some(kind);
+            let new_profile = analyze(&new, &opts, &progress)?;
+            warn(&new_profile);
+            print!(
+                "{}",
+                DiffReport::new(&base_profile, &new_profile, kind, n).to_text()
+            );
+            let out = output.unwrap_or_else(|| default_output_path(&new, "diff.svg"));
+            write_atomically(&out, |w| {
+                write_diff_svg(&base_profile, &new_profile, kind, w)
+            })?;
+            eprintln!("differential flame graph -> {}", out.display());
+            if open {
+                open_result(&out, OutputFormat::Svg);
+            }
+            Ok(())
+        }
         Some(Command::Info {
             trace,
             json,
@@ -225,6 +397,45 @@ fn run(cli: Cli) -> Result<()> {
             );
             Ok(())
         }
+        Some(Command::Syscalls {
+            trace,
+            json,
+            csv,
+            sites,
+            syscalls,
+            slow_factor,
+            select,
+            common,
+        }) => {
+            if !(slow_factor.is_finite() && slow_factor >= 1.0) {
+                anyhow::bail!("--slow-factor must be a number of at least 1, got {slow_factor}");
+            }
+            let mut analyze = options(&common);
+            analyze.filter = select.filter();
+            let report = syscall_report(
+                &trace,
+                &SyscallReportOptions {
+                    analyze,
+                    syscalls,
+                    slow_factor,
+                    ..Default::default()
+                },
+                &progress,
+            )?;
+            for w in &report.warnings {
+                eprintln!("warning: {w}");
+            }
+            if json {
+                println!("{}", serde_json::to_string_pretty(&report.syscalls)?);
+            } else if csv && sites {
+                print!("{}", report.to_sites_csv());
+            } else if csv {
+                print!("{}", report.to_csv());
+            } else {
+                print!("{}", report.to_text());
+            }
+            Ok(())
+        }
         Some(Command::Pack {
             trace,
             output,
@@ -252,41 +463,95 @@ fn run(cli: Cli) -> Result<()> {
             let args = cli.run;
             let trace = args.trace.context("missing TRACE argument")?;
             let format = OutputFormat::from(args.format);
-            let mut opts = options(&args.common);
-            opts.filter = SampleFilter {
-                pid: args.pid.map(Pid),
-                tid: args.tid.map(Tid),
-                thread_name: args.thread_name,
-                from_secs: args.from,
-                to_secs: args.to,
-            };
-            opts.no_inline = args.no_inline;
-            opts.value = args.value;
-            opts.keep_sequences = format == OutputFormat::Speedscope;
+            let mut opts = args.view.options(&args.common);
+            format.configure(&mut opts);
             let profile = analyze(&trace, &opts, &progress)?;
-            for w in &profile.warnings {
-                eprintln!("warning: {w}");
-            }
+            warn(&profile);
             let out = args
                 .output
                 .unwrap_or_else(|| default_output_path(&trace, format.extension()));
             let writer = format.writer();
             write_atomically(&out, |w| writer.write(&profile, w))?;
             let s = &profile.stats;
+            let to_stdout = out.as_os_str() == "-";
             eprintln!(
                 "{} samples, {:.1}% unwound to root, {:.1}% unknown frames, {:.2} s{}",
                 s.samples,
                 s.root_pct(),
                 s.unknown_pct(),
                 started.elapsed().as_secs_f64(),
-                if out.as_os_str() == "-" {
+                if to_stdout {
                     String::new()
                 } else {
                     format!(" -> {}", out.display())
                 }
             );
+            if args.open && !to_stdout {
+                open_result(&out, format);
+            }
             Ok(())
         }
+    }
+}
+
+fn warn(profile: &Profile) {
+    for w in &profile.warnings {
+        eprintln!("warning: {w}");
+    }
+}
+
+/// Show `path` (written in `format`) in the user's browser, as the desktop
+/// opens links (`open` on macOS, `xdg-open` elsewhere), spawned and left
+/// running. Never an error: where there is no display or no opener, say
+/// where the file is and how to look at it.
+fn open_result(path: &Path, format: OutputFormat) {
+    let shown = path.display();
+    // What to open, and what the user does there.
+    let (target, then) = match format {
+        OutputFormat::Svg => (shown.to_string(), String::new()),
+        OutputFormat::Firefox => (
+            "https://profiler.firefox.com/".to_string(),
+            format!(" and load {shown} there (\"Load a profile from file\")"),
+        ),
+        OutputFormat::Speedscope => (
+            "https://www.speedscope.app/".to_string(),
+            format!(" and drop {shown} on the page"),
+        ),
+        OutputFormat::Pprof => {
+            eprintln!("to look at it: go tool pprof -http=: {shown}");
+            return;
+        }
+        OutputFormat::Folded => {
+            eprintln!("folded stacks are text, nothing to open: {shown}");
+            return;
+        }
+    };
+    let opener = if cfg!(target_os = "macos") {
+        "open"
+    } else {
+        "xdg-open"
+    };
+    // Without a display xdg-open would start a text-mode browser, if any.
+    let display = cfg!(target_os = "macos")
+        || std::env::var_os("DISPLAY").is_some_and(|d| !d.is_empty())
+        || std::env::var_os("WAYLAND_DISPLAY").is_some_and(|d| !d.is_empty());
+    let spawned = display
+        && Process::new(opener)
+            .arg(&target)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .is_ok();
+    if spawned {
+        eprintln!("opening {target} with {opener}{then}");
+    } else {
+        let why = if display {
+            format!("no {opener} here")
+        } else {
+            "no display".to_string()
+        };
+        eprintln!("{why}: open {target} in a browser{then}");
     }
 }
 

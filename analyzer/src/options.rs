@@ -66,6 +66,11 @@ pub struct AnalyzeOptions {
     /// Keep each thread's sample sequence (needed for speedscope output;
     /// memory grows with runs of distinct consecutive stacks).
     pub keep_sequences: bool,
+    /// With `keep_sequences`, one entry per sample rather than per run of
+    /// consecutive samples with the same stack: each sample's own time
+    /// and weight, for timelines (Firefox Profiler output). Memory grows
+    /// with the number of samples.
+    pub every_sample: bool,
     /// The value views show (`--value`): `None` for each view's default
     /// (sample counts in folded output, CPU time or cycles elsewhere, or
     /// the primary value of a trace without CPU samples). The trace must

@@ -7,12 +7,12 @@ use crate::error::AnalyzeError;
 use crate::image::{load_image, ImageData, LoadedImage, LocateOptions};
 use crate::options::{AnalyzeOptions, Progress, SampleFilter};
 use crate::symbolicate::JitMap;
-use crate::timeline::{generation_index, scan, Generation, Mapping, Timeline};
+use crate::timeline::{chunk_blocks, generation_index, scan, Generation, Mapping, Timeline};
 use crate::unwind::{
     continue_with_callchain, ArchCache, ArchUnwinder, ModuleCache, Unwound, MAX_FRAMES,
 };
 use lrnprof_format::{
-    Arch, BlockInfo, Endian, ImageKind, Pid, Regs, Sample, Timestamp, TraceReader,
+    Arch, BlockInfo, Endian, ImageKind, Pid, Record, Regs, Sample, Timestamp, TraceReader,
 };
 use rayon::prelude::*;
 use std::collections::HashMap;
@@ -238,6 +238,41 @@ pub(crate) fn prepare<D: AsRef<[u8]> + Sync>(
         unwinders,
         arch,
         little_endian,
+    }
+}
+
+/// A second pass over whole samples: those that `keep` selects, a chunk
+/// of blocks at a time (decoded in parallel), in trace order, each chunk
+/// handed to `each` with how many blocks are done; the pages of a chunk
+/// are released once it is decoded. Call inside the worker pool.
+///
+/// For views that unwind a few samples of their kind (syscalls); the
+/// profile goes through [`unwind_block`](crate::unwind::unwind_block),
+/// which reads stacks in place and unwinds only what changed.
+pub(crate) fn for_each_sample_chunk(
+    reader: &TraceReader<TraceBytes>,
+    keep: impl Fn(&Sample) -> bool + Sync,
+    mut each: impl FnMut(Vec<Sample>, u64),
+) {
+    let blocks = reader.blocks();
+    let mut done = 0;
+    for chunk in blocks.chunks(chunk_blocks()) {
+        let samples: Vec<Sample> = chunk
+            .par_iter()
+            .flat_map_iter(|b| {
+                reader
+                    .decode_block(b)
+                    .unwrap_or_default()
+                    .into_iter()
+                    .filter_map(|r| match r {
+                        Record::Sample(s) if keep(&s) => Some(s),
+                        _ => None,
+                    })
+            })
+            .collect();
+        reader.data().release(chunk);
+        done += chunk.len() as u64;
+        each(samples, done);
     }
 }
 

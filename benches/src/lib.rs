@@ -6,7 +6,8 @@
 //! medians and ratios to the baseline of the same run. This library holds its
 //! pieces: measuring a command's CPU time and peak memory ([`measure`]),
 //! parsing `perf` output ([`parse_perf_stats`], [`parse_perf_script`]) and
-//! medians ([`median`]).
+//! medians ([`median`]). The `syscalls` binary compares syscall tracing with
+//! strace and perf trace ([`run_syscalls`]).
 //!
 //! ```
 //! use lrnprof_benches::{median, parse_perf_script};
@@ -26,6 +27,7 @@ mod report;
 mod scale;
 mod stats;
 pub mod synthetic;
+mod syscall_bench;
 mod workloads;
 
 pub use compare::{
@@ -41,4 +43,7 @@ pub use perf_text::{
 pub use report::{machine_description, markdown};
 pub use scale::{run_scale, scale_markdown, Analyzer, ScaleOptions, ScaleReport, ScaleRow};
 pub use stats::{median, paired_overheads, percent};
+pub use syscall_bench::{
+    run_syscalls, syscall_markdown, SyscallBenchOptions, SyscallComparison, SyscallSetup,
+};
 pub use workloads::{prepare as prepare_workloads, pseudo_text, Workload};

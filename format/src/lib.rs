@@ -48,6 +48,7 @@ pub mod raw;
 mod read;
 mod records;
 mod stack;
+mod syscall_names;
 mod types;
 mod v1;
 mod write;
@@ -66,6 +67,10 @@ pub use records::{
     SyscallExitRecord, ThreadEvent, ThreadRecord,
 };
 pub use stack::{MAX_BASES, MAX_STACK_LEN};
+pub use syscall_names::{
+    errno_name, is_syscall_error, resolve_syscall_filter, syscall_name, syscall_number,
+    syscall_table, SyscallClass, UnknownSyscall,
+};
 pub use types::{
     Arch, BlockOffset, BuildId, Clock, Endian, EventSettings, HeapSettings, OffCpuSettings, Os,
     Pid, SampleEvent, SamplingSettings, SyscallSettings, Target, Tid, Timestamp, TraceHeader,

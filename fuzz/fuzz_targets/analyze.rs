@@ -21,10 +21,17 @@ fuzz_target!(|data: &[u8]| {
         jobs: 1,
         offline: true,
         keep_sequences: true,
+        every_sample: true,
         ..AnalyzeOptions::default()
     };
     if let Ok(profile) = analyze(&path, &options, &NoProgress) {
-        for format in [OutputFormat::Pprof, OutputFormat::Folded, OutputFormat::Speedscope] {
+        for format in [
+            OutputFormat::Pprof,
+            OutputFormat::Folded,
+            OutputFormat::Speedscope,
+            OutputFormat::Svg,
+            OutputFormat::Firefox,
+        ] {
             let mut out = Vec::new();
             let _ = format.writer().write(&profile, &mut out);
         }

@@ -50,6 +50,10 @@ pub enum RecordError {
     /// The kernel or platform cannot sample as needed.
     #[error("sampling is not supported here: {0}")]
     Unsupported(String),
+    /// The kernel's tracepoints (syscall tracing) cannot be used: tracefs is
+    /// not mounted or readable, or the kernel lacks the tracepoints.
+    #[error("cannot trace system calls: {0}")]
+    Tracing(String),
     /// A system call failed unexpectedly.
     #[error("{what} failed: {source}")]
     Sys {

@@ -102,7 +102,10 @@ use unsupported as native;
 
 pub use error::RecordError;
 pub use lrnprof_image::EmbedLevel;
-pub use options::{CpuEvent, RecordOptions, TargetSpec, DEFAULT_FREQUENCY_HZ, DEFAULT_STACK_SIZE};
+pub use options::{
+    CpuEvent, OffCpuOptions, RecordOptions, SyscallOptions, TargetSpec, DEFAULT_FREQUENCY_HZ,
+    DEFAULT_OFF_CPU_STACK_SIZE, DEFAULT_STACK_SIZE, DEFAULT_SYSCALL_STACK_SIZE,
+};
 pub use report::{NoReporter, RecordStatus, RecordWarning, Reporter};
 pub use stop::{StopReason, StopRequest, StopToken};
 pub use summary::{RecordSummary, TargetExit};
@@ -129,6 +132,22 @@ pub fn record(
     if options.frequency_hz == 0 {
         return Err(RecordError::InvalidOption(
             "the sampling frequency must be at least 1 Hz".into(),
+        ));
+    }
+    if !options.cpu && options.syscalls.is_none() && options.off_cpu.is_none() {
+        return Err(RecordError::InvalidOption(
+            "nothing to record: CPU sampling is off and neither syscalls nor off-CPU time \
+             were asked for"
+                .into(),
+        ));
+    }
+    if options
+        .syscalls
+        .as_ref()
+        .is_some_and(|s| s.stack_every != 1)
+    {
+        return Err(RecordError::InvalidOption(
+            "syscall stacks can only be copied at every call (stack_every 1) for now".into(),
         ));
     }
     native::record(options, stop, reporter)

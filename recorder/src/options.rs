@@ -46,6 +46,69 @@ impl std::str::FromStr for CpuEvent {
     }
 }
 
+/// How to trace system calls (Linux): every call of the target's threads
+/// through the kernel's `raw_syscalls` tracepoints, with its number,
+/// arguments, return value and duration, and the user stack at its entry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SyscallOptions {
+    /// Syscall names and classes to trace (`write`, `openat`, `%file`,
+    /// `network`; see `lrnprof_format::resolve_syscall_filter`); empty for
+    /// every syscall. The kernel drops the others before they cost anything.
+    pub filter: Vec<String>,
+    /// The most bytes of user stack copied at a call's entry (0: none;
+    /// the registers, and the callchain if asked for, are still recorded).
+    /// The copy is made in the traced thread, inside every call: its size
+    /// is most of what tracing costs.
+    pub stack_size: u32,
+    /// Also the kernel's frame-pointer callchain at each entry, to follow
+    /// stacks deeper than the copy in code built with frame pointers
+    /// (about a third more per call; [`RecordOptions::kernel_callchain`]
+    /// is for CPU samples and switch-outs).
+    pub callchain: bool,
+    /// Copy a stack at one call in this many (1: every call). Only 1 is
+    /// supported yet; counts, errors and durations always cover every call.
+    pub stack_every: u32,
+}
+
+/// The default most bytes of user stack copied at each syscall's entry:
+/// enough to unwind out of the libc wrapper into the calling functions.
+/// The copy is made inside every call; a copy that reaches past the end
+/// of the stack's mapping (as larger ones do near the top of a thread's
+/// stack) costs a page fault each time, several times the cost of the
+/// whole tracepoint (see docs/benchmarks.md).
+pub const DEFAULT_SYSCALL_STACK_SIZE: u32 = 1024;
+
+/// The default most bytes of user stack copied at each switch-out:
+/// switches are rarer than syscalls, so deeper stacks are affordable.
+pub const DEFAULT_OFF_CPU_STACK_SIZE: u32 = 16384;
+
+impl Default for SyscallOptions {
+    fn default() -> Self {
+        SyscallOptions {
+            filter: Vec::new(),
+            stack_size: DEFAULT_SYSCALL_STACK_SIZE,
+            callchain: false,
+            stack_every: 1,
+        }
+    }
+}
+
+/// How to record off-CPU time (Linux): at every switch-out of a target
+/// thread, its user registers and stack; at its next switch-in, the time.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OffCpuOptions {
+    /// The most bytes of user stack copied at a switch-out.
+    pub stack_size: u32,
+}
+
+impl Default for OffCpuOptions {
+    fn default() -> Self {
+        OffCpuOptions {
+            stack_size: DEFAULT_OFF_CPU_STACK_SIZE,
+        }
+    }
+}
+
 /// How to record. Build one with `..Default::default()`:
 ///
 /// ```
@@ -66,6 +129,9 @@ pub struct RecordOptions {
     /// Samples per second per running thread. Clamped (with a warning) to
     /// what the kernel allows.
     pub frequency_hz: u32,
+    /// Take CPU samples (the default); off, only the events asked for below
+    /// are recorded.
+    pub cpu: bool,
     /// What triggers a CPU sample.
     pub event: CpuEvent,
     /// Stop after this long; `None` records until the target exits or the
@@ -81,6 +147,10 @@ pub struct RecordOptions {
     /// What of each image samples touched to embed in the trace at the
     /// end, so it can be analyzed where the images do not exist.
     pub embed: EmbedLevel,
+    /// Also trace system calls (Linux).
+    pub syscalls: Option<SyscallOptions>,
+    /// Also record off-CPU time (Linux).
+    pub off_cpu: Option<OffCpuOptions>,
 }
 
 /// The default samples per second.
@@ -97,11 +167,14 @@ impl Default for RecordOptions {
             target: TargetSpec::Command(Vec::new()),
             out: PathBuf::from("trace.lpt"),
             frequency_hz: DEFAULT_FREQUENCY_HZ,
+            cpu: true,
             event: CpuEvent::default(),
             duration: None,
             stack_size: DEFAULT_STACK_SIZE,
             kernel_callchain: true,
             embed: EmbedLevel::default(),
+            syscalls: None,
+            off_cpu: None,
         }
     }
 }

@@ -99,9 +99,11 @@ fn run() -> Result<()> {
     let summary = recorded?;
     eprintln!("{summary}");
 
-    // 3. Analyze once, write all three formats.
+    // 3. Analyze once, write every format (each sample kept in time
+    // order: what speedscope and the Firefox Profiler read).
     let options = AnalyzeOptions {
         keep_sequences: true,
+        every_sample: true,
         ..Default::default()
     };
     let profile = analyze(&trace, &options, &NoProgress)?;
@@ -110,6 +112,8 @@ fn run() -> Result<()> {
         OutputFormat::Pprof,
         OutputFormat::Folded,
         OutputFormat::Speedscope,
+        OutputFormat::Svg,
+        OutputFormat::Firefox,
     ] {
         let path = out_dir.join(format!("demo.{}", format.extension()));
         write_atomically(&path, |w| format.writer().write(&profile, w))?;
@@ -136,6 +140,10 @@ fn run() -> Result<()> {
             ),
             OutputFormat::Speedscope => println!(
                 "speedscope: {path}\n  open with: https://www.speedscope.app (drop the file in) or npx speedscope {path}"
+            ),
+            OutputFormat::Svg => println!("flame graph: {path}\n  open with: any web browser"),
+            OutputFormat::Firefox => println!(
+                "Firefox Profiler: {path}\n  open with: https://profiler.firefox.com (\"Load a profile from file\")"
             ),
         }
     }

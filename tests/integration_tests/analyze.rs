@@ -5,6 +5,8 @@
 //! outputs open in `go tool pprof` and in speedscope itself.
 //!
 //! Submodules: `viewers` (pprof and speedscope opened in their tools),
+//! `views` (flame graph SVG in Chromium, Firefox Profiler structure, `top`,
+//! `diff`, `--open`),
 //! `post_mortem` (embedded data, pack, --offline, strip, --symbols),
 //! `synthetic` (hand-built traces of non-host architectures).
 //!
@@ -17,6 +19,7 @@
 mod post_mortem;
 mod synthetic;
 mod viewers;
+mod views;
 
 use lrnprof_format::{TraceReader, TraceWriter, WriterOptions};
 use lrnprof_tests::{
@@ -36,6 +39,9 @@ const EMBED_NONE: &[&str] = &["--embed", "none"];
 fn record(dir: &Path, name: &str, extra: &[&str], program: &Path, args: &[&str]) -> PathBuf {
     let trace = dir.join(format!("{name}.lpt"));
     let out = Command::new(lrnprof_rec())
+        // Fixtures that know it (rec_threads) then run for CPU time, not
+        // wall time: the samples a test counts do not depend on load.
+        .env("REC_CPU_TIME", "1")
         .arg("--out")
         .arg(&trace)
         .args(extra)
@@ -343,7 +349,7 @@ fn output_is_identical_at_any_job_count() {
     let exe = build_c(&["rec_threads.c"], NO_FP, &dir, "rec_threads");
     let trace = record(&dir, "d", &[], &exe, &["600"]);
     let t = trace.to_str().unwrap();
-    for format in ["pprof", "folded", "speedscope"] {
+    for format in ["pprof", "folded", "speedscope", "svg", "firefox"] {
         let a = dir.join(format!("a.{format}"));
         let b = dir.join(format!("b.{format}"));
         ok(&[

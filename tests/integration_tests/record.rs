@@ -8,8 +8,9 @@
 //! maps), `lifecycle` (startup errors, permissions, `--duration`, `--freq`,
 //! SIGKILL and SIGTERM), `signals` (Ctrl-C on a terminal and from outside,
 //! second signals, attached recordings), `as_library` (the library in a
-//! program that keeps its own signal handler); `support` holds the
-//! helpers they share.
+//! program that keeps its own signal handler), `syscalls` (`--syscalls`
+//! and `--off-cpu` against strace, call sites, threads, a killed target,
+//! permissions); `support` holds the helpers they share.
 
 mod as_library;
 mod embedding;
@@ -18,3 +19,5 @@ mod lifecycle;
 #[cfg(target_os = "linux")]
 mod signals;
 mod support;
+#[cfg(target_os = "linux")]
+mod syscalls;

@@ -1,14 +1,22 @@
 //! Output writers, one file each, behind [`ProfileWriter`].
 
+mod firefox;
 mod folded;
 mod pprof;
 mod proto;
 mod speedscope;
+mod svg;
 
+pub use firefox::FirefoxWriter;
 pub use folded::FoldedWriter;
 pub use pprof::PprofWriter;
 pub use speedscope::SpeedscopeWriter;
+pub use svg::SvgWriter;
 
+pub(crate) use folded::folded_lines;
+pub(crate) use svg::{thread_root, FlameGraph};
+
+use crate::options::AnalyzeOptions;
 use crate::profile::Profile;
 use std::io::{self, Write};
 
@@ -28,6 +36,10 @@ pub enum OutputFormat {
     Folded,
     /// speedscope's JSON file format.
     Speedscope,
+    /// An interactive flame graph, one self-contained SVG file.
+    Svg,
+    /// Firefox Profiler's processed profile JSON, with a timeline per thread.
+    Firefox,
 }
 
 impl OutputFormat {
@@ -37,7 +49,17 @@ impl OutputFormat {
             OutputFormat::Pprof => "pb.gz",
             OutputFormat::Folded => "folded",
             OutputFormat::Speedscope => "speedscope.json",
+            OutputFormat::Svg => "svg",
+            OutputFormat::Firefox => "firefox.json",
         }
+    }
+
+    /// Ask `options` for what this format's writer reads besides stacks:
+    /// samples in time order for speedscope, each sample at its time for
+    /// the Firefox Profiler.
+    pub fn configure(self, options: &mut AnalyzeOptions) {
+        options.keep_sequences = matches!(self, OutputFormat::Speedscope | OutputFormat::Firefox);
+        options.every_sample = self == OutputFormat::Firefox;
     }
 
     /// The writer for this format.
@@ -46,6 +68,8 @@ impl OutputFormat {
             OutputFormat::Pprof => Box::new(PprofWriter),
             OutputFormat::Folded => Box::new(FoldedWriter),
             OutputFormat::Speedscope => Box::new(SpeedscopeWriter),
+            OutputFormat::Svg => Box::new(SvgWriter),
+            OutputFormat::Firefox => Box::new(FirefoxWriter),
         }
     }
 }

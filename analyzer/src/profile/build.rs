@@ -121,6 +121,8 @@ pub(crate) struct ProfileBuilder {
     sequences: Vec<Vec<SequenceEntry>>,
     /// The value sequences weigh; `None`: no sequences kept.
     sequence_value: Option<ValueKind>,
+    /// Whether consecutive samples with the same stack share an entry.
+    merge_runs: bool,
     thread_samples: Vec<u64>,
     thread_amounts: Vec<Amounts>,
     value_kinds: Vec<ValueKind>,
@@ -136,10 +138,12 @@ pub(crate) struct ProfileBuilder {
 impl ProfileBuilder {
     /// For the timeline's `threads` and a profile of `value_kinds`, of
     /// which the user `selected` one; with `keep_sequences`, each thread's
-    /// samples in time order too ([`Profile::sequences`]).
+    /// samples in time order too ([`Profile::sequences`]), one entry per
+    /// run of samples with the same stack unless `every_sample`.
     pub fn new(
         threads: usize,
         keep_sequences: bool,
+        every_sample: bool,
         value_kinds: Vec<ValueKind>,
         selected: Option<ValueKind>,
     ) -> ProfileBuilder {
@@ -160,6 +164,7 @@ impl ProfileBuilder {
             stack_ids: FxHashMap::default(),
             sequences: vec![Vec::new(); threads],
             sequence_value,
+            merge_runs: !every_sample,
             thread_samples: vec![0; threads],
             thread_amounts: vec![Amounts::default(); threads],
             value_kinds,
@@ -283,7 +288,7 @@ impl ProfileBuilder {
             }
             let seq = &mut self.sequences[thread as usize];
             match seq.last_mut() {
-                Some(last) if last.stack == id => {
+                Some(last) if last.stack == id && self.merge_runs => {
                     last.samples += 1;
                     last.weight = last.weight.saturating_add(weight);
                     last.last_time = time;

@@ -40,7 +40,8 @@ pub struct Profile {
     /// ([`AnalyzeOptions::value`](crate::AnalyzeOptions::value)), if any.
     pub selected: Option<ValueKind>,
     /// Per thread (same index as `threads`), the selected samples in time
-    /// order, consecutive samples with the same stack merged; their
+    /// order, consecutive samples with the same stack merged (unless
+    /// [`AnalyzeOptions::every_sample`](crate::AnalyzeOptions::every_sample)); their
     /// weights are amounts of [`sequence_value`](Self::sequence_value).
     /// Empty unless
     /// [`AnalyzeOptions::keep_sequences`](crate::AnalyzeOptions::keep_sequences).

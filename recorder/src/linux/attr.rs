@@ -20,15 +20,18 @@ pub(crate) mod flag {
     pub const MMAP2: u64 = 1 << 23;
     pub const COMM_EXEC: u64 = 1 << 24;
     pub const USE_CLOCKID: u64 = 1 << 25;
+    pub const CONTEXT_SWITCH: u64 = 1 << 26;
     pub const BUILD_ID: u64 = 1 << 34;
 }
 
 const PERF_TYPE_HARDWARE: u32 = 0;
 const PERF_TYPE_SOFTWARE: u32 = 1;
+const PERF_TYPE_TRACEPOINT: u32 = 2;
 const PERF_COUNT_HW_CPU_CYCLES: u64 = 0;
 const PERF_COUNT_SW_CPU_CLOCK: u64 = 0;
+const PERF_COUNT_SW_CONTEXT_SWITCHES: u64 = 3;
 
-/// The sampling event.
+/// The CPU sampling event.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum EventKind {
     /// Hardware cycles, at a frequency.
@@ -37,14 +40,61 @@ pub(crate) enum EventKind {
     CpuClock,
 }
 
-/// Everything that goes into the attribute.
+/// What an opened event is for. Every event of a recording writes into
+/// the same ring buffer per CPU; samples say which event they come from
+/// by their `PERF_SAMPLE_IDENTIFIER`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub(crate) enum Role {
+    /// CPU samples (the clock or cycle counter).
+    #[default]
+    Cpu,
+    /// `raw_syscalls:sys_enter`, every call: number, arguments, registers
+    /// and stack.
+    SyscallEnter,
+    /// `raw_syscalls:sys_exit`, every call: number and return value.
+    SyscallExit,
+    /// The software context-switch event: registers and stack at each
+    /// switch-out, and (`context_switch`) a record at each switch-in.
+    Switch,
+}
+
+/// One event opened for every thread and CPU.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct EventSpec {
+    pub role: Role,
+    /// The tracepoint id (`PERF_TYPE_TRACEPOINT` config) of syscall events.
+    pub tracepoint: u64,
+    /// Bytes of user stack per sample (already a valid size; 0: none).
+    pub stack_size: u32,
+    /// Also the kernel's frame-pointer walk of the user stack.
+    pub callchain: bool,
+    /// Whether this event writes the records that track the target
+    /// (mmap, comm, fork, exit); exactly one event of a recording does.
+    pub tracking: bool,
+    /// A tracepoint filter (`id == 1 || id == 3`), set on every event
+    /// opened; inherited copies use their parent's.
+    pub filter: Option<String>,
+}
+
+impl EventSpec {
+    /// An event of `role` with a stack copy of `stack_size` bytes.
+    pub fn new(role: Role, stack_size: u32) -> EventSpec {
+        EventSpec {
+            role,
+            tracepoint: 0,
+            stack_size: valid_stack_size(stack_size),
+            callchain: false,
+            tracking: false,
+            filter: None,
+        }
+    }
+}
+
+/// Settings every event shares, and the CPU event's.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct AttrSettings {
     pub event: EventKind,
     pub frequency_hz: u32,
-    /// Bytes of user stack per sample (already a valid size).
-    pub stack_size: u32,
-    pub callchain: bool,
     /// Launch mode: enable at the child's `execve`. Events always start
     /// disabled; when attaching they are enabled once all are open, so
     /// no ring fills while the rest are being opened.
@@ -75,80 +125,139 @@ pub(crate) fn clamp_frequency(requested: u32, max: Option<i64>) -> (u32, bool) {
     }
 }
 
+/// The `sample_id` fields every event asks for, so that the trailer of
+/// every non-sample record has the same layout, ending with the event's
+/// identifier.
+pub(crate) const SAMPLE_ID_BITS: u64 =
+    sample::IDENTIFIER | sample::TID | sample::TIME | sample::CPU;
+
 impl AttrSettings {
-    /// The sample layout these settings produce.
-    pub fn layout(&self) -> Layout {
+    /// The sample layout of `spec`'s event.
+    pub fn layout(&self, spec: &EventSpec) -> Layout {
+        let sample_type = self.sample_type(spec);
         Layout {
-            sample_type: self.sample_type(),
-            user_regs: self.regs_mask.count_ones() as usize,
+            sample_type,
+            user_regs: if sample_type & sample::REGS_USER != 0 {
+                self.regs_mask.count_ones() as usize
+            } else {
+                0
+            },
         }
     }
 
-    fn sample_type(&self) -> u64 {
-        let mut t = sample::TID
-            | sample::TIME
-            | sample::CPU
-            | sample::PERIOD
-            | sample::REGS_USER
-            | sample::STACK_USER;
-        if self.callchain {
+    fn sample_type(&self, spec: &EventSpec) -> u64 {
+        let mut t = SAMPLE_ID_BITS;
+        t |= match spec.role {
+            Role::Cpu => sample::PERIOD | sample::REGS_USER,
+            Role::SyscallEnter => sample::RAW | sample::REGS_USER,
+            Role::SyscallExit => return t | sample::RAW,
+            Role::Switch => sample::REGS_USER,
+        };
+        if spec.stack_size > 0 {
+            t |= sample::STACK_USER;
+        }
+        if spec.callchain {
             t |= sample::CALLCHAIN;
         }
         t
     }
 
-    /// The attribute.
-    pub fn attr(&self) -> PerfEventAttr {
+    /// The attribute of `spec`'s event.
+    pub fn attr(&self, spec: &EventSpec) -> PerfEventAttr {
         let mut flags = flag::DISABLED
             | flag::INHERIT
-            | flag::EXCLUDE_KERNEL
             | flag::EXCLUDE_HV
-            | flag::MMAP
-            | flag::MMAP2
-            | flag::COMM
-            | flag::COMM_EXEC
-            | flag::TASK
             | flag::SAMPLE_ID_ALL
             | flag::USE_CLOCKID
             | flag::WATERMARK;
-        if self.callchain {
+        if spec.callchain {
             flags |= flag::EXCLUDE_CALLCHAIN_KERNEL;
         }
         if self.enable_on_exec {
             flags |= flag::ENABLE_ON_EXEC;
         }
-        if self.build_id {
-            flags |= flag::BUILD_ID;
-        }
-        let (type_, config, period) = match self.event {
-            EventKind::Cycles => {
-                flags |= flag::FREQ;
-                (
-                    PERF_TYPE_HARDWARE,
-                    PERF_COUNT_HW_CPU_CYCLES,
-                    u64::from(self.frequency_hz),
-                )
+        if spec.tracking {
+            flags |= flag::MMAP | flag::MMAP2 | flag::COMM | flag::COMM_EXEC | flag::TASK;
+            if self.build_id {
+                flags |= flag::BUILD_ID;
             }
-            EventKind::CpuClock => (
-                PERF_TYPE_SOFTWARE,
-                PERF_COUNT_SW_CPU_CLOCK,
-                (1_000_000_000 / u64::from(self.frequency_hz.max(1))).max(1),
-            ),
+        }
+        // Tracepoints and context switches happen in the kernel: an event
+        // excluding the kernel would never fire. Only user stacks and
+        // registers are asked for all the same.
+        let (type_, config, period) = match spec.role {
+            Role::Cpu => {
+                flags |= flag::EXCLUDE_KERNEL;
+                match self.event {
+                    EventKind::Cycles => {
+                        flags |= flag::FREQ;
+                        (
+                            PERF_TYPE_HARDWARE,
+                            PERF_COUNT_HW_CPU_CYCLES,
+                            u64::from(self.frequency_hz),
+                        )
+                    }
+                    EventKind::CpuClock => (
+                        PERF_TYPE_SOFTWARE,
+                        PERF_COUNT_SW_CPU_CLOCK,
+                        (1_000_000_000 / u64::from(self.frequency_hz.max(1))).max(1),
+                    ),
+                }
+            }
+            Role::SyscallEnter | Role::SyscallExit => (PERF_TYPE_TRACEPOINT, spec.tracepoint, 1),
+            Role::Switch => {
+                flags |= flag::CONTEXT_SWITCH;
+                (PERF_TYPE_SOFTWARE, PERF_COUNT_SW_CONTEXT_SWITCHES, 1)
+            }
         };
+        let sample_type = self.sample_type(spec);
         PerfEventAttr {
             type_,
             size: PERF_ATTR_SIZE,
             config,
             sample_period: period,
-            sample_type: self.sample_type(),
+            sample_type,
             flags,
             wakeup: self.wakeup_bytes,
-            sample_regs_user: self.regs_mask,
-            sample_stack_user: self.stack_size,
+            sample_regs_user: if sample_type & sample::REGS_USER != 0 {
+                self.regs_mask
+            } else {
+                0
+            },
+            sample_stack_user: if sample_type & sample::STACK_USER != 0 {
+                spec.stack_size
+            } else {
+                0
+            },
             clockid: libc::CLOCK_MONOTONIC,
             ..Default::default()
         }
     }
+}
+
+/// The tracepoint filter that keeps syscalls `numbers` (ascending); `None`
+/// for all. Runs of consecutive numbers become ranges: the kernel takes
+/// filters of one page at most.
+pub(crate) fn syscall_filter(numbers: &[u32]) -> Option<String> {
+    let mut runs: Vec<(u32, u32)> = Vec::new();
+    for &n in numbers {
+        match runs.last_mut() {
+            Some((_, last)) if n == last.saturating_add(1) => *last = n,
+            Some((_, last)) if n == *last => {}
+            _ => runs.push((n, n)),
+        }
+    }
+    let terms: Vec<String> = runs
+        .iter()
+        .map(|&(a, b)| {
+            if a == b {
+                format!("id == {a}")
+            } else {
+                format!("(id >= {a} && id <= {b})")
+            }
+        })
+        .collect();
+    (!terms.is_empty()).then(|| terms.join(" || "))
 }
 
 /// Ring buffer size and stack copy size that work together.
@@ -200,9 +309,10 @@ pub(crate) fn plan_ring(
     }
 }
 
-/// What to tell a user whose `perf_event_open` on `pid` failed with
-/// EACCES/EPERM.
+/// What to tell a user whose `perf_event_open` of a `role` event on
+/// `pid` failed with EACCES/EPERM.
 pub(crate) fn permission_advice(
+    role: Role,
     paranoid: Option<i64>,
     our_uid: u32,
     target_uid: Option<u32>,
@@ -214,10 +324,17 @@ pub(crate) fn permission_advice(
             target_uid.unwrap_or_default()
         );
     }
+    // Tracepoint data (PERF_SAMPLE_RAW) needs paranoid -1, events that fire
+    // in the kernel need 1 or lower, user-only sampling 2 or lower.
+    let (needed, what) = match role {
+        Role::Cpu => (2, "sampling"),
+        Role::SyscallEnter | Role::SyscallExit => (-1, "syscall tracing (--syscalls)"),
+        Role::Switch => (1, "off-CPU recording (--off-cpu)"),
+    };
     match paranoid {
-        Some(p) if p > 2 && our_uid != 0 => format!(
-            "kernel.perf_event_paranoid is {p}: lower it with `sudo sysctl kernel.perf_event_paranoid=2`, \
-             or run as root / with CAP_PERFMON"
+        Some(p) if p > needed && our_uid != 0 => format!(
+            "{what} needs kernel.perf_event_paranoid {needed} or lower, and it is {p}: lower it \
+             with `sudo sysctl kernel.perf_event_paranoid={needed}`, or run as root / with CAP_PERFMON"
         ),
         _ => "perf_event_open was refused (a seccomp filter, e.g. a container's, or a \
               non-dumpable/setuid target): run as root with CAP_PERFMON and CAP_SYS_PTRACE, \
@@ -234,8 +351,6 @@ mod tests {
         AttrSettings {
             event: EventKind::CpuClock,
             frequency_hz: 1000,
-            stack_size: 8192,
-            callchain: true,
             enable_on_exec: true,
             build_id: true,
             regs_mask: 0b111 << 6,
@@ -243,9 +358,17 @@ mod tests {
         }
     }
 
+    fn cpu() -> EventSpec {
+        EventSpec {
+            tracking: true,
+            callchain: true,
+            ..EventSpec::new(Role::Cpu, 8192)
+        }
+    }
+
     #[test]
     fn cpu_clock_uses_a_period_in_ns() {
-        let a = settings().attr();
+        let a = settings().attr(&cpu());
         assert_eq!((a.type_, a.config, a.sample_period), (1, 0, 1_000_000));
         assert_eq!(a.flags & flag::FREQ, 0);
         assert_eq!(a.size, 128);
@@ -258,14 +381,14 @@ mod tests {
             event: EventKind::Cycles,
             ..settings()
         }
-        .attr();
+        .attr(&cpu());
         assert_eq!((a.type_, a.sample_period), (0, 1000));
         assert_ne!(a.flags & flag::FREQ, 0);
     }
 
     #[test]
     fn flags_follow_the_settings() {
-        let a = settings().attr();
+        let a = settings().attr(&cpu());
         for f in [
             flag::INHERIT,
             flag::EXCLUDE_KERNEL,
@@ -281,15 +404,83 @@ mod tests {
         }
         assert_ne!(a.sample_type & sample::CALLCHAIN, 0);
         let b = AttrSettings {
-            callchain: false,
             enable_on_exec: false,
             build_id: false,
             ..settings()
         }
-        .attr();
+        .attr(&EventSpec {
+            callchain: false,
+            ..cpu()
+        });
         assert_eq!(b.flags & (flag::ENABLE_ON_EXEC | flag::BUILD_ID), 0);
         assert_ne!(b.flags & flag::DISABLED, 0, "enabled once all are open");
         assert_eq!(b.sample_type & sample::CALLCHAIN, 0);
+    }
+
+    #[test]
+    fn kernel_side_events_do_not_exclude_the_kernel() {
+        let s = settings();
+        let enter = EventSpec {
+            tracepoint: 443,
+            callchain: true,
+            ..EventSpec::new(Role::SyscallEnter, 4096)
+        };
+        let a = s.attr(&enter);
+        assert_eq!((a.type_, a.config, a.sample_period), (2, 443, 1));
+        assert_eq!(
+            a.flags & flag::EXCLUDE_KERNEL,
+            0,
+            "tracepoints fire in the kernel"
+        );
+        assert_eq!(
+            a.flags & (flag::MMAP | flag::COMM | flag::TASK),
+            0,
+            "not tracking"
+        );
+        assert_ne!(a.sample_type & sample::RAW, 0);
+        assert_eq!(
+            (a.sample_stack_user, a.sample_regs_user),
+            (4096, 0b111 << 6)
+        );
+        let layout = s.layout(&enter);
+        assert_eq!(layout.user_regs, 3);
+
+        let exit = s.attr(&EventSpec::new(Role::SyscallExit, 4096));
+        assert_eq!(exit.sample_type, SAMPLE_ID_BITS | sample::RAW);
+        assert_eq!((exit.sample_stack_user, exit.sample_regs_user), (0, 0));
+        assert_eq!(s.layout(&EventSpec::new(Role::SyscallExit, 0)).user_regs, 0);
+
+        let switch = s.attr(&EventSpec::new(Role::Switch, 0));
+        assert_eq!(switch.sample_type & sample::CALLCHAIN, 0, "none asked");
+        assert_eq!(
+            (switch.type_, switch.config, switch.sample_period),
+            (1, 3, 1)
+        );
+        assert_ne!(switch.flags & flag::CONTEXT_SWITCH, 0);
+        assert_eq!(switch.flags & flag::EXCLUDE_KERNEL, 0);
+        assert_eq!(switch.sample_type & sample::STACK_USER, 0, "no stack asked");
+        // Every event's records end with the same sample_id fields.
+        for a in [a, exit, switch, s.attr(&cpu())] {
+            assert_eq!(a.sample_type & SAMPLE_ID_BITS, SAMPLE_ID_BITS);
+            assert_eq!(
+                a.sample_type & sample::CALLCHAIN != 0,
+                a.flags & flag::EXCLUDE_CALLCHAIN_KERNEL != 0
+            );
+            assert_eq!(a.sample_type & (sample::ID | sample::STREAM_ID), 0);
+        }
+    }
+
+    #[test]
+    fn syscall_filters_name_every_number() {
+        assert_eq!(syscall_filter(&[]), None);
+        assert_eq!(syscall_filter(&[0, 2]).unwrap(), "id == 0 || id == 2");
+        assert_eq!(
+            syscall_filter(&[1, 3, 4, 5, 9]).unwrap(),
+            "id == 1 || (id >= 3 && id <= 5) || id == 9"
+        );
+        // Every syscall of an arch fits in a page.
+        let all: Vec<u32> = (0..470).collect();
+        assert!(syscall_filter(&all).unwrap().len() < 4096);
     }
 
     #[test]
@@ -336,8 +527,14 @@ mod tests {
 
     #[test]
     fn advice_names_the_restriction() {
-        assert!(permission_advice(Some(2), 1000, Some(0)).contains("belongs to uid 0"));
-        assert!(permission_advice(Some(3), 1000, Some(1000)).contains("perf_event_paranoid is 3"));
-        assert!(permission_advice(Some(2), 0, Some(1000)).contains("seccomp"));
+        let advice = |role, paranoid, uid, target| permission_advice(role, paranoid, uid, target);
+        assert!(advice(Role::Cpu, Some(2), 1000, Some(0)).contains("belongs to uid 0"));
+        let a = advice(Role::Cpu, Some(3), 1000, Some(1000));
+        assert!(a.contains("paranoid 2 or lower, and it is 3"), "{a}");
+        assert!(advice(Role::Cpu, Some(2), 0, Some(1000)).contains("seccomp"));
+        let a = advice(Role::SyscallEnter, Some(2), 1000, Some(1000));
+        assert!(a.contains("--syscalls") && a.contains("paranoid=-1"), "{a}");
+        let a = advice(Role::Switch, Some(2), 1000, Some(1000));
+        assert!(a.contains("--off-cpu") && a.contains("paranoid=1"), "{a}");
     }
 }

@@ -6,20 +6,22 @@
 //! perf's ordered events). This thread also does the slow lookups the
 //! sampling side must not: build ids, `/proc` reads, the vDSO's bytes.
 
+use super::attr::Role;
 use super::images::Images;
-use super::parse::{self, Layout, Mmap2Record, PerfRecord, SampleRecord};
+use super::parse::{self, Layouts, Mmap2Record, PerfRecord, SampleRecord};
 use super::procfs::{self, MapsEntry};
 use super::regs::ArchRegs;
+use super::tracefs::SyscallPayloads;
 use crate::error::RecordError;
 use crate::report::RecordWarning;
 use crate::sink::Convert;
 use lrnprof_format::{
     LostRecord, LostSource, Pid, ProcessEvent, ProcessRecord, Record, Sample, SampleDetail,
-    SampleFlags, SampleKind, StackSnapshot, ThreadEvent, ThreadRecord, Tid, Timestamp,
+    SampleFlags, SampleKind, StackSnapshot, SwitchInRecord, SyscallExitRecord, ThreadEvent,
+    ThreadRecord, Tid, Timestamp,
 };
 use lrnprof_image::EmbedLevel;
-use std::cmp::{Ordering, Reverse};
-use std::collections::{BinaryHeap, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 /// What the sampling side sends to the writer thread.
@@ -63,23 +65,6 @@ struct Pending {
     record: Record,
 }
 
-impl PartialEq for Pending {
-    fn eq(&self, other: &Self) -> bool {
-        (self.time, self.seq) == (other.time, other.seq)
-    }
-}
-impl Eq for Pending {}
-impl PartialOrd for Pending {
-    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
-        Some(self.cmp(other))
-    }
-}
-impl Ord for Pending {
-    fn cmp(&self, other: &Self) -> Ordering {
-        (self.time, self.seq).cmp(&(other.time, other.seq))
-    }
-}
-
 /// Writable memory ranges of a process, to trim stack copies at the end
 /// of the stack's mapping.
 struct Regions {
@@ -92,10 +77,19 @@ const REGIONS_REFRESH: Duration = Duration::from_millis(50);
 
 /// The Linux [`Convert`].
 pub(crate) struct Converter {
-    layout: Layout,
+    layouts: Layouts,
     regs: ArchRegs,
+    /// The kind of CPU samples.
     sample_kind: SampleKind,
-    pending: BinaryHeap<Reverse<Pending>>,
+    /// Where syscall tracepoint payloads keep their fields.
+    payloads: Option<SyscallPayloads>,
+    /// Per thread: its switch-out sample, until the `PERF_RECORD_SWITCH`
+    /// written right after it says whether the thread was preempted.
+    switched_out: HashMap<u32, Sample>,
+    /// Records not released yet: runs in time order (what is left sorted,
+    /// then one run per drained buffer), which a stable sort merges with
+    /// few moves.
+    pending: Vec<Pending>,
     seq: u64,
     /// Records older than this may be released.
     released_before: u64,
@@ -111,18 +105,22 @@ pub(crate) struct Converter {
 }
 
 impl Converter {
-    /// A converter for records of `layout`.
+    /// A converter for records of the events in `layouts`; CPU samples are
+    /// of `sample_kind`, syscall payloads laid out as `payloads` says.
     pub fn new(
-        layout: Layout,
+        layouts: Layouts,
         regs: ArchRegs,
         sample_kind: SampleKind,
+        payloads: Option<SyscallPayloads>,
         embed: EmbedLevel,
     ) -> Converter {
         Converter {
-            layout,
+            layouts,
             regs,
             sample_kind,
-            pending: BinaryHeap::new(),
+            payloads,
+            switched_out: HashMap::new(),
+            pending: Vec::new(),
             seq: 0,
             released_before: 0,
             last_time: 0,
@@ -139,21 +137,22 @@ impl Converter {
     fn push(&mut self, time: u64, record: Record) {
         self.last_time = self.last_time.max(time);
         self.seq += 1;
-        self.pending.push(Reverse(Pending {
+        self.pending.push(Pending {
             time,
             seq: self.seq,
             record,
-        }));
+        });
     }
 
     fn release(&mut self, before: u64, out: &mut Vec<Record>) {
-        while let Some(Reverse(p)) = self.pending.peek() {
-            if p.time >= before {
-                break;
-            }
-            let Reverse(p) = self.pending.pop().expect("peeked");
-            out.push(p.record);
+        let key = |p: &Pending| (p.time, p.seq);
+        // Records of one buffer come in order: often there is nothing to sort.
+        if !self.pending.is_sorted_by_key(key) {
+            self.pending.sort_by_key(key);
         }
+        let n = self.pending.partition_point(|p| p.time < before);
+        out.reserve(n);
+        out.extend(self.pending.drain(..n).map(|p| p.record));
     }
 
     fn initial(&mut self, init: Initial) {
@@ -363,7 +362,43 @@ impl Converter {
                     }),
                 );
             }
+            PerfRecord::Switch { out, preempted, id } => {
+                let (Some(pid), Some(tid), Some(t)) = (id.pid, id.tid, id.time) else {
+                    return;
+                };
+                if out {
+                    if let Some(mut s) = self.switched_out.remove(&tid) {
+                        s.detail = SampleDetail::OffCpu { preempted };
+                        self.push(s.time.0, Record::Sample(s));
+                    }
+                } else {
+                    self.flush_switched_out(tid);
+                    self.push(
+                        t,
+                        Record::SwitchIn(SwitchInRecord {
+                            time: Timestamp(t),
+                            pid: Pid(pid),
+                            tid: Tid(tid),
+                        }),
+                    );
+                }
+            }
             PerfRecord::Throttle { .. } | PerfRecord::Other { .. } => {}
+        }
+    }
+
+    fn flush_all_switched_out(&mut self) {
+        let tids: Vec<u32> = self.switched_out.keys().copied().collect();
+        for tid in tids {
+            self.flush_switched_out(tid);
+        }
+    }
+
+    /// Write `tid`'s switch-out sample still waiting for its switch record
+    /// (which was lost, or is in the next drain): not known to be preempted.
+    fn flush_switched_out(&mut self, tid: u32) {
+        if let Some(s) = self.switched_out.remove(&tid) {
+            self.push(s.time.0, Record::Sample(s));
         }
     }
 
@@ -382,10 +417,46 @@ impl Converter {
     }
 
     fn sample(&mut self, s: SampleRecord<'_>) {
-        let Some(regs) = (self.regs.convert)(&s.regs) else {
+        let (kind, weight, detail) = match s.role {
+            Role::Cpu => (self.sample_kind, s.period, SampleDetail::None),
+            Role::SyscallEnter => {
+                let Some((nr, args)) = self.payloads.and_then(|p| p.enter(s.raw)) else {
+                    self.malformed += 1;
+                    return;
+                };
+                let nr = u32::try_from(nr).unwrap_or(u32::MAX);
+                (SampleKind::Syscall, 1, SampleDetail::Syscall { nr, args })
+            }
+            Role::SyscallExit => {
+                match self.payloads.and_then(|p| p.exit(s.raw)) {
+                    Some((nr, ret)) => self.push(
+                        s.time,
+                        Record::SyscallExit(SyscallExitRecord {
+                            time: Timestamp(s.time),
+                            pid: Pid(s.pid),
+                            tid: Tid(s.tid),
+                            nr: u32::try_from(nr).unwrap_or(u32::MAX),
+                            ret,
+                        }),
+                    ),
+                    None => self.malformed += 1,
+                }
+                return;
+            }
+            Role::Switch => (
+                SampleKind::OffCpu,
+                0,
+                SampleDetail::OffCpu { preempted: false },
+            ),
+        };
+        let regs = match (self.regs.convert)(&s.regs) {
+            Some(regs) => regs,
             // No user registers (the thread was in the kernel with no user
-            // context): nothing to unwind from.
-            return;
+            // context): nothing to unwind from. A CPU sample is dropped;
+            // an event still counts, with no stack.
+            None if s.role == Role::Cpu => return,
+            None => (self.regs.convert)(&vec![0; self.regs.mask.count_ones() as usize])
+                .expect("registers of the mask's length convert"),
         };
         let sp = regs.sp();
         let mut live = s.stack;
@@ -400,27 +471,30 @@ impl Converter {
             self.images
                 .touch_sample(s.pid, s.tid, regs.ip(), &s.callchain, sp, live);
         }
-        self.push(
-            s.time,
-            Record::Sample(Sample {
-                time: Timestamp(s.time),
-                pid: Pid(s.pid),
-                tid: Tid(s.tid),
-                cpu: s.cpu,
-                kind: self.sample_kind,
-                weight: s.period,
-                regs,
-                stack: StackSnapshot {
-                    start: sp,
-                    bytes: live.to_vec(),
-                },
-                kernel_callchain: s.callchain,
-                frames: Vec::new(),
-                kernel_frames: Vec::new(),
-                flags: SampleFlags::default(),
-                detail: SampleDetail::None,
-            }),
-        );
+        let sample = Sample {
+            time: Timestamp(s.time),
+            pid: Pid(s.pid),
+            tid: Tid(s.tid),
+            cpu: s.cpu,
+            kind,
+            weight,
+            regs,
+            stack: StackSnapshot {
+                start: sp,
+                bytes: live.to_vec(),
+            },
+            kernel_callchain: s.callchain,
+            frames: Vec::new(),
+            kernel_frames: Vec::new(),
+            flags: SampleFlags::default(),
+            detail,
+        };
+        if s.role == Role::Switch {
+            self.flush_switched_out(s.tid);
+            self.switched_out.insert(s.tid, sample);
+        } else {
+            self.push(s.time, Record::Sample(sample));
+        }
     }
 }
 
@@ -462,11 +536,14 @@ impl Convert for Converter {
             RawMsg::Initial(init) => self.initial(init),
             RawMsg::Chunk(bytes) => {
                 for (kind, misc, rec) in parse::split_records(&bytes) {
-                    match parse::parse_record(&self.layout, kind, misc, rec) {
+                    match parse::parse_record(&self.layouts, kind, misc, rec) {
                         Ok(r) => self.perf_record(r),
                         Err(_) => self.malformed += 1,
                     }
                 }
+                // A switch record follows its sample in the same buffer:
+                // what did not come by the end of the drain never will.
+                self.flush_all_switched_out();
             }
             RawMsg::Round(time) => {
                 let before = self.released_before;
@@ -488,6 +565,7 @@ impl Convert for Converter {
         // Sampling is over: embedding (reading and compressing sections)
         // runs at normal priority.
         self.priority = None;
+        self.flush_all_switched_out();
         self.release(u64::MAX, out);
         if self.malformed > 0 {
             warnings.push(RecordWarning::MalformedRecords {
@@ -513,12 +591,16 @@ mod tests {
 
     fn converter() -> Converter {
         Converter::new(
-            Layout {
-                sample_type: parse::sample::TID | parse::sample::TIME,
-                user_regs: 3,
-            },
+            Layouts::single(
+                Role::Cpu,
+                parse::Layout {
+                    sample_type: parse::sample::TID | parse::sample::TIME,
+                    user_regs: 3,
+                },
+            ),
             super::super::regs::X86_64,
             SampleKind::CpuTime,
+            None,
             EmbedLevel::None,
         )
     }
@@ -539,12 +621,7 @@ mod tests {
     #[rustfmt::skip]
     #[test]
     fn kernel_losses_become_lost_records() {
-        let mut c = Converter::new(
-            Layout { sample_type: parse::sample::TID | parse::sample::TIME, user_regs: 3 },
-            super::super::regs::X86_64,
-            SampleKind::CpuTime,
-            EmbedLevel::None,
-        );
+        let mut c = converter();
         let mut rec = parse::kind::LOST.to_ne_bytes().to_vec();
         rec.extend(0u16.to_ne_bytes());             // misc
         rec.extend(40u16.to_ne_bytes());            // size
@@ -577,6 +654,80 @@ mod tests {
         c.finish(&mut out, &mut warnings).unwrap();
         assert!(out.is_empty());
         assert_eq!(warnings, [RecordWarning::MalformedRecords { count: 1 }]);
+    }
+
+    fn u64s(v: &[u64]) -> Vec<u8> {
+        v.iter().flat_map(|x| x.to_ne_bytes()).collect()
+    }
+
+    fn perf_record(kind: u32, misc: u16, body: &[u8]) -> Vec<u8> {
+        let mut rec = kind.to_ne_bytes().to_vec();
+        rec.extend(misc.to_ne_bytes());
+        rec.extend(((body.len() + 8) as u16).to_ne_bytes());
+        rec.extend(body);
+        rec
+    }
+
+    /// pid 10, tid 11, the identifier of `event`, `time` and cpu 1 in the
+    /// order of a sample's fields (identifier first) or of a trailer.
+    fn ids(event: u64, time: u64, sample: bool) -> Vec<u8> {
+        let (id, pid_tid, t, cpu) = (
+            u64s(&[event]),
+            u64s(&[(11 << 32) | 10]),
+            u64s(&[time]),
+            u64s(&[1]),
+        );
+        if sample {
+            [id, pid_tid, t, cpu].concat()
+        } else {
+            [pid_tid, t, cpu, id].concat()
+        }
+    }
+
+    #[rustfmt::skip]
+    #[test]
+    fn syscalls_and_switches_become_event_records() {
+        let mut c = Converter::new(
+            parse::tests::multi(),
+            super::super::regs::X86_64,
+            SampleKind::CpuTime,
+            Some(SyscallPayloads { enter_id: 8, enter_args: 16, exit_id: 8, exit_ret: 16 }),
+            EmbedLevel::None,
+        );
+        let mut chunk = parse::tests::syscall_enter_record();     // write(3, 0x1000, 5) at 7000
+        let mut exit = ids(3, 7500, true);
+        exit.extend(28u32.to_ne_bytes());                         // raw size: 24 + 4 padding
+        exit.extend([0u8; 8]);                                    // common fields
+        exit.extend(u64s(&[1, -9i64 as u64]));                    // id, ret -EBADF
+        exit.extend([0u8; 4]);                                    // padding
+        chunk.extend(perf_record(parse::kind::SAMPLE, 0, &exit));
+        let mut switch = ids(4, 8000, true);
+        switch.extend(u64s(&[0]));                                // callchain nr 0
+        switch.extend(u64s(&[2, 0x7ff0, 0x7fe0, 0x401000]));      // regs
+        switch.extend(u64s(&[0]));                                // no stack copied
+        chunk.extend(perf_record(parse::kind::SAMPLE, 0, &switch));
+        let out_preempt = parse::MISC_SWITCH_OUT | parse::MISC_SWITCH_OUT_PREEMPT;
+        chunk.extend(perf_record(parse::kind::SWITCH, out_preempt, &ids(4, 8001, false)));
+        chunk.extend(perf_record(parse::kind::SWITCH, 0, &ids(4, 9000, false)));
+        let mut out = Vec::new();
+        c.convert(RawMsg::Chunk(chunk), &mut out).unwrap();
+        let mut warnings = Vec::new();
+        c.finish(&mut out, &mut warnings).unwrap();
+        assert!(warnings.is_empty(), "{warnings:?}");
+        assert_eq!(out.len(), 4, "{out:#?}");
+        let Record::Sample(enter) = &out[0] else { panic!("{:?}", out[0]) };
+        assert_eq!((enter.kind, enter.weight, enter.time), (SampleKind::Syscall, 1, Timestamp(7000)));
+        assert_eq!(enter.detail, SampleDetail::Syscall { nr: 1, args: [3, 0x1000, 5, 0, 0, 0] });
+        assert_eq!((enter.regs.sp(), enter.stack.bytes.len()), (0x7fe0, 8));
+        assert_eq!(out[1], Record::SyscallExit(SyscallExitRecord {
+            time: Timestamp(7500), pid: Pid(10), tid: Tid(11), nr: 1, ret: -9,
+        }));
+        let Record::Sample(off) = &out[2] else { panic!("{:?}", out[2]) };
+        assert_eq!((off.kind, off.weight, off.time), (SampleKind::OffCpu, 0, Timestamp(8000)));
+        assert_eq!(off.detail, SampleDetail::OffCpu { preempted: true });
+        assert_eq!(out[3], Record::SwitchIn(SwitchInRecord {
+            time: Timestamp(9000), pid: Pid(10), tid: Tid(11),
+        }));
     }
 
     #[test]

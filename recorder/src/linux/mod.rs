@@ -10,33 +10,36 @@
 
 mod attr;
 mod convert;
+mod events;
 mod images;
 mod launch;
+mod layouts;
 mod parse;
 mod procfs;
 mod regs;
 mod ring;
 mod sys;
+mod tracefs;
 
 use crate::error::RecordError;
 use crate::report::{RecordWarning, Reporter, StatusTicker};
 use crate::sink::{OutputFile, Sink, SinkSender};
 use crate::stop::{Deadline, StopReason, StopToken};
 use crate::{host, CpuEvent, RecordOptions, RecordSummary, TargetExit, TargetSpec};
-use attr::{AttrSettings, EventKind};
+use attr::{AttrSettings, EventKind, EventSpec, Role};
 use convert::{Converter, Initial, RawMsg};
+use events::{Events, OpenError};
 use lrnprof_format::{
-    Clock, Endian, EventSettings, Os, Pid, SampleEvent, SampleKind, SamplingSettings, Target,
-    Timestamp, TraceHeader,
+    resolve_syscall_filter, Clock, Endian, EventSettings, OffCpuSettings, Os, Pid, SampleEvent,
+    SampleKind, SamplingSettings, SyscallSettings, Target, Timestamp, TraceHeader,
 };
 pub(crate) use parse::fuzz_records;
-use parse::Layout;
-use std::collections::HashSet;
+use parse::Layouts;
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::Arc;
 use std::time::Duration;
-use sys::RingMap;
+use tracefs::SyscallPayloads;
 
 #[cfg(target_arch = "x86_64")]
 const NATIVE_REGS: regs::ArchRegs = regs::X86_64;
@@ -46,8 +49,6 @@ const NATIVE_REGS: regs::ArchRegs = regs::AARCH64;
 /// Largest ring buffer data area per CPU, in pages (16 MiB with 4 KiB
 /// pages: a quarter second of 1 kHz samples with 64 KiB stack copies).
 const MAX_RING_PAGES: usize = 4096;
-/// Smallest we accept when the locked-memory limit is low.
-const MIN_RING_PAGES: usize = 8;
 /// Messages the writer thread may lag behind; with chunks of at most
 /// [`MAX_CHUNK`] this bounds the memory in flight.
 const CHANNEL_CAPACITY: usize = 32;
@@ -56,87 +57,28 @@ const MAX_CHUNK: usize = 1 << 20;
 /// Longest wait between drains.
 const POLL_INTERVAL: Duration = Duration::from_millis(100);
 
-/// The opened events and their ring buffers.
-struct Events {
-    attr: sys::PerfEventAttr,
-    cpus: Vec<u32>,
-    ring_pages: usize,
-    page_size: usize,
-    /// Per CPU (same order as `cpus`): the event owning the ring buffer.
-    leaders: Vec<Option<(OwnedFd, RingMap)>>,
-    others: Vec<OwnedFd>,
-    tids: HashSet<u32>,
-}
-
-impl Events {
-    /// Open the events of one thread on every CPU.
-    fn open_thread(&mut self, tid: u32) -> io::Result<()> {
-        let mut opened = Vec::new();
-        for &cpu in &self.cpus {
-            opened.push(sys::perf_event_open(&self.attr, tid as i32, cpu as i32)?);
-        }
-        for (i, fd) in opened.into_iter().enumerate() {
-            match &self.leaders[i] {
-                Some((leader, _)) => {
-                    sys::perf_set_output(&fd, leader)?;
-                    self.others.push(fd);
-                }
-                None => {
-                    let ring = self.map_ring(&fd)?;
-                    self.leaders[i] = Some((fd, ring));
-                }
-            }
-        }
-        self.tids.insert(tid);
-        Ok(())
-    }
-
-    /// Map a ring buffer, halving its size while the kernel refuses.
-    fn map_ring(&mut self, fd: &OwnedFd) -> io::Result<RingMap> {
-        loop {
-            match RingMap::new(fd, self.page_size, self.ring_pages) {
-                Ok(r) => return Ok(r),
-                Err(e)
-                    if self.ring_pages > MIN_RING_PAGES
-                        && matches!(e.raw_os_error(), Some(libc::EPERM | libc::ENOMEM)) =>
-                {
-                    self.ring_pages /= 2;
-                }
-                Err(e) => return Err(e),
-            }
-        }
-    }
-
-    fn all_fds(&self) -> impl Iterator<Item = &OwnedFd> {
-        self.leaders
-            .iter()
-            .flatten()
-            .map(|(fd, _)| fd)
-            .chain(self.others.iter())
-    }
-}
-
 /// Record on Linux.
 pub(crate) fn record(
     options: &RecordOptions,
     token: &StopToken,
     reporter: &dyn Reporter,
 ) -> Result<RecordSummary, RecordError> {
-    let stack_size = attr::valid_stack_size(options.stack_size);
     let (frequency_hz, clamped) = attr::clamp_frequency(
         options.frequency_hz,
         procfs::read_sysctl("/proc/sys/kernel/perf_event_max_sample_rate"),
     );
-    if clamped {
-        reporter.warning(&RecordWarning::FrequencyClamped {
-            requested_hz: options.frequency_hz,
-            used_hz: frequency_hz,
-        });
-    }
     if let TargetSpec::Pid(pid) = options.target {
         if !std::path::Path::new(&format!("/proc/{pid}")).exists() || procfs::has_exited(pid) {
             return Err(RecordError::NoSuchProcess { pid });
         }
+    }
+    // Before anything starts: a missing tracefs is reported alone.
+    let mut plan = plan_events(options)?;
+    if clamped && options.cpu {
+        reporter.warning(&RecordWarning::FrequencyClamped {
+            requested_hz: options.frequency_hz,
+            used_hz: frequency_hz,
+        });
     }
     let out = OutputFile::create(&options.out)?;
     // Requests on the token interrupt the wait for samples.
@@ -158,28 +100,29 @@ pub(crate) fn record(
         (TargetSpec::Command(_), None) => unreachable!("launched above"),
     };
     let page_size = host::page_size() as usize;
-    let plan = attr::plan_ring(
+    let largest_stack = plan.specs.iter().map(|s| s.stack_size).max().unwrap_or(0);
+    let ring = attr::plan_ring(
         page_size,
         MAX_RING_PAGES,
         sys::geteuid() == 0,
         procfs::read_sysctl("/proc/sys/kernel/perf_event_mlock_kb"),
-        stack_size,
+        largest_stack,
     );
-    let stack_size = plan.stack_size;
+    for spec in &mut plan.specs {
+        spec.stack_size = spec.stack_size.min(ring.stack_size);
+    }
     let settings = AttrSettings {
         event: match options.event {
             CpuEvent::CpuClock => EventKind::CpuClock,
             CpuEvent::Cycles => EventKind::Cycles,
         },
         frequency_hz,
-        stack_size,
-        callchain: options.kernel_callchain,
         enable_on_exec: launched.is_some(),
         build_id: true,
         regs_mask: NATIVE_REGS.mask,
-        wakeup_bytes: (plan.pages * page_size / 4) as u32,
+        wakeup_bytes: (ring.pages * page_size / 4) as u32,
     };
-    let (mut events, settings) = open_first(pid, settings, page_size, plan.pages)?;
+    let mut events = open_first(pid, settings, &plan.specs, page_size, ring.pages)?;
     // Before any event is enabled: the existing threads and images are
     // recorded at this time, and every sample must come after them.
     let start_time = sys::monotonic_ns();
@@ -193,14 +136,20 @@ pub(crate) fn record(
         }
     }
     // Only now, so a startup error stays the only thing reported.
-    if plan.stack_limited {
+    if ring.stack_limited {
         reporter.warning(&RecordWarning::StackSizeLimited {
-            bytes: plan.stack_size,
+            bytes: ring.stack_size,
         });
     }
     if let Some(l) = launched.as_mut() {
         l.release()?;
     }
+    let stack_of = |role| {
+        plan.specs
+            .iter()
+            .find(|s| s.role == role)
+            .map_or(0, |s| s.stack_size)
+    };
     let header = TraceHeader {
         arch: NATIVE_REGS.arch,
         os: Os::Linux,
@@ -214,8 +163,8 @@ pub(crate) fn record(
                 EventKind::CpuClock => SampleEvent::CpuClock,
             },
             frequency_hz,
-            stack_size,
-            kernel_callchain: settings.callchain,
+            stack_size: stack_of(Role::Cpu),
+            kernel_callchain: options.cpu && options.kernel_callchain,
             include_kernel: false,
         },
         recorder: host::RECORDER_NAME.to_string(),
@@ -232,28 +181,39 @@ pub(crate) fn record(
         },
         hostname: host::hostname(),
         events: EventSettings {
-            cpu: true,
-            ..EventSettings::default()
+            cpu: options.cpu,
+            heap: None,
+            syscalls: plan.syscalls.map(|s| SyscallSettings {
+                stack_size: stack_of(Role::SyscallEnter),
+                ..s
+            }),
+            off_cpu: options.off_cpu.as_ref().map(|_| OffCpuSettings {
+                stack_size: stack_of(Role::Switch),
+            }),
         },
     };
     let sample_kind = match settings.event {
         EventKind::Cycles => SampleKind::Cycles,
         EventKind::CpuClock => SampleKind::CpuTime,
     };
-    let layout = settings.layout();
-    let converter = Converter::new(layout, NATIVE_REGS, sample_kind, options.embed);
+    let layouts = events.layouts().clone();
+    let converter = Converter::new(
+        layouts.clone(),
+        NATIVE_REGS,
+        sample_kind,
+        plan.payloads,
+        options.embed,
+    );
     let sink = Sink::start(out, &header, converter, CHANNEL_CAPACITY)?;
     let sender = sink.sender();
     let command = match &header.target {
         Target::Launch { command, .. } => Some(command.clone()),
         Target::Attach { .. } | Target::System => None,
     };
-    let mut tids: Vec<u32> = events.tids.iter().copied().collect();
-    tids.sort_unstable();
     let sent = sender.send(RawMsg::Initial(Initial {
         time: start_time,
         pid,
-        tids,
+        tids: events.tids(),
         launched: command,
     }));
     let mut control = Control {
@@ -266,7 +226,7 @@ pub(crate) fn record(
     let outcome = sent.and_then(|()| {
         sample_loop(
             &mut events,
-            &layout,
+            &layouts,
             &sender,
             &mut control,
             pid,
@@ -277,7 +237,7 @@ pub(crate) fn record(
     for fd in events.all_fds() {
         let _ = sys::perf_disable(fd);
     }
-    let drained = drain_all(&mut events, &layout, &sender);
+    let drained = drain_all(&mut events, &layouts, &sender);
     drop(priority);
     let end = sys::monotonic_ns();
     drop(sender);
@@ -297,59 +257,142 @@ pub(crate) fn record(
     ))
 }
 
-/// Open the first thread's events, falling back from hardware cycles to
-/// the software CPU clock and from build-id MMAP2 records to plain ones.
+/// The events a recording opens, before the ring buffers are planned.
+struct EventPlan {
+    /// The first one tracks the target (mmap, comm, fork and exit records).
+    specs: Vec<EventSpec>,
+    /// What the header says of the syscalls (its stack size is the
+    /// requested one, which the ring plan may lower).
+    syscalls: Option<SyscallSettings>,
+    /// Where the syscall tracepoints keep number, arguments and return.
+    payloads: Option<SyscallPayloads>,
+}
+
+/// The events `options` ask for. Syscalls need the tracepoints' ids and
+/// payload layouts from tracefs, and the filter's names resolved.
+fn plan_events(options: &RecordOptions) -> Result<EventPlan, RecordError> {
+    let mut specs = Vec::new();
+    if options.cpu {
+        specs.push(EventSpec {
+            callchain: options.kernel_callchain,
+            ..EventSpec::new(Role::Cpu, options.stack_size)
+        });
+    }
+    let mut syscalls = None;
+    let mut payloads = None;
+    if let Some(sc) = &options.syscalls {
+        let numbers =
+            resolve_syscall_filter(NATIVE_REGS.arch, sc.filter.iter().map(|s| s.as_str()))
+                .map_err(|e| RecordError::InvalidOption(format!("--syscall-filter: {e}")))?;
+        if numbers.is_empty() && !sc.filter.is_empty() {
+            return Err(RecordError::InvalidOption(
+                "--syscall-filter names no syscall of this architecture".into(),
+            ));
+        }
+        let root = tracefs::find()?;
+        let enter = tracefs::tracepoint(&root, "raw_syscalls", "sys_enter")?;
+        let exit = tracefs::tracepoint(&root, "raw_syscalls", "sys_exit")?;
+        payloads = Some(
+            SyscallPayloads::from_fields(&enter.fields, &exit.fields).ok_or_else(|| {
+                RecordError::Tracing(
+                    "the raw_syscalls tracepoints lay out their data in a way this recorder \
+                     does not know (no 8-byte id, args or ret field)"
+                        .into(),
+                )
+            })?,
+        );
+        let filter = attr::syscall_filter(&numbers);
+        specs.push(EventSpec {
+            tracepoint: enter.id,
+            filter: filter.clone(),
+            callchain: sc.callchain,
+            ..EventSpec::new(Role::SyscallEnter, sc.stack_size)
+        });
+        specs.push(EventSpec {
+            tracepoint: exit.id,
+            filter,
+            ..EventSpec::new(Role::SyscallExit, 0)
+        });
+        syscalls = Some(SyscallSettings {
+            filter: numbers,
+            stack_size: attr::valid_stack_size(sc.stack_size),
+            stack_every: 1,
+        });
+    }
+    if let Some(off) = &options.off_cpu {
+        specs.push(EventSpec {
+            callchain: options.kernel_callchain,
+            ..EventSpec::new(Role::Switch, off.stack_size)
+        });
+    }
+    if let Some(first) = specs.first_mut() {
+        first.tracking = true;
+    }
+    Ok(EventPlan {
+        specs,
+        syscalls,
+        payloads,
+    })
+}
+
+/// Open the first thread's events, falling back from build-id MMAP2
+/// records to plain ones.
 fn open_first(
     pid: u32,
     settings: AttrSettings,
+    specs: &[EventSpec],
     page_size: usize,
     ring_pages: usize,
-) -> Result<(Events, AttrSettings), RecordError> {
-    // Build-id MMAP2 records need Linux 5.12: older kernels get plain ones.
-    let candidates = [(settings.event, true), (settings.event, false)];
+) -> Result<Events, RecordError> {
     let cpus = procfs::online_cpus(sys::cpu_count());
     let mut last_err = None;
-    for (event, build_id) in candidates {
+    // Build-id MMAP2 records need Linux 5.12: older kernels get plain ones.
+    for build_id in [true, false] {
         let s = AttrSettings {
-            event,
             build_id,
             ..settings
         };
-        let mut events = Events {
-            attr: s.attr(),
-            leaders: (0..cpus.len()).map(|_| None).collect(),
-            cpus: cpus.clone(),
-            ring_pages,
-            page_size,
-            others: Vec::new(),
-            tids: HashSet::new(),
-        };
+        let mut events = Events::new(s, specs, cpus.clone(), ring_pages, page_size);
         match events.open_thread(pid) {
-            Ok(()) => return Ok((events, s)),
-            Err(e) => match e.raw_os_error() {
+            Ok(()) => return Ok(events),
+            Err(e) => match e.error.raw_os_error() {
                 Some(libc::ESRCH) => return Err(RecordError::NoSuchProcess { pid }),
-                Some(libc::EACCES | libc::EPERM) => return Err(permission_denied(pid)),
+                Some(libc::EACCES | libc::EPERM) => return Err(permission_denied(e.role, pid)),
                 _ => last_err = Some(e),
             },
         }
     }
-    let e = last_err.unwrap_or_else(|| io::Error::from_raw_os_error(libc::ENOSYS));
-    Err(RecordError::Unsupported(match settings.event {
-        EventKind::Cycles => format!(
-            "the hardware cycle counter cannot be sampled here ({e}); virtual machines often \
-             do not expose it: record with --event cpu-clock"
-        ),
-        EventKind::CpuClock => format!(
-            "perf_event_open failed for the cpu-clock event ({e}); the kernel needs \
-             CONFIG_PERF_EVENTS, and containers must allow the perf_event_open syscall"
-        ),
-    }))
+    let OpenError { role, error: e } = last_err.unwrap_or(OpenError {
+        role: Role::Cpu,
+        error: io::Error::from_raw_os_error(libc::ENOSYS),
+    });
+    Err(match role {
+        Role::Cpu => RecordError::Unsupported(match settings.event {
+            EventKind::Cycles => format!(
+                "the hardware cycle counter cannot be sampled here ({e}); virtual machines often \
+                 do not expose it: record with --event cpu-clock"
+            ),
+            EventKind::CpuClock => format!(
+                "perf_event_open failed for the cpu-clock event ({e}); the kernel needs \
+                 CONFIG_PERF_EVENTS, and containers must allow the perf_event_open syscall"
+            ),
+        }),
+        Role::SyscallEnter | Role::SyscallExit => RecordError::Tracing(format!(
+            "the kernel refused a raw_syscalls tracepoint event ({e}); it needs \
+             CONFIG_FTRACE_SYSCALLS and a perf_event_open that allows tracepoints"
+        )),
+        Role::Switch => RecordError::Unsupported(format!(
+            "the context-switch event cannot be opened ({e}); off-CPU recording needs Linux 4.3 \
+             or later"
+        )),
+    })
 }
 
-fn permission_denied(pid: u32) -> RecordError {
+fn permission_denied(role: Role, pid: u32) -> RecordError {
     RecordError::PermissionDenied {
         pid,
         advice: attr::permission_advice(
+            role,
             procfs::read_sysctl("/proc/sys/kernel/perf_event_paranoid"),
             sys::geteuid(),
             procfs::owner_uid(pid),
@@ -364,7 +407,7 @@ fn attach_all_threads(events: &mut Events, pid: u32) -> Result<(), RecordError> 
         let tids = procfs::list_tasks(pid).map_err(|_| RecordError::NoSuchProcess { pid })?;
         let new: Vec<u32> = tids
             .into_iter()
-            .filter(|t| !events.tids.contains(t))
+            .filter(|&t| !events.has_thread(t))
             .collect();
         if new.is_empty() {
             return Ok(());
@@ -373,21 +416,21 @@ fn attach_all_threads(events: &mut Events, pid: u32) -> Result<(), RecordError> 
             match events.open_thread(tid) {
                 Ok(()) => {}
                 // The thread exited meanwhile.
-                Err(e) if e.raw_os_error() == Some(libc::ESRCH) => {}
-                Err(e) if e.raw_os_error() == Some(libc::EMFILE) => {
+                Err(e) if e.error.raw_os_error() == Some(libc::ESRCH) => {}
+                Err(e) if e.error.raw_os_error() == Some(libc::EMFILE) => {
                     return Err(RecordError::Unsupported(format!(
-                        "too many threads to attach to ({} so far, one file per thread and CPU): \
-                         raise the open-file limit (ulimit -n)",
-                        events.tids.len()
+                        "too many threads to attach to ({} so far, one file per thread, CPU and \
+                         event): raise the open-file limit (ulimit -n)",
+                        events.tids().len()
                     )))
                 }
-                Err(e) if matches!(e.raw_os_error(), Some(libc::EACCES | libc::EPERM)) => {
-                    return Err(permission_denied(pid))
+                Err(e) if matches!(e.error.raw_os_error(), Some(libc::EACCES | libc::EPERM)) => {
+                    return Err(permission_denied(e.role, pid))
                 }
                 Err(e) => {
                     return Err(RecordError::Sys {
                         what: format!("perf_event_open for thread {tid}"),
-                        source: e,
+                        source: e.error,
                     })
                 }
             }
@@ -399,19 +442,19 @@ fn attach_all_threads(events: &mut Events, pid: u32) -> Result<(), RecordError> 
 /// Drain every ring buffer once; returns whether anything was drained.
 fn drain_all(
     events: &mut Events,
-    layout: &Layout,
+    layouts: &Layouts,
     sender: &SinkSender<RawMsg>,
 ) -> Result<bool, RecordError> {
     let round = sys::monotonic_ns();
     let mut any = false;
     let mut scratch = Vec::new();
-    for (_, ring) in events.leaders.iter_mut().flatten() {
+    for ring in events.rings() {
         scratch.clear();
         if ring.drain(&mut scratch) > 0 {
             let mut pos = 0;
             while pos < scratch.len() {
                 let mut chunk = Vec::with_capacity((scratch.len() - pos).min(MAX_CHUNK));
-                pos += ring::compact_samples(layout, &scratch[pos..], &mut chunk, MAX_CHUNK);
+                pos += ring::compact_samples(layouts, &scratch[pos..], &mut chunk, MAX_CHUNK);
                 sender.send(RawMsg::Chunk(chunk))?;
             }
             any = true;
@@ -443,22 +486,17 @@ struct Control<'a> {
 /// Drain until a stop condition; returns why and how a launched child ended.
 fn sample_loop(
     events: &mut Events,
-    layout: &Layout,
+    layouts: &Layouts,
     sender: &SinkSender<RawMsg>,
     control: &mut Control<'_>,
     pid: u32,
     child: Option<u32>,
 ) -> Result<(StopReason, Option<TargetExit>), RecordError> {
-    let mut fds: Vec<i32> = events
-        .leaders
-        .iter()
-        .flatten()
-        .map(|(fd, _)| fd.as_raw_fd())
-        .collect();
+    let mut fds: Vec<i32> = events.ring_fds().map(|fd| fd.as_raw_fd()).collect();
     let wake_index = fds.len();
     fds.push(control.wake.as_raw_fd());
     loop {
-        drain_all(events, layout, sender)?;
+        drain_all(events, layouts, sender)?;
         control.ticker.tick(control.reporter);
         if let Some(child) = child {
             if let Some(status) = sys::try_wait(child).map_err(|e| RecordError::Sys {

@@ -2,6 +2,9 @@
 //! over bytes in the machine's byte order (perf records are native-endian;
 //! the recorder runs on the machine it records).
 
+use super::attr::Role;
+pub(crate) use super::layouts::Layouts;
+
 /// `perf_event_header.type` values.
 pub(crate) mod kind {
     pub const MMAP: u32 = 1;
@@ -14,6 +17,7 @@ pub(crate) mod kind {
     pub const SAMPLE: u32 = 9;
     pub const MMAP2: u32 = 10;
     pub const LOST_SAMPLES: u32 = 13;
+    pub const SWITCH: u32 = 14;
 }
 
 /// `perf_event_attr.sample_type` bits.
@@ -37,6 +41,11 @@ pub(crate) mod sample {
 
 /// `PERF_RECORD_MISC_COMM_EXEC`: a COMM record caused by `execve`.
 pub(crate) const MISC_COMM_EXEC: u16 = 1 << 13;
+/// `PERF_RECORD_MISC_SWITCH_OUT`: a SWITCH record is a switch-out.
+pub(crate) const MISC_SWITCH_OUT: u16 = 1 << 13;
+/// `PERF_RECORD_MISC_SWITCH_OUT_PREEMPT`: the switched-out thread was
+/// preempted (still runnable).
+pub(crate) const MISC_SWITCH_OUT_PREEMPT: u16 = 1 << 14;
 /// `PERF_RECORD_MISC_MMAP_BUILD_ID`: an MMAP2 record carries a build id.
 pub(crate) const MISC_MMAP_BUILD_ID: u16 = 1 << 14;
 /// Callchain entries at or above this are context markers
@@ -109,6 +118,13 @@ pub(crate) enum PerfRecord<'a> {
         lost: u64,
         id: SampleId,
     },
+    /// The recorded thread was switched in or out (`PERF_RECORD_SWITCH`).
+    Switch {
+        out: bool,
+        /// A switch-out of a thread that was still runnable.
+        preempted: bool,
+        id: SampleId,
+    },
     Throttle {
         time: u64,
     },
@@ -121,6 +137,8 @@ pub(crate) enum PerfRecord<'a> {
 /// A `PERF_RECORD_SAMPLE`.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub(crate) struct SampleRecord<'a> {
+    /// The event the sample comes from.
+    pub role: Role,
     pub pid: u32,
     pub tid: u32,
     pub time: u64,
@@ -128,6 +146,8 @@ pub(crate) struct SampleRecord<'a> {
     pub period: u64,
     /// User callchain, markers removed, innermost first.
     pub callchain: Vec<u64>,
+    /// A tracepoint's payload (`PERF_SAMPLE_RAW`); empty otherwise.
+    pub raw: &'a [u8],
     /// User registers in mask bit order; empty if the kernel had none
     /// (e.g. a kernel thread).
     pub regs: Vec<u64>,
@@ -218,11 +238,12 @@ pub(crate) fn split_records(buf: &[u8]) -> impl Iterator<Item = (u32, u16, &[u8]
 
 /// Parse one record (with its 8-byte header) of the given type.
 pub(crate) fn parse_record<'a>(
-    layout: &Layout,
+    layouts: &Layouts,
     kind: u32,
     misc: u16,
     record: &'a [u8],
 ) -> Result<PerfRecord<'a>, ParseError> {
+    let layout = layouts.trailer();
     let body = &record[8.min(record.len())..];
     let mut c = Cursor {
         data: body,
@@ -240,7 +261,15 @@ pub(crate) fn parse_record<'a>(
         parse_sample_id(layout, &body[body.len() - len..], kind)
     };
     Ok(match kind {
-        kind::SAMPLE => PerfRecord::Sample(parse_sample(layout, &mut c)?),
+        kind::SAMPLE => {
+            let (role, layout) = layouts.of_sample(record).ok_or(ParseError {
+                kind,
+                what: "sample of an event this recording did not open",
+            })?;
+            let mut s = parse_sample(layout, &mut c)?;
+            s.role = role;
+            PerfRecord::Sample(s)
+        }
         kind::MMAP2 | kind::MMAP => {
             let (pid, tid) = c.u32_pair()?;
             let (addr, len, pgoff) = (c.u64()?, c.u64()?, c.u64()?);
@@ -314,6 +343,11 @@ pub(crate) fn parse_record<'a>(
             }
         }
         kind::THROTTLE | kind::UNTHROTTLE => PerfRecord::Throttle { time: c.u64()? },
+        kind::SWITCH => PerfRecord::Switch {
+            out: misc & MISC_SWITCH_OUT != 0,
+            preempted: misc & MISC_SWITCH_OUT_PREEMPT != 0,
+            id: trailer(&c)?,
+        },
         other => PerfRecord::Other { kind: other },
     })
 }
@@ -350,7 +384,7 @@ fn parse_sample_id(layout: &Layout, data: &[u8], kind: u32) -> Result<SampleId, 
 
 fn parse_sample<'a>(layout: &Layout, c: &mut Cursor<'a>) -> Result<SampleRecord<'a>, ParseError> {
     let t = layout.sample_type;
-    let unsupported = sample::ADDR | sample::READ | sample::RAW | sample::BRANCH_STACK;
+    let unsupported = sample::ADDR | sample::READ | sample::BRANCH_STACK;
     if t & unsupported != 0 {
         return Err(ParseError {
             kind: kind::SAMPLE,
@@ -398,6 +432,11 @@ fn parse_sample<'a>(layout: &Layout, c: &mut Cursor<'a>) -> Result<SampleRecord<
             }
         }
     }
+    if t & sample::RAW != 0 {
+        // The size counts the padding that aligns the record to 8 bytes.
+        let size = c.u32()? as usize;
+        s.raw = c.bytes(size)?;
+    }
     if t & sample::REGS_USER != 0 {
         let abi = c.u64()?;
         if abi != 0 {
@@ -423,11 +462,14 @@ pub(crate) fn fuzz_records(data: &[u8]) {
         return;
     };
     let (sample_type, regs) = head.split_at(8);
-    let layout = Layout {
-        sample_type: u64::from_le_bytes(sample_type.try_into().expect("8 bytes")),
-        // The popcount of a 64-bit register mask.
-        user_regs: usize::from(regs[0]) % 65,
-    };
+    let layout = Layouts::single(
+        Role::Cpu,
+        Layout {
+            sample_type: u64::from_le_bytes(sample_type.try_into().expect("8 bytes")),
+            // The popcount of a 64-bit register mask.
+            user_regs: usize::from(regs[0]) % 65,
+        },
+    );
     let mut compacted = Vec::new();
     let mut pos = 0;
     while pos < buf.len() {
@@ -451,6 +493,7 @@ pub(crate) fn fuzz_records(data: &[u8]) {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+    use crate::linux::attr::SAMPLE_ID_BITS;
 
     /// The layout the recorder asks for, shared with the ring buffer tests.
     pub(crate) const LAYOUT: Layout = Layout {
@@ -463,6 +506,35 @@ pub(crate) mod tests {
             | sample::STACK_USER,
         user_regs: 3,
     };
+
+    /// The four events of a recording of CPU samples, syscalls and
+    /// switches, with ids 1 to 4.
+    pub(crate) fn multi() -> Layouts {
+        let common = SAMPLE_ID_BITS | sample::CALLCHAIN;
+        let regs = sample::REGS_USER | sample::STACK_USER;
+        let mut l = Layouts::new();
+        for (id, role, sample_type, user_regs) in [
+            (1, Role::Cpu, common | sample::PERIOD | regs, 3),
+            (2, Role::SyscallEnter, common | sample::RAW | regs, 3),
+            (3, Role::SyscallExit, SAMPLE_ID_BITS | sample::RAW, 0),
+            (4, Role::Switch, common | regs, 3),
+        ] {
+            l.insert(
+                id,
+                role,
+                Layout {
+                    sample_type,
+                    user_regs,
+                },
+            );
+        }
+        l
+    }
+
+    /// [`LAYOUT`] for every record.
+    pub(crate) fn single() -> Layouts {
+        Layouts::single(Role::Cpu, LAYOUT)
+    }
 
     fn header(kind: u32, misc: u16, body_len: usize) -> Vec<u8> {
         let mut v = kind.to_ne_bytes().to_vec();
@@ -518,7 +590,7 @@ pub(crate) mod tests {
     #[test]
     fn parses_a_sample() {
         let rec = sample_record();
-        let parsed = parse_record(&LAYOUT, kind::SAMPLE, 2, &rec).unwrap();
+        let parsed = parse_record(&single(), kind::SAMPLE, 2, &rec).unwrap();
         let PerfRecord::Sample(s) = parsed else { panic!("not a sample: {parsed:?}") };
         assert_eq!((s.pid, s.tid, s.time, s.cpu, s.period), (10, 11, 123_456, Some(1), 1_000_000));
         assert_eq!(s.callchain, [0x401000, 0x401100]);
@@ -553,7 +625,7 @@ pub(crate) mod tests {
         body.extend(u64s(&[0]));                // stack size 0: no data, no dyn_size
         let mut rec = header(kind::SAMPLE, 0, body.len());
         rec.extend(&body);
-        let PerfRecord::Sample(s) = parse_record(&LAYOUT, kind::SAMPLE, 0, &rec).unwrap() else {
+        let PerfRecord::Sample(s) = parse_record(&single(), kind::SAMPLE, 0, &rec).unwrap() else {
             panic!()
         };
         assert!(s.regs.is_empty() && s.stack.is_empty() && s.callchain.is_empty());
@@ -564,7 +636,7 @@ pub(crate) mod tests {
         let body = u32s(&[10, 11]);
         let mut rec = header(kind::SAMPLE, 0, body.len());
         rec.extend(&body);
-        assert!(parse_record(&LAYOUT, kind::SAMPLE, 0, &rec).is_err());
+        assert!(parse_record(&single(), kind::SAMPLE, 0, &rec).is_err());
     }
 
     #[test]
@@ -573,7 +645,7 @@ pub(crate) mod tests {
         body.extend(u64s(&[9, 0, 1, u64::MAX]));
         let mut rec = header(kind::SAMPLE, 0, body.len());
         rec.extend(&body);
-        assert!(parse_record(&LAYOUT, kind::SAMPLE, 0, &rec).is_err());
+        assert!(parse_record(&single(), kind::SAMPLE, 0, &rec).is_err());
     }
 
     #[rustfmt::skip]
@@ -590,7 +662,7 @@ pub(crate) mod tests {
         body.extend(trailer());
         let mut rec = header(kind::MMAP2, MISC_MMAP_BUILD_ID, body.len());
         rec.extend(&body);
-        let PerfRecord::Mmap2(m) = parse_record(&LAYOUT, kind::MMAP2, MISC_MMAP_BUILD_ID, &rec).unwrap() else {
+        let PerfRecord::Mmap2(m) = parse_record(&single(), kind::MMAP2, MISC_MMAP_BUILD_ID, &rec).unwrap() else {
             panic!()
         };
         assert_eq!((m.addr, m.len, m.pgoff, m.prot), (0x7f00_0000_0000, 0x2000, 0x1000, 5));
@@ -612,7 +684,7 @@ pub(crate) mod tests {
         body.extend(trailer());
         let mut rec = header(kind::MMAP2, 0, body.len());
         rec.extend(&body);
-        let PerfRecord::Mmap2(m) = parse_record(&LAYOUT, kind::MMAP2, 0, &rec).unwrap() else {
+        let PerfRecord::Mmap2(m) = parse_record(&single(), kind::MMAP2, 0, &rec).unwrap() else {
             panic!()
         };
         assert_eq!(m.build_id, None);
@@ -628,7 +700,7 @@ pub(crate) mod tests {
         let mut rec = header(kind::COMM, MISC_COMM_EXEC, body.len());
         rec.extend(&body);
         assert_eq!(
-            parse_record(&LAYOUT, kind::COMM, MISC_COMM_EXEC, &rec).unwrap(),
+            parse_record(&single(), kind::COMM, MISC_COMM_EXEC, &rec).unwrap(),
             PerfRecord::Comm { pid: 10, tid: 12, name: "worker", exec: true, id: SampleId {
                 pid: Some(10), tid: Some(11), time: Some(5000), cpu: Some(1) } }
         );
@@ -639,13 +711,13 @@ pub(crate) mod tests {
         let mut rec = header(kind::FORK, 0, body.len());
         rec.extend(&body);
         assert_eq!(
-            parse_record(&LAYOUT, kind::FORK, 0, &rec).unwrap(),
+            parse_record(&single(), kind::FORK, 0, &rec).unwrap(),
             PerfRecord::Fork { pid: 20, ppid: 10, tid: 21, ptid: 11, time: 777 }
         );
         let mut rec = header(kind::EXIT, 0, body.len());
         rec.extend(&body);
         assert_eq!(
-            parse_record(&LAYOUT, kind::EXIT, 0, &rec).unwrap(),
+            parse_record(&single(), kind::EXIT, 0, &rec).unwrap(),
             PerfRecord::Exit { pid: 20, tid: 21, time: 777 }
         );
 
@@ -653,10 +725,82 @@ pub(crate) mod tests {
         body.extend(trailer());
         let mut rec = header(kind::LOST, 0, body.len());
         rec.extend(&body);
-        let PerfRecord::Lost { lost, id } = parse_record(&LAYOUT, kind::LOST, 0, &rec).unwrap() else {
+        let PerfRecord::Lost { lost, id } = parse_record(&single(), kind::LOST, 0, &rec).unwrap() else {
             panic!()
         };
         assert_eq!((lost, id.time), (5, Some(5000)));
+    }
+
+    /// A syscall entry of the [`multi`] layouts (event 2): write(3, 0x1000, 5)
+    /// with a 16-byte stack copy, 8 bytes live.
+    #[rustfmt::skip]
+    pub(crate) fn syscall_enter_record() -> Vec<u8> {
+        let mut body = Vec::new();
+        body.extend(u64s(&[2]));                // identifier: event 2
+        body.extend(u32s(&[10, 11]));           // pid, tid
+        body.extend(u64s(&[7000]));             // time
+        body.extend(u32s(&[1, 0]));             // cpu, reserved
+        body.extend(u64s(&[1, 0x401000]));      // callchain: nr 1, ip
+        body.extend(u32s(&[68]));               // raw size: 64 bytes + 4 padding
+        body.extend([0u8; 8]);                  // common fields
+        body.extend(u64s(&[1]));                // id: write
+        body.extend(u64s(&[3, 0x1000, 5, 0, 0, 0])); // args
+        body.extend([0u8; 4]);                  // padding
+        body.extend(u64s(&[2, 0x7ff0, 0x7fe0, 0x401000])); // regs abi, bp sp ip
+        body.extend(u64s(&[16]));               // stack size
+        body.extend([7u8; 16]);                 // stack data
+        body.extend(u64s(&[8]));                // dyn_size
+        let mut rec = header(kind::SAMPLE, 0, body.len());
+        rec.extend(&body);
+        rec
+    }
+
+    #[test]
+    fn samples_are_parsed_by_their_event() {
+        let rec = syscall_enter_record();
+        let PerfRecord::Sample(s) = parse_record(&multi(), kind::SAMPLE, 0, &rec).unwrap() else {
+            panic!()
+        };
+        assert_eq!(
+            (s.role, s.pid, s.tid, s.time, s.cpu),
+            (Role::SyscallEnter, 10, 11, 7000, Some(1))
+        );
+        assert_eq!(s.raw.len(), 68);
+        assert_eq!(&s.raw[8..16], &1u64.to_ne_bytes());
+        assert_eq!((s.regs.len(), s.stack.len()), (3, 8));
+        // Compaction drops the dead half of the stack and keeps the rest.
+        let mut out = Vec::new();
+        super::super::ring::compact_samples(&multi(), &rec, &mut out, usize::MAX);
+        assert_eq!(out.len(), rec.len() - 8);
+        assert_eq!(
+            parse_record(&multi(), kind::SAMPLE, 0, &out),
+            parse_record(&multi(), kind::SAMPLE, 0, &rec)
+        );
+        // An event this recording did not open is an error, not a guess.
+        let mut unknown = rec.clone();
+        unknown[8..16].copy_from_slice(&9u64.to_ne_bytes());
+        assert!(parse_record(&multi(), kind::SAMPLE, 0, &unknown).is_err());
+    }
+
+    #[rustfmt::skip]
+    #[test]
+    fn parses_switch_records() {
+        let mut body = u32s(&[10, 11]);             // sample_id: pid, tid
+        body.extend(u64s(&[9000]));                 // time
+        body.extend(u32s(&[1, 0]));                 // cpu, reserved
+        body.extend(u64s(&[4]));                    // identifier
+        let misc = MISC_SWITCH_OUT | MISC_SWITCH_OUT_PREEMPT;
+        let mut rec = header(kind::SWITCH, misc, body.len());
+        rec.extend(&body);
+        let PerfRecord::Switch { out, preempted, id } = parse_record(&multi(), kind::SWITCH, misc, &rec).unwrap() else {
+            panic!()
+        };
+        assert!(out && preempted);
+        assert_eq!((id.pid, id.tid, id.time), (Some(10), Some(11), Some(9000)));
+        let PerfRecord::Switch { out, .. } = parse_record(&multi(), kind::SWITCH, 0, &rec).unwrap() else {
+            panic!()
+        };
+        assert!(!out, "a switch-in");
     }
 
     #[test]

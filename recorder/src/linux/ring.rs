@@ -1,6 +1,6 @@
 //! Copying records out of a perf ring buffer.
 
-use super::parse::{kind, sample, split_records, Layout};
+use super::parse::{kind, sample, split_records, Layout, Layouts};
 
 /// Append `data[tail..head)` (positions modulo `data.len()`, a power of
 /// two) to `out`; returns the number of bytes appended. `head` and `tail`
@@ -28,7 +28,12 @@ pub(crate) fn copy_wrapped(data: &[u8], tail: u64, head: u64, out: &mut Vec<u8>)
 /// fixed-offset reads and one copy. Stops after the record that makes
 /// the bytes appended `max` or more; returns the bytes of `src` consumed,
 /// which is more than zero unless `src` is empty.
-pub(crate) fn compact_samples(layout: &Layout, src: &[u8], out: &mut Vec<u8>, max: usize) -> usize {
+pub(crate) fn compact_samples(
+    layouts: &Layouts,
+    src: &[u8],
+    out: &mut Vec<u8>,
+    max: usize,
+) -> usize {
     let max = max.max(1);
     let mut consumed = 0;
     let start_len = out.len();
@@ -38,7 +43,7 @@ pub(crate) fn compact_samples(layout: &Layout, src: &[u8], out: &mut Vec<u8>, ma
         }
         consumed += rec.len();
         match (k == kind::SAMPLE)
-            .then(|| stack_field(layout, rec))
+            .then(|| stack_field(layouts.of_sample(rec)?.1, rec))
             .flatten()
         {
             Some((at, size, dyn_size)) if dyn_size < size => {
@@ -85,13 +90,17 @@ fn stack_field(layout: &Layout, rec: &[u8]) -> Option<(usize, u64, u64)> {
         sample::CPU,
         sample::PERIOD,
     ];
-    if t & (sample::READ | sample::RAW | sample::BRANCH_STACK) != 0 {
+    if t & (sample::READ | sample::BRANCH_STACK) != 0 {
         return None;
     }
     let mut at = 8 + fixed.iter().filter(|&&b| t & b != 0).count() * 8;
     if t & sample::CALLCHAIN != 0 {
         let nr = usize::try_from(read(at)?).ok()?;
         at = at.checked_add(8)?.checked_add(nr.checked_mul(8)?)?;
+    }
+    if t & sample::RAW != 0 {
+        let size = u32::from_ne_bytes(rec.get(at..at.checked_add(4)?)?.try_into().ok()?);
+        at = at.checked_add(4)?.checked_add(size as usize)?;
     }
     if t & sample::REGS_USER != 0 {
         let abi = read(at)?;
@@ -114,6 +123,7 @@ fn stack_field(layout: &Layout, rec: &[u8]) -> Option<(usize, u64, u64)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::linux::attr::Role;
     use crate::linux::parse::{parse_record, PerfRecord};
 
     #[test]
@@ -149,7 +159,8 @@ mod tests {
         rec.extend(16u16.to_ne_bytes());
         rec.extend((nr as u64).to_ne_bytes());
         let mut out = Vec::new();
-        assert_eq!(compact_samples(&layout, &rec, &mut out, 64), rec.len());
+        let layouts = Layouts::single(Role::Cpu, layout);
+        assert_eq!(compact_samples(&layouts, &rec, &mut out, 64), rec.len());
         assert_eq!(out, rec);
     }
 
@@ -187,6 +198,7 @@ mod tests {
         other.extend(7u64.to_ne_bytes());
         let mut src = rec.clone();
         src.extend(&other);
+        let layout = Layouts::single(Role::Cpu, layout);
 
         let mut out = Vec::new();
         assert_eq!(compact_samples(&layout, &src, &mut out, usize::MAX), src.len());
@@ -214,8 +226,8 @@ mod tests {
     /// might) yields errors or nothing, never a panic.
     #[test]
     fn random_bytes_never_panic() {
-        use crate::linux::parse::{parse_record, tests::LAYOUT};
-        let layout = LAYOUT;
+        use crate::linux::parse::{parse_record, tests};
+        let (single, multi) = (tests::single(), tests::multi());
         let mut seed = 0x9e37_79b9_7f4a_7c15u64;
         let mut next = move || {
             seed ^= seed << 13;
@@ -228,23 +240,29 @@ mod tests {
             let mut buf: Vec<u8> = (0..len).map(|_| next() as u8).collect();
             // Make a plausible header now and then, so records get parsed.
             if buf.len() >= 8 && next() % 2 == 0 {
-                let kind = [1u32, 2, 3, 4, 7, 9, 10, 13][(next() % 8) as usize];
+                let kind = [1u32, 2, 3, 4, 7, 9, 10, 13, 9, 14][(next() % 10) as usize];
                 buf[..4].copy_from_slice(&kind.to_ne_bytes());
                 let size = (8 + next() % (buf.len() as u64 - 7)) as u16;
                 buf[6..8].copy_from_slice(&size.to_ne_bytes());
             }
-            let mut out = Vec::new();
-            let mut pos = 0;
-            while pos < buf.len() {
-                let n = compact_samples(&layout, &buf[pos..], &mut out, 64);
-                assert!(n > 0, "no progress");
-                pos += n;
+            // Samples of the events of a multi-event recording now and then.
+            if buf.len() >= 16 && next() % 2 == 0 {
+                buf[8..16].copy_from_slice(&(next() % 5).to_ne_bytes());
             }
-            for (k, misc, rec) in split_records(&buf) {
-                let _ = parse_record(&layout, k, misc, rec);
-            }
-            for (k, misc, rec) in split_records(&out) {
-                let _ = parse_record(&layout, k, misc, rec);
+            for layout in [&single, &multi] {
+                let mut out = Vec::new();
+                let mut pos = 0;
+                while pos < buf.len() {
+                    let n = compact_samples(layout, &buf[pos..], &mut out, 64);
+                    assert!(n > 0, "no progress");
+                    pos += n;
+                }
+                for (k, misc, rec) in split_records(&buf) {
+                    let _ = parse_record(layout, k, misc, rec);
+                }
+                for (k, misc, rec) in split_records(&out) {
+                    let _ = parse_record(layout, k, misc, rec);
+                }
             }
         }
     }

@@ -46,6 +46,10 @@ const _: () = assert!(std::mem::size_of::<PerfEventAttr>() == PERF_ATTR_SIZE as 
 const PERF_EVENT_IOC_ENABLE: libc::c_ulong = 0x2400;
 const PERF_EVENT_IOC_DISABLE: libc::c_ulong = 0x2401;
 const PERF_EVENT_IOC_SET_OUTPUT: libc::c_ulong = 0x2405;
+/// `_IOW('$', 6, char *)`.
+const PERF_EVENT_IOC_SET_FILTER: libc::c_ulong = 0x4008_2406;
+/// `_IOR('$', 7, __u64 *)`.
+const PERF_EVENT_IOC_ID: libc::c_ulong = 0x8008_2407;
 const PERF_FLAG_FD_CLOEXEC: libc::c_ulong = 1 << 3;
 
 /// `perf_event_open(attr, pid, cpu, -1, PERF_FLAG_FD_CLOEXEC)`.
@@ -95,6 +99,36 @@ pub(crate) fn perf_set_output(fd: &OwnedFd, target: &OwnedFd) -> io::Result<()> 
         PERF_EVENT_IOC_SET_OUTPUT,
         target.as_raw_fd() as libc::c_ulong,
     )
+}
+
+/// The id the kernel writes in `fd`'s samples (`PERF_SAMPLE_IDENTIFIER`),
+/// also for the copies inherited by new threads.
+pub(crate) fn perf_event_id(fd: &OwnedFd) -> io::Result<u64> {
+    let mut id = 0u64;
+    // Safety: PERF_EVENT_IOC_ID writes one u64 to the pointer given, which
+    // points to a live u64.
+    let rc = unsafe { libc::ioctl(fd.as_raw_fd(), PERF_EVENT_IOC_ID as _, &mut id as *mut u64) };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(id)
+}
+
+/// Set a tracepoint event's filter (`id == 1 || id == 2`).
+pub(crate) fn perf_set_filter(fd: &OwnedFd, filter: &CStr) -> io::Result<()> {
+    // Safety: the kernel reads a NUL-terminated string from the pointer,
+    // which points to a live CStr.
+    let rc = unsafe {
+        libc::ioctl(
+            fd.as_raw_fd(),
+            PERF_EVENT_IOC_SET_FILTER as _,
+            filter.as_ptr(),
+        )
+    };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 /// A perf ring buffer: one metadata page, then `data_size` bytes of data.

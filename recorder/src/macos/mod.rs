@@ -77,6 +77,13 @@ pub(crate) fn record(
     token: &StopToken,
     reporter: &dyn Reporter,
 ) -> Result<RecordSummary, RecordError> {
+    if options.syscalls.is_some() || options.off_cpu.is_some() || !options.cpu {
+        return Err(RecordError::Unsupported(
+            "syscall tracing and off-CPU recording use Linux's tracepoints and context-switch \
+             events; on macOS only CPU samples are recorded"
+                .into(),
+        ));
+    }
     if options.event == CpuEvent::Cycles {
         return Err(RecordError::InvalidOption(
             "the macOS backend samples with a timer; --event cycles is Linux only".into(),

@@ -3,12 +3,11 @@
 
 use super::support::{
     assert_exit_code, assert_samples_plausible, build_threads, has_child_running, load, os, rec,
-    rec_command, root_pid, samples, wait_for_a_readable_sample,
+    rec_command, recorder_for_nobody, root_pid, samples, wait_for_a_readable_sample,
 };
 use lrnprof_format::{ProcessEvent, Record, Target};
 use lrnprof_tests::{
-    has_program, is_root, lrnprof_rec, remove_scratch_dir, require_perf, scratch_dir, skip,
-    wait_until,
+    has_program, is_root, remove_scratch_dir, require_perf, scratch_dir, skip, wait_until,
 };
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
@@ -132,13 +131,7 @@ fn another_users_process_is_refused_with_advice() {
         skip!("needs Linux, root and runuser to act as the user nobody");
     }
     let dir = scratch_dir("rec-perm");
-    let rec_copy = dir.join("lrnprof-rec");
-    std::fs::copy(lrnprof_rec(), &rec_copy).unwrap();
-    let _ = Command::new("chmod")
-        .arg("-R")
-        .arg("a+rwx")
-        .arg(&dir)
-        .status();
+    let rec_copy = recorder_for_nobody(&dir);
     let mut victim = Command::new("sleep").arg("30").spawn().unwrap();
     let out = dir.join("t.lpt");
     let result = Command::new("runuser")

@@ -300,3 +300,16 @@ pub(super) fn holds_open(pid: u32, file: &Path) -> bool {
             .any(|fd| std::fs::read_link(fd.path()).is_ok_and(|target| target == file))
     })
 }
+
+/// A copy of `lrnprof-rec` in `dir` that the user `nobody` can run, for
+/// tests of what an unprivileged user is told (`dir` is opened to all).
+pub(super) fn recorder_for_nobody(dir: &Path) -> PathBuf {
+    let copy = dir.join("lrnprof-rec");
+    std::fs::copy(lrnprof_rec(), &copy).unwrap();
+    let _ = Command::new("chmod")
+        .arg("-R")
+        .arg("a+rwx")
+        .arg(dir)
+        .status();
+    copy
+}

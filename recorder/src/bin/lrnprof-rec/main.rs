@@ -10,12 +10,13 @@ mod terminal;
 use anyhow::Result;
 use clap::Parser;
 use lrnprof_recorder::{
-    record, CpuEvent, EmbedLevel, RecordOptions, StopToken, TargetSpec, DEFAULT_FREQUENCY_HZ,
-    DEFAULT_STACK_SIZE,
+    record, CpuEvent, EmbedLevel, OffCpuOptions, RecordOptions, StopToken, SyscallOptions,
+    TargetSpec, DEFAULT_FREQUENCY_HZ, DEFAULT_OFF_CPU_STACK_SIZE, DEFAULT_STACK_SIZE,
+    DEFAULT_SYSCALL_STACK_SIZE,
 };
 use std::ffi::OsString;
 use std::io::IsTerminal;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -53,8 +54,9 @@ struct Args {
     #[arg(long, default_value_t = DEFAULT_STACK_SIZE)]
     stack_size: u32,
 
-    /// Also record the kernel's frame-pointer callchain of each sample, so
-    /// stacks deeper than the stack copy can still be followed.
+    /// Also record the kernel's frame-pointer callchain of each CPU sample
+    /// and switch-out, so stacks deeper than the stack copy can still be
+    /// followed (syscalls: --syscall-callchain).
     #[arg(long, default_value = "on", value_parser = ["on", "off"])]
     callchain: String,
 
@@ -64,6 +66,42 @@ struct Args {
     /// DWARF, for file:line and inline frames).
     #[arg(long, default_value = "symbols", value_parser = clap::value_parser!(EmbedLevel))]
     embed: EmbedLevel,
+
+    /// Do not take CPU samples (record only --syscalls and/or --off-cpu).
+    #[arg(long)]
+    no_cpu: bool,
+
+    /// Trace every system call of the target's threads (Linux, through the
+    /// kernel's tracepoints; needs root or CAP_PERFMON): number, arguments,
+    /// return value, duration, and the stack at entry.
+    #[arg(long)]
+    syscalls: bool,
+
+    /// Trace only these syscalls: names and classes, comma-separated
+    /// (write,openat,%network; classes file, network, process, memory,
+    /// signal, ipc). Implies --syscalls.
+    #[arg(long, value_name = "LIST")]
+    syscall_filter: Vec<String>,
+
+    /// Most bytes of user stack copied at each syscall's entry (0: none,
+    /// registers and the frame-pointer callchain only).
+    #[arg(long, value_name = "BYTES", default_value_t = DEFAULT_SYSCALL_STACK_SIZE)]
+    syscall_stack_size: u32,
+
+    /// Also take the kernel's frame-pointer callchain at each syscall entry
+    /// (stacks deeper than the copy, in code with frame pointers; costs
+    /// about a third more per call).
+    #[arg(long)]
+    syscall_callchain: bool,
+
+    /// Record off-CPU time (Linux; needs root or CAP_PERFMON): the stack
+    /// at each switch-out of a target thread and how long until it runs again.
+    #[arg(long)]
+    off_cpu: bool,
+
+    /// Most bytes of user stack copied at each switch-out.
+    #[arg(long, value_name = "BYTES", default_value_t = DEFAULT_OFF_CPU_STACK_SIZE)]
+    off_cpu_stack_size: u32,
 
     /// The command to launch and record, after `--`.
     #[arg(last = true, value_name = "CMD")]
@@ -105,6 +143,16 @@ fn run(args: Args) -> Result<ExitCode> {
         stack_size: args.stack_size,
         kernel_callchain: args.callchain == "on",
         embed: args.embed,
+        cpu: !args.no_cpu,
+        syscalls: (args.syscalls || !args.syscall_filter.is_empty()).then(|| SyscallOptions {
+            filter: args.syscall_filter,
+            stack_size: args.syscall_stack_size,
+            callchain: args.syscall_callchain,
+            ..SyscallOptions::default()
+        }),
+        off_cpu: args.off_cpu.then_some(OffCpuOptions {
+            stack_size: args.off_cpu_stack_size,
+        }),
     };
     if cfg!(target_os = "linux") {
         raise_open_file_limit();
@@ -118,10 +166,49 @@ fn run(args: Args) -> Result<ExitCode> {
     drop(terminal);
     let summary = recorded?;
     eprintln!("{summary}");
+    if summary.samples > 0 {
+        eprintln!(
+            "lrnprof-rec: to see the profile: {}",
+            view_command(&summary.out, has_display())
+        );
+    }
     Ok(match summary.target_exit {
         Some(exit) => ExitCode::from(exit.shell_code().clamp(0, 255) as u8),
         None => ExitCode::SUCCESS,
     })
+}
+
+/// The one command that shows a profile of `trace`: its flame graph in the
+/// browser where there is a display, else (a server, over ssh) the table
+/// of its hottest functions in the terminal.
+fn view_command(trace: &Path, display: bool) -> String {
+    let trace = shell_quote(&trace.display().to_string());
+    if display {
+        format!("lrnprof-analyze {trace} --format svg --open")
+    } else {
+        format!("lrnprof-analyze top {trace}")
+    }
+}
+
+/// Whether a browser can be shown: a graphical session on Linux, a Mac
+/// not reached over ssh.
+fn has_display() -> bool {
+    let set = |name: &str| std::env::var_os(name).is_some_and(|v| !v.is_empty());
+    if cfg!(target_os = "macos") {
+        !set("SSH_CONNECTION")
+    } else {
+        set("DISPLAY") || set("WAYLAND_DISPLAY")
+    }
+}
+
+/// `s` as one word for a POSIX shell.
+fn shell_quote(s: &str) -> String {
+    let plain = |c: char| c.is_ascii_alphanumeric() || "_./-+:,@%=".contains(c);
+    if !s.is_empty() && s.chars().all(plain) {
+        s.to_string()
+    } else {
+        format!("'{}'", s.replace('\'', r"'\''"))
+    }
 }
 
 /// Raise the soft limit of open files to the hard limit: attaching on
@@ -138,5 +225,27 @@ fn raise_open_file_limit() {
             lim.rlim_cur = lim.rlim_max;
             libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn view_command_fits_the_machine_and_the_shell() {
+        let trace = Path::new("runs/trace.lpt");
+        assert_eq!(
+            view_command(trace, true),
+            "lrnprof-analyze runs/trace.lpt --format svg --open"
+        );
+        assert_eq!(
+            view_command(trace, false),
+            "lrnprof-analyze top runs/trace.lpt"
+        );
+        assert_eq!(
+            view_command(Path::new("my trace's.lpt"), false),
+            r"lrnprof-analyze top 'my trace'\''s.lpt'"
+        );
     }
 }

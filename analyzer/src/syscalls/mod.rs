@@ -1,0 +1,451 @@
+//! `lrnprof-analyze syscalls`: what the traced system calls did, like
+//! `strace -c` (calls, errors, time per syscall) and per call site: the
+//! first frame of the entry's stack outside the C library and the vDSO,
+//! that is the function that called the libc wrapper, with its file:line
+//! when debug info has it. Calls far slower than their call site's usual
+//! duration are listed.
+//!
+//! Counts, errors and durations come from every recorded entry and exit
+//! (exact unless the trace lost events, which the report says); call
+//! sites come from unwinding each entry's stack copy.
+
+mod render;
+
+use crate::error::AnalyzeError;
+use crate::options::{AnalyzeOptions, Progress};
+use crate::outcomes::Outcome;
+use crate::pipeline::{for_each_sample_chunk, open, pool, prepare, FrameKey, Prepared, TraceBytes};
+use crate::symbolicate::symbolicate;
+use crate::unwind::ArchCache;
+use lrnprof_format::{
+    errno_name, is_syscall_error, resolve_syscall_filter, syscall_name, Pid, SampleDetail,
+    SampleKind, Tid, Timestamp, TraceReader,
+};
+use rayon::prelude::*;
+use serde::Serialize;
+use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
+
+/// Options of [`syscall_report`].
+#[derive(Debug, Clone)]
+pub struct SyscallReportOptions {
+    /// Image data, workers, and which threads and time range to keep
+    /// ([`AnalyzeOptions::filter`]).
+    pub analyze: AnalyzeOptions,
+    /// Syscall names and classes to keep (`write`, `%file`, `network`);
+    /// empty for all.
+    pub syscalls: Vec<String>,
+    /// A call is unusually slow when it takes this many times its call
+    /// site's median duration (for the same syscall) or more...
+    pub slow_factor: f64,
+    /// ...and at least this many nanoseconds more than that median.
+    pub slow_min_excess_ns: u64,
+    /// The most slow calls listed per syscall (the slowest relative to
+    /// their median first).
+    pub slow_limit: usize,
+}
+
+impl Default for SyscallReportOptions {
+    fn default() -> Self {
+        SyscallReportOptions {
+            analyze: AnalyzeOptions::default(),
+            syscalls: Vec::new(),
+            slow_factor: 10.0,
+            slow_min_excess_ns: 1_000_000,
+            slow_limit: 10,
+        }
+    }
+}
+
+/// What the traced system calls did.
+#[derive(Debug, Clone, Serialize)]
+pub struct SyscallReport {
+    /// Per syscall, the most time first.
+    pub syscalls: Vec<SyscallStats>,
+    /// All kept calls.
+    pub calls: u64,
+    /// Of which failed.
+    pub errors: u64,
+    /// Their total duration, ns.
+    pub total_ns: u64,
+    /// Events the kernel or recorder dropped: when not 0, counts are lower
+    /// bounds and some durations run to the next entry of their thread.
+    pub lost: u64,
+    /// Things the user should know (lost events, missing images).
+    pub warnings: Vec<String>,
+}
+
+/// One syscall's calls.
+#[derive(Debug, Clone, Serialize)]
+pub struct SyscallStats {
+    /// Its name (`syscall_NR` when the trace's architecture has none).
+    pub syscall: String,
+    /// Its number on the trace's architecture.
+    pub nr: u32,
+    /// Calls.
+    pub calls: u64,
+    /// Calls that returned an error (`-4095..=-1`).
+    pub errors: u64,
+    /// Errors per errno name (`ENOENT`, or `E<number>`).
+    pub errnos: BTreeMap<String, u64>,
+    /// Calls whose return was not recorded (the thread exited in the call,
+    /// as `exit_group` always does, or recording ended); their duration
+    /// runs until then.
+    pub unfinished: u64,
+    /// Total duration, ns.
+    pub total_ns: u64,
+    /// Mean duration, ns.
+    pub avg_ns: u64,
+    /// Longest call, ns.
+    pub max_ns: u64,
+    /// Share of all kept calls' time, percent.
+    pub time_pct: f64,
+    /// Where the calls were made, the most time first.
+    pub call_sites: Vec<SiteStats>,
+    /// Calls far slower than their call site's median.
+    pub slow_calls: Vec<SlowCall>,
+}
+
+/// A call site: the first frame outside libc and the vDSO.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+pub struct CallSite {
+    /// The calling function (innermost inline level), or `image+0xOFFSET`.
+    pub function: String,
+    /// Its source file, when debug info has it.
+    pub file: Option<String>,
+    /// The line of the call, when debug info has it.
+    pub line: Option<u32>,
+}
+
+/// One syscall's calls from one call site.
+#[derive(Debug, Clone, Serialize)]
+pub struct SiteStats {
+    /// Where.
+    #[serde(flatten)]
+    pub site: CallSite,
+    /// Calls.
+    pub calls: u64,
+    /// Calls that failed.
+    pub errors: u64,
+    /// Total duration, ns.
+    pub total_ns: u64,
+    /// Median duration, ns.
+    pub median_ns: u64,
+    /// Longest call, ns.
+    pub max_ns: u64,
+}
+
+/// A call far slower than its call site's usual.
+#[derive(Debug, Clone, Serialize)]
+pub struct SlowCall {
+    /// When it was made, seconds since the recording started.
+    pub time_s: f64,
+    /// The process.
+    pub pid: u32,
+    /// The thread.
+    pub tid: u32,
+    /// How long it took, ns.
+    pub duration_ns: u64,
+    /// Its call site's median for this syscall, ns.
+    pub median_ns: u64,
+    /// Where.
+    #[serde(flatten)]
+    pub site: CallSite,
+}
+
+/// One call as collected: its syscall, where and what became of it.
+struct Call {
+    nr: u32,
+    site: Option<FrameKey>,
+    pid: Pid,
+    tid: Tid,
+    time: Timestamp,
+    duration_ns: u64,
+    /// The return value, when the exit was recorded.
+    ret: Option<i64>,
+}
+
+/// Analyze the system calls recorded in the trace at `path`.
+pub fn syscall_report(
+    path: &Path,
+    options: &SyscallReportOptions,
+    progress: &dyn Progress,
+) -> Result<SyscallReport, AnalyzeError> {
+    let reader = open(path, &options.analyze)?;
+    if reader.header().events.syscalls.is_none() {
+        return Err(AnalyzeError::NoSyscalls);
+    }
+    let arch = reader.header().arch;
+    let keep_nrs = resolve_syscall_filter(arch, options.syscalls.iter().map(String::as_str))
+        .map_err(|e| AnalyzeError::SyscallFilter(e.to_string()))?;
+    let pool = pool(options.analyze.jobs)?;
+    let report = pool.install(|| {
+        let prepared = prepare(&reader, &options.analyze, progress, &|b| {
+            reader.data().release(b)
+        });
+        let calls = collect(&reader, &prepared, options, &keep_nrs, progress);
+        build(prepared, calls, options, progress)
+    });
+    progress.finish();
+    if report.calls == 0 && (!keep_nrs.is_empty() || options.analyze.filter != Default::default()) {
+        let mut what = options.analyze.filter.describe();
+        if !options.syscalls.is_empty() {
+            what = format!("{what}, syscalls {}", options.syscalls.join(","));
+        }
+        return Err(AnalyzeError::NothingSelected(what));
+    }
+    Ok(report)
+}
+
+/// Every kept syscall entry with its outcome and call-site frame.
+fn collect(
+    reader: &TraceReader<TraceBytes>,
+    prepared: &Prepared,
+    options: &SyscallReportOptions,
+    keep_nrs: &[u32],
+    progress: &dyn Progress,
+) -> Vec<Call> {
+    let total = reader.blocks().len() as u64;
+    let mut calls = Vec::new();
+    let keep = |s: &lrnprof_format::Sample| match s.detail {
+        SampleDetail::Syscall { nr, .. } => {
+            s.kind == SampleKind::Syscall
+                && (keep_nrs.is_empty() || keep_nrs.binary_search(&nr).is_ok())
+                && prepared.selected(&options.analyze.filter, s)
+        }
+        _ => false,
+    };
+    for_each_sample_chunk(reader, keep, |samples, done| {
+        let chunk: Vec<Call> = samples
+            .par_iter()
+            .map_init(
+                || ArchCache::new(prepared.arch),
+                |cache, s| {
+                    let unwound = prepared.unwind(cache, s);
+                    let keys = prepared.frame_keys(s, &unwound.frames);
+                    let outcome = prepared
+                        .timeline
+                        .outcomes
+                        .get(&(s.pid, s.tid, s.time, s.kind));
+                    let (duration_ns, ret) = match outcome {
+                        Some(Outcome::Returned { duration_ns, ret }) => (*duration_ns, Some(*ret)),
+                        Some(o) => (o.duration_ns(), None),
+                        None => (0, None),
+                    };
+                    Call {
+                        nr: match s.detail {
+                            SampleDetail::Syscall { nr, .. } => nr,
+                            _ => unreachable!("only syscall entries are kept"),
+                        },
+                        site: call_site(prepared, &keys),
+                        pid: s.pid,
+                        tid: s.tid,
+                        time: s.time,
+                        duration_ns,
+                        ret,
+                    }
+                },
+            )
+            .collect();
+        calls.extend(chunk);
+        progress.update("unwinding", done, total);
+    });
+    calls
+}
+
+/// The first frame outside the C library, the dynamic loader and the
+/// vDSO: the code that asked for the syscall. When unwinding never left
+/// them, the outermost frame found.
+fn call_site(prepared: &Prepared, keys: &[FrameKey]) -> Option<FrameKey> {
+    keys.iter()
+        .find(|k| {
+            k.image()
+                .is_none_or(|i| !is_system_wrapper(&prepared.images[i as usize].key.path))
+        })
+        .or(keys.last())
+        .copied()
+}
+
+/// Whether an image holds syscall wrappers rather than the code that
+/// calls them: the C library (glibc, musl), its threads library, the
+/// dynamic loader, the vDSO.
+fn is_system_wrapper(path: &str) -> bool {
+    let name = path.rsplit('/').next().unwrap_or(path);
+    [
+        "libc.so",
+        "libc-",
+        "libpthread",
+        "ld-linux",
+        "ld-musl",
+        "libc.musl",
+        "linux-vdso",
+    ]
+    .iter()
+    .any(|p| name.starts_with(p))
+        || name == "[vdso]"
+}
+
+/// Symbolicate the call sites and add everything up.
+fn build(
+    prepared: Prepared,
+    calls: Vec<Call>,
+    options: &SyscallReportOptions,
+    progress: &dyn Progress,
+) -> SyscallReport {
+    // Each distinct frame symbolicated once.
+    let mut frames: Vec<FrameKey> = Vec::new();
+    let mut frame_ids: HashMap<FrameKey, usize> = HashMap::new();
+    for c in &calls {
+        if let Some(k) = c.site {
+            frame_ids.entry(k).or_insert_with(|| {
+                frames.push(k);
+                frames.len() - 1
+            });
+        }
+    }
+    let resolved = symbolicate(
+        &frames,
+        &prepared.images,
+        &prepared.jit_maps,
+        !options.analyze.no_inline,
+        progress,
+    );
+    let unknown = CallSite {
+        function: "(no stack)".into(),
+        file: None,
+        line: None,
+    };
+    let sites: Vec<CallSite> = resolved
+        .into_iter()
+        .map(|(lines, _)| match lines.into_iter().next() {
+            Some(l) => CallSite {
+                function: l.function,
+                file: l.file,
+                line: l.line,
+            },
+            None => unknown.clone(),
+        })
+        .collect();
+    let site_of = |c: &Call| c.site.map_or(&unknown, |k| &sites[frame_ids[&k]]).clone();
+
+    let arch = prepared.timeline.header.arch;
+    let start = prepared.timeline.header.start_time;
+    let mut per_nr: BTreeMap<u32, Vec<&Call>> = BTreeMap::new();
+    for c in &calls {
+        per_nr.entry(c.nr).or_default().push(c);
+    }
+    let grand_total: u64 = calls.iter().map(|c| c.duration_ns).sum();
+    let mut syscalls: Vec<SyscallStats> = per_nr
+        .into_iter()
+        .map(|(nr, calls)| {
+            let mut stats = syscall_stats(arch, nr, &calls, grand_total);
+            let mut by_site: BTreeMap<CallSite, Vec<&Call>> = BTreeMap::new();
+            for c in &calls {
+                by_site.entry(site_of(c)).or_default().push(c);
+            }
+            let mut slow = Vec::new();
+            for (site, calls) in by_site {
+                let mut durations: Vec<u64> = calls.iter().map(|c| c.duration_ns).collect();
+                durations.sort_unstable();
+                let median = durations[durations.len() / 2];
+                let threshold = (median as f64 * options.slow_factor)
+                    .max((median + options.slow_min_excess_ns) as f64);
+                for c in calls.iter().filter(|c| c.duration_ns as f64 >= threshold) {
+                    slow.push(SlowCall {
+                        time_s: c.time.0.saturating_sub(start.0) as f64 / 1e9,
+                        pid: c.pid.0,
+                        tid: c.tid.0,
+                        duration_ns: c.duration_ns,
+                        median_ns: median,
+                        site: site.clone(),
+                    });
+                }
+                stats.call_sites.push(SiteStats {
+                    site,
+                    calls: calls.len() as u64,
+                    errors: calls.iter().filter(|c| failed(c)).count() as u64,
+                    total_ns: durations.iter().sum(),
+                    median_ns: median,
+                    max_ns: durations.last().copied().unwrap_or(0),
+                });
+            }
+            stats
+                .call_sites
+                .sort_by(|a, b| b.total_ns.cmp(&a.total_ns).then(a.site.cmp(&b.site)));
+            // The slowest relative to their site's median first.
+            slow.sort_by(|a, b| {
+                let ratio = |s: &SlowCall| s.duration_ns as f64 / s.median_ns.max(1) as f64;
+                ratio(b)
+                    .total_cmp(&ratio(a))
+                    .then(a.time_s.total_cmp(&b.time_s))
+            });
+            slow.truncate(options.slow_limit);
+            stats.slow_calls = slow;
+            stats
+        })
+        .collect();
+    syscalls.sort_by(|a, b| {
+        b.total_ns
+            .cmp(&a.total_ns)
+            .then(b.calls.cmp(&a.calls))
+            .then(a.syscall.cmp(&b.syscall))
+    });
+    let lost = prepared.timeline.lost;
+    let mut warnings = prepared.warnings;
+    if lost > 0 {
+        warnings.push(format!(
+            "{lost} events were lost while recording: counts are lower bounds, and a call \
+             whose return was lost runs until its thread's next call"
+        ));
+    }
+    SyscallReport {
+        calls: calls.len() as u64,
+        errors: calls.iter().filter(|c| failed(c)).count() as u64,
+        total_ns: grand_total,
+        syscalls,
+        lost,
+        warnings,
+    }
+}
+
+fn failed(c: &Call) -> bool {
+    c.ret.is_some_and(is_syscall_error)
+}
+
+/// Totals of one syscall's calls (call sites and slow calls left empty).
+fn syscall_stats(
+    arch: lrnprof_format::Arch,
+    nr: u32,
+    calls: &[&Call],
+    grand_total: u64,
+) -> SyscallStats {
+    let mut errnos = BTreeMap::new();
+    for c in calls.iter().filter(|c| failed(c)) {
+        let errno = c.ret.map_or(0, |r| r.unsigned_abs() as u32);
+        let name = errno_name(errno).map_or_else(|| format!("E{errno}"), str::to_string);
+        *errnos.entry(name).or_insert(0) += 1;
+    }
+    let total_ns: u64 = calls.iter().map(|c| c.duration_ns).sum();
+    let n = calls.len() as u64;
+    SyscallStats {
+        syscall: syscall_name(arch, nr).map_or_else(|| format!("syscall_{nr}"), str::to_string),
+        nr,
+        calls: n,
+        errors: errnos.values().sum(),
+        errnos,
+        unfinished: calls.iter().filter(|c| c.ret.is_none()).count() as u64,
+        total_ns,
+        avg_ns: total_ns.checked_div(n).unwrap_or(0),
+        max_ns: calls.iter().map(|c| c.duration_ns).max().unwrap_or(0),
+        time_pct: if grand_total == 0 {
+            0.0
+        } else {
+            100.0 * total_ns as f64 / grand_total as f64
+        },
+        call_sites: Vec::new(),
+        slow_calls: Vec::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests;

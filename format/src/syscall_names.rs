@@ -1,0 +1,461 @@
+//! Names and classes of system call numbers, per trace architecture.
+//!
+//! A trace stores syscall numbers as its architecture numbers them
+//! ([`SampleDetail::Syscall`](crate::SampleDetail::Syscall),
+//! [`SyscallExitRecord`](crate::SyscallExitRecord),
+//! [`SyscallSettings::filter`](crate::SyscallSettings::filter)): the
+//! recorder resolves the names a user filters by with this module, and the
+//! analyzer names the numbers it shows, for the trace's architecture
+//! whatever machine it runs on. The tables come from the `syscalls` crate
+//! (generated from the kernel's own tables); the classes follow strace's
+//! (`%file`, `%network`, ...) so filters mean the same in both tools.
+
+use crate::Arch;
+use std::fmt;
+use std::str::FromStr;
+
+/// The name of syscall `nr` on `arch` (`write`, `openat`), if it has one.
+pub fn syscall_name(arch: Arch, nr: u32) -> Option<&'static str> {
+    let nr = usize::try_from(nr).ok()?;
+    match arch {
+        Arch::X86_64 => syscalls::x86_64::Sysno::new(nr).map(|s| s.name()),
+        Arch::Aarch64 => syscalls::aarch64::Sysno::new(nr).map(|s| s.name()),
+    }
+}
+
+/// The number of the syscall called `name` on `arch`, if there is one.
+pub fn syscall_number(arch: Arch, name: &str) -> Option<u32> {
+    let id = match arch {
+        Arch::X86_64 => syscalls::x86_64::Sysno::from_str(name).ok()?.id(),
+        Arch::Aarch64 => syscalls::aarch64::Sysno::from_str(name).ok()?.id(),
+    };
+    u32::try_from(id).ok()
+}
+
+/// Every syscall of `arch` as (number, name), by number.
+pub fn syscall_table(arch: Arch) -> Vec<(u32, &'static str)> {
+    match arch {
+        Arch::X86_64 => syscalls::x86_64::Sysno::iter()
+            .map(|s| (s.id() as u32, s.name()))
+            .collect(),
+        Arch::Aarch64 => syscalls::aarch64::Sysno::iter()
+            .map(|s| (s.id() as u32, s.name()))
+            .collect(),
+    }
+}
+
+/// A group of related syscalls, as strace groups them for its `-e trace=`
+/// filters (`%file` and so on).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum SyscallClass {
+    /// Syscalls that take a file name (`openat`, `stat`, `unlink`, `execve`, ...).
+    File,
+    /// Sockets (`socket`, `connect`, `sendto`, ...).
+    Network,
+    /// Process lifecycle (`clone`, `execve`, `wait4`, `exit_group`, `kill`, ...).
+    Process,
+    /// Memory mapping (`mmap`, `munmap`, `brk`, `mprotect`, ...).
+    Memory,
+    /// Signals (`rt_sigaction`, `rt_sigprocmask`, `kill`, ...).
+    Signal,
+    /// System V IPC (`msgsnd`, `semop`, `shmat`, ...).
+    Ipc,
+}
+
+impl SyscallClass {
+    /// Every class.
+    pub const ALL: [SyscallClass; 6] = [
+        SyscallClass::File,
+        SyscallClass::Network,
+        SyscallClass::Process,
+        SyscallClass::Memory,
+        SyscallClass::Signal,
+        SyscallClass::Ipc,
+    ];
+
+    /// The class's name as filters spell it (`file`, `network`, ...).
+    pub fn name(self) -> &'static str {
+        match self {
+            SyscallClass::File => "file",
+            SyscallClass::Network => "network",
+            SyscallClass::Process => "process",
+            SyscallClass::Memory => "memory",
+            SyscallClass::Signal => "signal",
+            SyscallClass::Ipc => "ipc",
+        }
+    }
+
+    /// The names of the class's syscalls (some exist on one architecture
+    /// only).
+    pub fn members(self) -> &'static [&'static str] {
+        match self {
+            SyscallClass::File => FILE,
+            SyscallClass::Network => NETWORK,
+            SyscallClass::Process => PROCESS,
+            SyscallClass::Memory => MEMORY,
+            SyscallClass::Signal => SIGNAL,
+            SyscallClass::Ipc => IPC,
+        }
+    }
+
+    /// Whether the syscall called `name` is in this class.
+    pub fn contains(self, name: &str) -> bool {
+        self.members().contains(&name)
+    }
+
+    /// The numbers of the class's syscalls on `arch`, ascending.
+    pub fn numbers(self, arch: Arch) -> Vec<u32> {
+        let mut v: Vec<u32> = self
+            .members()
+            .iter()
+            .filter_map(|n| syscall_number(arch, n))
+            .collect();
+        v.sort_unstable();
+        v.dedup();
+        v
+    }
+}
+
+impl fmt::Display for SyscallClass {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for SyscallClass {
+    type Err = ();
+
+    /// `file` or `%file`; strace's `%net` is accepted for `network`.
+    fn from_str(s: &str) -> Result<Self, ()> {
+        let s = s.strip_prefix('%').unwrap_or(s);
+        if s == "net" {
+            return Ok(SyscallClass::Network);
+        }
+        SyscallClass::ALL
+            .into_iter()
+            .find(|c| c.name() == s)
+            .ok_or(())
+    }
+}
+
+/// A syscall filter that names no syscall or class of `arch`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnknownSyscall {
+    /// The word as given.
+    pub word: String,
+}
+
+impl fmt::Display for UnknownSyscall {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{:?} is neither a syscall of this architecture nor a class (file, network, \
+             process, memory, signal, ipc; written file or %file)",
+            self.word
+        )
+    }
+}
+
+/// The syscall numbers of `arch` that a comma-separated list of syscall
+/// names and classes (`write,openat,%network`) selects, ascending. A word
+/// that is both a syscall's name and a class's is the syscall, unless
+/// written with `%`.
+pub fn resolve_syscall_filter<'a>(
+    arch: Arch,
+    words: impl IntoIterator<Item = &'a str>,
+) -> Result<Vec<u32>, UnknownSyscall> {
+    let mut numbers = Vec::new();
+    for word in words
+        .into_iter()
+        .flat_map(|w| w.split(','))
+        .map(str::trim)
+        .filter(|w| !w.is_empty())
+    {
+        if !word.starts_with('%') {
+            if let Some(nr) = syscall_number(arch, word) {
+                numbers.push(nr);
+                continue;
+            }
+        }
+        match SyscallClass::from_str(word) {
+            Ok(class) => numbers.extend(class.numbers(arch)),
+            Err(()) => {
+                return Err(UnknownSyscall {
+                    word: word.to_string(),
+                })
+            }
+        }
+    }
+    numbers.sort_unstable();
+    numbers.dedup();
+    Ok(numbers)
+}
+
+/// The name of Linux errno `errno` (`ENOENT`), the same on both trace
+/// architectures (they use the kernel's generic numbers).
+pub fn errno_name(errno: u32) -> Option<&'static str> {
+    let errno = i32::try_from(errno).ok()?;
+    syscalls::Errno::new(errno).name()
+}
+
+/// Whether a raw return value is an error: Linux returns `-errno`, and
+/// errnos are below 4096.
+pub fn is_syscall_error(ret: i64) -> bool {
+    (-4095..=-1).contains(&ret)
+}
+
+// The classes' members: syscalls by what they do (their arguments and
+// effect), the same grouping strace documents for its classes.
+
+const FILE: &[&str] = &[
+    "open",
+    "openat",
+    "openat2",
+    "creat",
+    "stat",
+    "lstat",
+    "newfstatat",
+    "statx",
+    "access",
+    "faccessat",
+    "faccessat2",
+    "chdir",
+    "chroot",
+    "chmod",
+    "fchmodat",
+    "fchmodat2",
+    "chown",
+    "lchown",
+    "fchownat",
+    "link",
+    "linkat",
+    "symlink",
+    "symlinkat",
+    "unlink",
+    "unlinkat",
+    "rename",
+    "renameat",
+    "renameat2",
+    "mkdir",
+    "mkdirat",
+    "rmdir",
+    "mknod",
+    "mknodat",
+    "readlink",
+    "readlinkat",
+    "truncate",
+    "utime",
+    "utimes",
+    "utimensat",
+    "futimesat",
+    "execve",
+    "execveat",
+    "mount",
+    "umount2",
+    "swapon",
+    "swapoff",
+    "statfs",
+    "setxattr",
+    "lsetxattr",
+    "getxattr",
+    "lgetxattr",
+    "listxattr",
+    "llistxattr",
+    "removexattr",
+    "lremovexattr",
+    "setxattrat",
+    "getxattrat",
+    "listxattrat",
+    "removexattrat",
+    "acct",
+    "pivot_root",
+    "name_to_handle_at",
+    "inotify_add_watch",
+    "fanotify_mark",
+    "uselib",
+    "quotactl",
+    "open_tree",
+    "open_tree_attr",
+    "move_mount",
+    "mount_setattr",
+    "fsmount",
+    "fspick",
+    "file_getattr",
+    "file_setattr",
+];
+
+const NETWORK: &[&str] = &[
+    "socket",
+    "socketpair",
+    "bind",
+    "connect",
+    "listen",
+    "accept",
+    "accept4",
+    "getsockname",
+    "getpeername",
+    "sendto",
+    "recvfrom",
+    "sendmsg",
+    "recvmsg",
+    "sendmmsg",
+    "recvmmsg",
+    "shutdown",
+    "setsockopt",
+    "getsockopt",
+];
+
+const PROCESS: &[&str] = &[
+    "fork",
+    "vfork",
+    "clone",
+    "clone3",
+    "execve",
+    "execveat",
+    "exit",
+    "exit_group",
+    "wait4",
+    "waitid",
+    "kill",
+    "tkill",
+    "tgkill",
+    "rt_sigqueueinfo",
+    "rt_tgsigqueueinfo",
+    "pidfd_open",
+    "pidfd_send_signal",
+    "unshare",
+    "setns",
+];
+
+const MEMORY: &[&str] = &[
+    "brk",
+    "mmap",
+    "munmap",
+    "mremap",
+    "mprotect",
+    "pkey_mprotect",
+    "madvise",
+    "process_madvise",
+    "mlock",
+    "mlock2",
+    "munlock",
+    "mlockall",
+    "munlockall",
+    "mincore",
+    "msync",
+    "remap_file_pages",
+    "mbind",
+    "set_mempolicy",
+    "get_mempolicy",
+    "set_mempolicy_home_node",
+    "migrate_pages",
+    "move_pages",
+    "shmat",
+    "shmdt",
+    "map_shadow_stack",
+    "mseal",
+];
+
+const SIGNAL: &[&str] = &[
+    "rt_sigaction",
+    "rt_sigprocmask",
+    "rt_sigreturn",
+    "rt_sigsuspend",
+    "rt_sigpending",
+    "rt_sigtimedwait",
+    "rt_sigqueueinfo",
+    "rt_tgsigqueueinfo",
+    "sigaltstack",
+    "kill",
+    "tkill",
+    "tgkill",
+    "signalfd",
+    "signalfd4",
+    "pause",
+    "pidfd_send_signal",
+];
+
+const IPC: &[&str] = &[
+    "msgget",
+    "msgsnd",
+    "msgrcv",
+    "msgctl",
+    "semget",
+    "semop",
+    "semtimedop",
+    "semctl",
+    "shmget",
+    "shmat",
+    "shmdt",
+    "shmctl",
+];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_and_numbers_per_arch() {
+        assert_eq!(syscall_name(Arch::X86_64, 1), Some("write"));
+        assert_eq!(syscall_name(Arch::Aarch64, 64), Some("write"));
+        assert_eq!(syscall_name(Arch::Aarch64, 56), Some("openat"));
+        assert_eq!(syscall_number(Arch::X86_64, "openat"), Some(257));
+        assert_eq!(
+            syscall_number(Arch::Aarch64, "open"),
+            None,
+            "no open on arm64"
+        );
+        assert_eq!(syscall_name(Arch::X86_64, 100_000), None);
+        assert_eq!(syscall_number(Arch::X86_64, "nope"), None);
+        let table = syscall_table(Arch::X86_64);
+        assert!(table.len() > 300);
+        assert!(table.windows(2).all(|w| w[0].0 < w[1].0));
+    }
+
+    #[test]
+    fn every_class_member_exists_somewhere() {
+        for class in SyscallClass::ALL {
+            for name in class.members() {
+                assert!(
+                    syscall_number(Arch::X86_64, name).is_some()
+                        || syscall_number(Arch::Aarch64, name).is_some(),
+                    "{class}: {name}"
+                );
+            }
+            assert_eq!(SyscallClass::from_str(class.name()), Ok(class));
+            assert!(!class.numbers(Arch::Aarch64).is_empty());
+        }
+    }
+
+    #[test]
+    fn filters_mix_names_and_classes() {
+        let x = Arch::X86_64;
+        assert_eq!(resolve_syscall_filter(x, ["write,read"]), Ok(vec![0, 1]));
+        let net = resolve_syscall_filter(x, ["%network", "write"]).unwrap();
+        assert!(net.contains(&1) && net.contains(&41), "{net:?}"); // write, socket
+        assert_eq!(
+            resolve_syscall_filter(x, ["net"]),
+            resolve_syscall_filter(x, ["%network"])
+        );
+        assert_eq!(resolve_syscall_filter(x, [" ", ""]), Ok(vec![]));
+        let err = resolve_syscall_filter(x, ["write,wirte"]).unwrap_err();
+        assert_eq!(err.word, "wirte");
+        assert!(err.to_string().contains("%file"));
+    }
+
+    #[test]
+    fn errno_names() {
+        assert_eq!(errno_name(2), Some("ENOENT"));
+        assert_eq!(errno_name(9), Some("EBADF"));
+        assert_eq!(errno_name(4000), None);
+    }
+
+    #[test]
+    fn errors_are_small_negative_returns() {
+        assert!(is_syscall_error(-2));
+        assert!(is_syscall_error(-4095));
+        assert!(!is_syscall_error(-4096), "an address, e.g. from mmap");
+        assert!(!is_syscall_error(0));
+        assert!(!is_syscall_error(7));
+    }
+}

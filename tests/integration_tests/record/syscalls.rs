@@ -1,0 +1,408 @@
+//! System calls and off-CPU time end to end: `lrnprof-rec --syscalls` /
+//! `--off-cpu` on the `rec_syscalls` fixture, read back with
+//! `lrnprof-analyze syscalls` (the library and the command), compared with
+//! `strace -c -f` on the same program; a sleep's off-CPU time; a target
+//! killed in the middle of a call; the errors of an unprivileged user.
+
+use super::support::{
+    assert_exit_code, assert_success, assert_time_ordered, launch, load, load_complete,
+    recorder_for_nobody, samples, NO_FP,
+};
+use lrnprof_analyzer::{
+    analyze, syscall_report, AnalyzeOptions, NoProgress, OutputFormat, SampleFilter, SyscallReport,
+    SyscallReportOptions, ValueKind,
+};
+use lrnprof_format::{syscall_number, Arch, Record, SampleKind, Target};
+use lrnprof_tests::{
+    build_c, has_program, is_root, lrnprof_analyze, lrnprof_rec, remove_scratch_dir,
+    require_tracing, scratch_dir, skip, wait_until,
+};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+fn build(dir: &Path) -> PathBuf {
+    build_c(&["rec_syscalls.c"], NO_FP, dir, "rec_syscalls")
+}
+
+fn report(trace: &Path, filter: SampleFilter) -> SyscallReport {
+    let options = SyscallReportOptions {
+        analyze: AnalyzeOptions {
+            filter,
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    syscall_report(trace, &options, &NoProgress).expect("analyzing the syscalls")
+}
+
+/// (calls, errors) at the call site `function` for `syscall`.
+fn at_site(r: &SyscallReport, syscall: &str, function: &str) -> Option<(u64, u64)> {
+    let s = r.syscalls.iter().find(|s| s.syscall == syscall)?;
+    let site = s.call_sites.iter().find(|c| c.site.function == function)?;
+    assert!(
+        site.site
+            .file
+            .as_deref()
+            .is_some_and(|f| f.ends_with("rec_syscalls.c"))
+            && site.site.line.is_some(),
+        "{syscall} at {function}: no file:line in {:?}",
+        site.site
+    );
+    Some((site.calls, site.errors))
+}
+
+/// `strace -c -f` output: syscall -> (calls, errors).
+fn parse_strace_summary(text: &str) -> BTreeMap<String, (u64, u64)> {
+    let mut out = BTreeMap::new();
+    for line in text.lines() {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        // % time, seconds, usecs/call, calls, [errors,] syscall
+        let (calls, errors) = match f.len() {
+            5 => (f[3], "0"),
+            6 => (f[3], f[4]),
+            _ => continue,
+        };
+        let (Ok(calls), Ok(errors)) = (calls.parse(), errors.parse()) else {
+            continue;
+        };
+        if f[f.len() - 1] != "total" {
+            out.insert(f[f.len() - 1].to_string(), (calls, errors));
+        }
+    }
+    out
+}
+
+#[test]
+fn counts_and_errors_match_strace_and_calls_have_their_call_sites() {
+    require_tracing!();
+    if !has_program("strace") {
+        skip!("strace is not installed (Debian package strace)");
+    }
+    let dir = scratch_dir("rec-syscalls-counts");
+    let exe = build(&dir);
+    let out = dir.join("t.lpt");
+    let result = launch(&out, &["--syscalls"], &exe, &["counts"]);
+    assert_success(&result);
+    let (reader, records) = load_complete(&out);
+    assert_time_ordered(&records);
+    assert!(reader.header().events.syscalls.is_some());
+    let r = report(&out, SampleFilter::default());
+
+    let summary = dir.join("strace.txt");
+    let status = Command::new("strace")
+        .args(["-c", "-f", "-o"])
+        .arg(&summary)
+        .arg(&exe)
+        .arg("counts")
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let mut strace = parse_strace_summary(&std::fs::read_to_string(&summary).unwrap());
+    // Recording starts at the launched command's execve; strace leaves out
+    // calls that never return, which lrnprof counts (as unfinished).
+    strace.remove("execve");
+    let ours: BTreeMap<String, (u64, u64)> = r
+        .syscalls
+        .iter()
+        .filter(|s| !["exit_group", "exit"].contains(&s.syscall.as_str()))
+        .map(|s| (s.syscall.clone(), (s.calls, s.errors)))
+        .collect();
+    assert_eq!(ours, strace, "lrnprof vs strace -c -f (calls, errors)");
+    // Every failed open is a missing file (the loader's search of
+    // LD_LIBRARY_PATH included), every failed close a bad descriptor.
+    let errnos = |name: &str| {
+        let s = r.syscalls.iter().find(|s| s.syscall == name).unwrap();
+        (s.errnos.clone(), s.errors)
+    };
+    let (openat, errors) = errnos("openat");
+    assert_eq!(openat, BTreeMap::from([("ENOENT".to_string(), errors)]));
+    let (close, errors) = errnos("close");
+    assert_eq!(close, BTreeMap::from([("EBADF".to_string(), errors)]));
+
+    // Each call is attributed to the function that called the libc wrapper.
+    assert_eq!(at_site(&r, "openat", "failing_open"), Some((5, 5)));
+    assert_eq!(at_site(&r, "close", "bad_close"), Some((3, 3)));
+    assert_eq!(at_site(&r, "write", "null_writes"), Some((100, 0)));
+
+    // The command: CSV per call site, JSON with the documented fields.
+    let csv = Command::new(lrnprof_analyze())
+        .args(["syscalls", "--csv", "--sites", "--syscall", "write"])
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert_success(&csv);
+    let csv = String::from_utf8(csv.stdout).unwrap();
+    assert!(
+        csv.lines().any(|l| l.starts_with("write,")
+            && l.contains(",null_writes,")
+            && l.contains(",100,0,")),
+        "{csv}"
+    );
+    let json = Command::new(lrnprof_analyze())
+        .args(["syscalls", "--json"])
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert_success(&json);
+    let json = String::from_utf8(json.stdout).unwrap();
+    assert!(json.trim_start().starts_with('['), "{json}");
+    for key in ["\"syscall\"", "\"calls\"", "\"errors\"", "\"total_ns\""] {
+        assert!(json.contains(key), "{key} in {json}");
+    }
+    remove_scratch_dir(&dir);
+}
+
+#[test]
+fn calls_from_two_threads_belong_to_their_threads_and_functions() {
+    require_tracing!();
+    let dir = scratch_dir("rec-syscalls-threads");
+    let exe = build(&dir);
+    let out = dir.join("t.lpt");
+    // With CPU samples too: both kinds in one trace.
+    assert_success(&launch(&out, &["--syscalls"], &exe, &["threads"]));
+    let (reader, records) = load_complete(&out);
+    assert!(reader.header().events.cpu && reader.header().events.syscalls.is_some());
+    assert!(samples(&records)
+        .iter()
+        .all(|s| matches!(s.kind, SampleKind::Syscall | SampleKind::CpuTime)));
+    let thread = |name: &str| {
+        report(
+            &out,
+            SampleFilter {
+                thread_name: Some(name.into()),
+                ..Default::default()
+            },
+        )
+    };
+    let opener = thread("opener");
+    assert_eq!(at_site(&opener, "openat", "failing_open"), Some((5, 5)));
+    assert_eq!(at_site(&opener, "close", "bad_close"), Some((3, 3)));
+    assert!(!opener.syscalls.iter().any(|s| s.syscall == "write"));
+    let writer = thread("writer");
+    assert_eq!(at_site(&writer, "write", "null_writes"), Some((100, 0)));
+    assert_eq!(at_site(&writer, "openat", "failing_open"), None);
+    remove_scratch_dir(&dir);
+}
+
+#[test]
+fn a_one_second_sleep_is_one_second_off_cpu_in_its_function() {
+    require_tracing!();
+    let dir = scratch_dir("rec-offcpu");
+    let exe = build(&dir);
+    let out = dir.join("t.lpt");
+    assert_success(&launch(&out, &["--off-cpu"], &exe, &["sleep"]));
+    let (reader, records) = load_complete(&out);
+    assert!(reader.header().events.off_cpu.is_some());
+    assert!(records.iter().any(|r| matches!(r, Record::SwitchIn(_))));
+    let profile = analyze(
+        &out,
+        &AnalyzeOptions {
+            value: Some(ValueKind::OffCpu),
+            ..Default::default()
+        },
+        &NoProgress,
+    )
+    .unwrap();
+    // Off-CPU time sits beside CPU time, for a wall-clock view per thread.
+    assert!(profile.value_kinds.contains(&ValueKind::Cpu));
+    assert!(profile.value_kinds.contains(&ValueKind::OffCpu));
+    let mut folded = Vec::new();
+    OutputFormat::Folded
+        .writer()
+        .write(&profile, &mut folded)
+        .unwrap();
+    let folded = String::from_utf8(folded).unwrap();
+    let in_sleepy: u64 = folded
+        .lines()
+        .filter(|l| l.contains(";sleepy;") || l.contains(";sleepy "))
+        .map(|l| l.rsplit(' ').next().unwrap().parse::<u64>().unwrap())
+        .sum();
+    assert!(
+        (900_000_000..=1_100_000_000).contains(&in_sleepy),
+        "off-CPU time in sleepy: {in_sleepy} ns, not 1 s +- 10%\n{folded}"
+    );
+    remove_scratch_dir(&dir);
+}
+
+/// The fixture's pid, once it runs (its parent is the recorder).
+fn child_of(parent: u32) -> Option<u32> {
+    std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
+        let pid: u32 = e.file_name().to_str()?.parse().ok()?;
+        let stat = std::fs::read_to_string(e.path().join("stat")).ok()?;
+        let (name, rest) = stat.split_once(" (")?.1.rsplit_once(") ")?;
+        let ppid: u32 = rest.split(' ').nth(1)?.parse().ok()?;
+        (name == "rec_syscalls" && ppid == parent).then_some(pid)
+    })
+}
+
+#[test]
+fn a_target_killed_in_a_call_leaves_a_consistent_trace() {
+    require_tracing!();
+    let dir = scratch_dir("rec-syscalls-killed");
+    let exe = build(&dir);
+    let out = dir.join("t.lpt");
+    // stdin is a pipe nobody writes to: the fixture blocks in read().
+    let recorder = Command::new(lrnprof_rec())
+        .arg("--out")
+        .arg(&out)
+        .args(["--syscalls", "--off-cpu", "--"])
+        .arg(&exe)
+        .arg("block")
+        .stdin(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut pid = None;
+    wait_until("the fixture blocked in read()", || {
+        pid = pid.or_else(|| child_of(recorder.id()));
+        let read = syscall_number(
+            if cfg!(target_arch = "aarch64") {
+                Arch::Aarch64
+            } else {
+                Arch::X86_64
+            },
+            "read",
+        )
+        .unwrap();
+        pid.is_some_and(|p| {
+            std::fs::read_to_string(format!("/proc/{p}/syscall"))
+                .is_ok_and(|s| s.split(' ').next() == Some(&read.to_string()))
+        })
+    });
+    let pid = pid.unwrap();
+    assert!(Command::new("kill")
+        .args(["-KILL", &pid.to_string()])
+        .status()
+        .unwrap()
+        .success());
+    let result = recorder.wait_with_output().unwrap();
+    assert_exit_code(&result, 128 + 9);
+    let (reader, records) = load_complete(&out);
+    assert_time_ordered(&records);
+    let Target::Launch { pid: launched, .. } = reader.header().target else {
+        panic!("launched")
+    };
+    assert_eq!(launched.0, pid);
+    let r = report(&out, SampleFilter::default());
+    let read = r.syscalls.iter().find(|s| s.syscall == "read").unwrap();
+    let site = read
+        .call_sites
+        .iter()
+        .find(|c| c.site.function == "blocked_read")
+        .unwrap_or_else(|| panic!("no read at blocked_read: {:?}", read.call_sites));
+    // The call ended with the process: its return (an interrupted call)
+    // or the thread's exit closes it; it is counted once either way.
+    assert_eq!(site.calls, 1);
+    assert!(
+        !r.syscalls.iter().any(|s| s.syscall == "exit_group"),
+        "killed, not exited"
+    );
+    remove_scratch_dir(&dir);
+}
+
+#[test]
+fn attaching_traces_the_calls_made_from_then_on() {
+    require_tracing!();
+    let dir = scratch_dir("rec-syscalls-attach");
+    let exe = build(&dir);
+    let out = dir.join("t.lpt");
+    let mut target = Command::new(&exe).arg("forever").spawn().unwrap();
+    let pid = target.id().to_string();
+    let result = Command::new(lrnprof_rec())
+        .arg("--out")
+        .arg(&out)
+        .args(["--pid", &pid, "--syscalls", "--no-cpu", "--duration", "0.5"])
+        .output()
+        .unwrap();
+    let _ = target.kill();
+    let _ = target.wait();
+    assert_success(&result);
+    let (reader, _) = load_complete(&out);
+    assert!(!reader.header().events.cpu);
+    let r = report(&out, SampleFilter::default());
+    let write = r.syscalls.iter().find(|s| s.syscall == "write").unwrap();
+    assert!(write.calls > 100, "{} writes in 0.5 s", write.calls);
+    // At most the call in progress when recording stopped has no return.
+    assert!(write.unfinished <= 1, "{} unfinished", write.unfinished);
+    assert_eq!(write.call_sites.len(), 1, "{:?}", write.call_sites);
+    assert_eq!(write.call_sites[0].site.function, "writes_forever");
+    remove_scratch_dir(&dir);
+}
+
+#[test]
+fn an_unprivileged_user_is_told_what_tracing_needs() {
+    // Needs root to run the recorder as an unprivileged user.
+    if !cfg!(target_os = "linux") || !is_root() || !has_program("runuser") {
+        skip!("needs Linux, root and runuser to act as the user nobody");
+    }
+    let paranoid =
+        std::fs::read_to_string("/proc/sys/kernel/perf_event_paranoid").unwrap_or_default();
+    if paranoid.trim().parse::<i64>().is_ok_and(|p| p < 2) {
+        skip!(
+            "kernel.perf_event_paranoid is {} here: unprivileged users may trace",
+            paranoid.trim()
+        );
+    }
+    let dir = scratch_dir("rec-syscalls-perm");
+    let rec_copy = recorder_for_nobody(&dir);
+    for (flag, expect) in [
+        // tracefs is readable by root only, or perf_event_open refuses
+        // tracepoint data: either way the line says what to change.
+        ("--syscalls", ["tracefs", "--syscalls"]),
+        ("--off-cpu", ["--off-cpu", "perf_event_paranoid"]),
+    ] {
+        let out = dir.join("t.lpt");
+        let result = Command::new("runuser")
+            .args(["-u", "nobody", "--"])
+            .arg(&rec_copy)
+            .arg("--out")
+            .arg(&out)
+            .args([flag, "--", "true"])
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&result.stderr);
+        assert_eq!(result.status.code(), Some(2), "{flag}: {stderr}");
+        assert!(
+            expect.iter().any(|e| stderr.contains(e)),
+            "{flag}: {stderr}"
+        );
+        assert_eq!(stderr.trim().lines().count(), 1, "{flag}: {stderr}");
+        assert!(!out.exists(), "{flag} left a trace");
+    }
+    remove_scratch_dir(&dir);
+}
+
+#[test]
+fn every_exit_follows_its_entry() {
+    // With every event kind recorded, each thread's syscall exit comes
+    // after the entry of the same call.
+    require_tracing!();
+    let dir = scratch_dir("rec-syscalls-order");
+    let exe = build(&dir);
+    let out = dir.join("t.lpt");
+    assert_success(&launch(
+        &out,
+        &["--syscalls", "--off-cpu"],
+        &exe,
+        &["counts"],
+    ));
+    let (_, records) = load(&out);
+    let mut open: BTreeMap<u32, u32> = BTreeMap::new();
+    for r in &records {
+        match r {
+            Record::Sample(s) => {
+                if let lrnprof_format::SampleDetail::Syscall { nr, .. } = s.detail {
+                    open.insert(s.tid.0, nr);
+                }
+            }
+            Record::SyscallExit(e) => {
+                if let Some(nr) = open.remove(&e.tid.0) {
+                    assert_eq!(nr, e.nr, "an exit of another call than the last entry");
+                }
+            }
+            _ => {}
+        }
+    }
+    remove_scratch_dir(&dir);
+}
