@@ -115,7 +115,8 @@ struct Trace {
     name: String,
     path: PathBuf,
     samples: u64,
-    perf_data: Option<PathBuf>,
+    /// perf.data of the same workload, and how many samples it holds.
+    perf_data: Option<(PathBuf, u64)>,
 }
 
 /// Record the traces, then measure and compare.
@@ -140,10 +141,10 @@ pub fn run_scale(o: &ScaleOptions, progress: &mut dyn Write) -> Result<ScaleRepo
                 runs: Vec::new(),
             })
             .collect();
-        if t.perf_data.is_some() {
+        if let Some((_, perf_samples)) = &t.perf_data {
             rows.push(ScaleRow {
                 trace: t.name.clone(),
-                samples: t.samples,
+                samples: *perf_samples,
                 analyzer: Analyzer::PerfReport,
                 jobs: 1,
                 runs: Vec::new(),
@@ -157,7 +158,7 @@ pub fn run_scale(o: &ScaleOptions, progress: &mut dyn Write) -> Result<ScaleRepo
                     Analyzer::PerfReport => {
                         let mut c = Command::new(&o.perf);
                         c.args(["report", "--stdio", "-i"])
-                            .arg(t.perf_data.as_ref().expect("perf rows have data"));
+                            .arg(&t.perf_data.as_ref().expect("perf rows have data").0);
                         c
                     }
                     a => {
@@ -296,13 +297,14 @@ fn record(
 }
 
 /// `perf record --call-graph dwarf` of the workload, at 4 kHz like the
-/// lrnprof trace; `None` (with a note) where perf cannot record.
+/// lrnprof trace, and its sample count; `None` (with a note) where perf
+/// cannot record.
 fn perf_record(
     o: &ScaleOptions,
     argv: &[OsString],
     report: &mut ScaleReport,
     progress: &mut dyn Write,
-) -> Option<PathBuf> {
+) -> Option<(PathBuf, u64)> {
     let data = o.work_dir.join("python3-x1.perf.data");
     let _ = writeln!(progress, "perf record {}", data.display());
     let mut c = Command::new(&o.perf);
@@ -313,12 +315,28 @@ fn perf_record(
         .args(argv)
         .stdin(Stdio::null())
         .stdout(Stdio::null());
-    match measure(&mut c, &o.work_dir.join("perf.stderr"), o.timeout, &[0]) {
-        Ok(_) => Some(data),
-        Err(e) => {
-            report.notes.push(format!(
-                "perf report rows left out: perf record failed: {e}"
-            ));
+    if let Err(e) = measure(&mut c, &o.work_dir.join("perf.stderr"), o.timeout, &[0]) {
+        report.notes.push(format!(
+            "perf report rows left out: perf record failed: {e}"
+        ));
+        return None;
+    }
+    // One line per sample; printing only the thread id needs no unwinding.
+    let samples = Command::new(&o.perf)
+        .args(["script", "-F", "tid", "-i"])
+        .arg(&data)
+        .stdin(Stdio::null())
+        .stderr(Stdio::null())
+        .output()
+        .ok()
+        .filter(|out| out.status.success())
+        .map(|out| out.stdout.iter().filter(|&&b| b == b'\n').count() as u64);
+    match samples {
+        Some(n) => Some((data, n)),
+        None => {
+            report
+                .notes
+                .push("perf report rows left out: perf script could not count the samples".into());
             None
         }
     }
@@ -369,7 +387,7 @@ fn compare_outputs(
             format!("failed: {status}").into_bytes()
         })
     };
-    for format in ["pprof", "folded", "speedscope"] {
+    for format in ["pprof", "folded", "speedscope", "svg", "firefox"] {
         for jobs in ["1", "2"] {
             let args = ["--format", format, "--jobs", jobs];
             let a = run(base, &args, &out("base", format))?;
@@ -474,7 +492,7 @@ pub fn scale_markdown(r: &ScaleReport, o: &ScaleOptions) -> String {
     if o.baseline.is_some() {
         let _ = writeln!(
             s,
-            "\nOutputs compared byte for byte (pprof, folded, speedscope with 1 and 2 jobs, info --json): {}, {} differing{}",
+            "\nOutputs compared byte for byte (pprof, folded, speedscope, svg, firefox with 1 and 2 jobs, info --json): {}, {} differing{}",
             r.compared,
             r.differences.len(),
             if r.differences.is_empty() {
