@@ -7,11 +7,12 @@ use crate::error::AnalyzeError;
 #[cfg(test)]
 use crate::options::SampleFilter;
 use crate::options::{AnalyzeOptions, Progress};
-use crate::pipeline::{for_each_sample_chunk, open, pool, prepare};
-use crate::profile::{amounts, kinds_of, HeapScale, Profile, ProfileBuilder, UnwoundSample};
+use crate::pipeline::{open, pool, prepare, TraceBytes};
+use crate::profile::{kinds_of, HeapScale, Profile, ProfileBuilder, UnwoundBlock};
 use crate::symbolicate::symbolicate;
-use crate::unwind::ArchCache;
-use lrnprof_format::{SampleFlags, Timestamp, TraceReader};
+use crate::timeline::chunk_blocks;
+use crate::unwind::{unwind_block, BlockContext};
+use lrnprof_format::{BlockInfo, Timestamp, TraceReader};
 use rayon::prelude::*;
 use std::path::Path;
 
@@ -39,8 +40,8 @@ pub fn analyze(
     Ok(profile)
 }
 
-fn run<D: AsRef<[u8]> + Sync>(
-    reader: &TraceReader<D>,
+fn run(
+    reader: &TraceReader<TraceBytes>,
     trace_name: &str,
     options: &AnalyzeOptions,
     progress: &dyn Progress,
@@ -58,8 +59,7 @@ fn run<D: AsRef<[u8]> + Sync>(
             });
         }
     }
-    let mut prepared = prepare(reader, options, progress, true);
-    let mut cache = std::mem::take(&mut prepared.cache);
+    let prepared = prepare(reader, options, progress, &|b| reader_release(reader, b));
     let mut builder = ProfileBuilder::new(
         prepared.timeline.threads.len(),
         options.keep_sequences,
@@ -80,41 +80,45 @@ fn run<D: AsRef<[u8]> + Sync>(
                 .saturating_add((secs.max(0.0) * 1e9) as u64),
         )
     });
-    let total = reader.blocks().len() as u64;
-    for_each_sample_chunk(
-        reader,
-        &mut cache,
-        |s| prepared.selected(&options.filter, s),
-        |samples, done| {
-            let unwound: Vec<UnwoundSample> = samples
-                .par_iter()
-                .map_init(
-                    || ArchCache::new(prepared.arch),
-                    |cache, s| {
-                        let u = prepared.unwind(cache, s);
-                        let outcome = prepared
-                            .timeline
-                            .outcomes
-                            .get(&(s.pid, s.tid, s.time, s.kind));
-                        UnwoundSample {
-                            thread: prepared.timeline.thread_index[&(s.pid, s.tid)],
-                            time: s.time,
-                            amounts: amounts(s.kind, s.weight, outcome, heap, inuse_at),
-                            frames: prepared.frame_keys(s, &u.frames),
-                            clean: u.clean,
-                            used_kernel_chain: u.used_kernel_chain,
-                            presymbolized: !s.frames.is_empty(),
-                            cut_short: s.flags.contains(SampleFlags::STACK_CUT_SHORT),
+    let cx = BlockContext {
+        prepared: &prepared,
+        filter: &options.filter,
+        heap,
+        inuse_at,
+    };
+    let blocks = reader.blocks();
+    let total = blocks.len() as u64;
+    let mut done = 0;
+    let mut first = 0;
+    // Each block is decoded once and unwound by one worker; the builder
+    // takes a chunk's blocks in order while the next chunk is unwound.
+    let mut pending: Vec<UnwoundBlock> = Vec::new();
+    for chunk in blocks.chunks(chunk_blocks()) {
+        let (unwound, ()) = rayon::join(
+            || {
+                chunk
+                    .par_iter()
+                    .enumerate()
+                    .map(|(i, b)| {
+                        if prepared.timeline.bad_blocks.contains(&(first + i)) {
+                            return UnwoundBlock::default();
                         }
-                    },
-                )
-                .collect();
-            for u in unwound {
-                builder.add(u);
-            }
-            progress.update("unwinding", done, total);
-        },
-    );
+                        match reader.raw_block(b) {
+                            Ok(raw) => unwind_block(&cx, &raw),
+                            Err(_) => UnwoundBlock::default(),
+                        }
+                    })
+                    .collect()
+            },
+            || pending.drain(..).for_each(|b| builder.add_block(&b)),
+        );
+        pending = unwound;
+        reader_release(reader, chunk);
+        first += chunk.len();
+        done += chunk.len() as u64;
+        progress.update("unwinding", done, total);
+    }
+    pending.drain(..).for_each(|b| builder.add_block(&b));
 
     let lines = symbolicate(
         builder.frames(),
@@ -124,6 +128,11 @@ fn run<D: AsRef<[u8]> + Sync>(
         progress,
     );
     Ok(builder.finish(reader, trace_name, prepared, lines))
+}
+
+/// Drop the trace pages of `blocks`, which the pass is done with.
+fn reader_release(reader: &TraceReader<TraceBytes>, blocks: &[BlockInfo]) {
+    reader.data().release(blocks);
 }
 
 #[cfg(test)]

@@ -33,7 +33,7 @@ impl BenchTrace {
     pub fn open(path: &Path) -> Result<BenchTrace, AnalyzeError> {
         let options = AnalyzeOptions::default();
         let reader = open(path, &options)?;
-        let prepared = prepare(&reader, &options, &NoProgress, false);
+        let prepared = prepare(&reader, &options, &NoProgress, &|_| {});
         let samples: Vec<Sample> = reader
             .records()
             .filter_map(|r| match r {

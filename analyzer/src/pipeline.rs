@@ -7,16 +7,18 @@ use crate::error::AnalyzeError;
 use crate::image::{load_image, ImageData, LoadedImage, LocateOptions};
 use crate::options::{AnalyzeOptions, Progress, SampleFilter};
 use crate::symbolicate::JitMap;
-use crate::timeline::{
-    chunk_blocks, generation_index, scan, Generation, Mapping, SampleCache, Timeline,
-};
+use crate::timeline::{chunk_blocks, generation_index, scan, Generation, Mapping, Timeline};
 use crate::unwind::{
     continue_with_callchain, ArchCache, ArchUnwinder, ModuleCache, Unwound, MAX_FRAMES,
 };
-use lrnprof_format::{Arch, Endian, ImageKind, Pid, Record, Regs, Sample, SampleKind, TraceReader};
+use lrnprof_format::{
+    Arch, BlockInfo, Endian, ImageKind, Pid, Record, Regs, Sample, SampleKind, Timestamp,
+    TraceReader,
+};
 use rayon::prelude::*;
 use std::collections::HashMap;
 use std::path::Path;
+use std::sync::Arc;
 
 /// A frame before symbolication: its lookup address (a return address
 /// already moved back into its call instruction) in the address space
@@ -52,26 +54,96 @@ impl FrameKey {
     }
 }
 
-/// Per process: each generation of its image map and its unwinder.
+/// Per process: each generation of its image map, its unwinder, and each
+/// mapping's bias (AVMA minus SVMA, 0 for images without data).
 struct ProcessUnwind {
     generations: Vec<Generation>,
     unwinders: Vec<ArchUnwinder>,
+    biases: Vec<Vec<u64>>,
+}
+
+/// The image map in effect for a sample.
+#[derive(Clone, Copy)]
+pub(crate) struct GenerationRef<'p> {
+    /// Index of the generation in its process.
+    pub index: usize,
+    pub mappings: &'p [Mapping],
+    biases: &'p [u64],
+    pub unwinder: &'p ArchUnwinder,
+}
+
+/// The bytes of a trace file: mapped, so that memory holds only the pages
+/// being read (the passes [`release`](Self::release) what they are done
+/// with); read whole where the file cannot be mapped.
+#[derive(Clone)]
+pub(crate) enum TraceBytes {
+    Mapped(Arc<memmap2::Mmap>),
+    Read(Arc<Vec<u8>>),
+}
+
+impl AsRef<[u8]> for TraceBytes {
+    fn as_ref(&self) -> &[u8] {
+        match self {
+            TraceBytes::Mapped(m) => m,
+            TraceBytes::Read(v) => v,
+        }
+    }
+}
+
+impl TraceBytes {
+    fn open(path: &Path) -> std::io::Result<TraceBytes> {
+        let file = std::fs::File::open(path)?;
+        // Safety: the map is read-only and lives as long as the reader that
+        // uses it. Should another process truncate the file while it is
+        // mapped, reading the lost pages faults (SIGBUS): analyzing a trace
+        // needs the file to stay as it is, which a recorder that only
+        // appends also respects.
+        match unsafe { memmap2::Mmap::map(&file) } {
+            Ok(map) => Ok(TraceBytes::Mapped(Arc::new(map))),
+            Err(_) => Ok(TraceBytes::Read(Arc::new(std::fs::read(path)?))),
+        }
+    }
+
+    /// Drop the pages of `blocks` from memory: a pass that is done with
+    /// them keeps the resident set independent of the trace's length.
+    pub fn release(&self, blocks: &[BlockInfo]) {
+        let (Some(first), Some(last)) = (blocks.first(), blocks.last()) else {
+            return;
+        };
+        let TraceBytes::Mapped(map) = self else {
+            return;
+        };
+        let start = first.offset.0 as usize;
+        let end = (last.offset.0 + last.header.total_len()) as usize;
+        // Pages only: the first and last may hold bytes of other blocks,
+        // which are read again from the file if needed.
+        if end > start && end <= map.len() {
+            // Safety: for a read-only shared file mapping, MADV_DONTNEED
+            // only drops the page-table entries; the next read faults the
+            // same bytes back in from the file. No data is lost.
+            let _ = unsafe {
+                map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, start, end - start)
+            };
+        }
+    }
 }
 
 /// Open `path`, checking the `--symbols` directories first.
 pub(crate) fn open(
     path: &Path,
     options: &AnalyzeOptions,
-) -> Result<TraceReader<Vec<u8>>, AnalyzeError> {
+) -> Result<TraceReader<TraceBytes>, AnalyzeError> {
     for dir in &options.symbols_dirs {
         if !dir.is_dir() {
             return Err(AnalyzeError::SymbolsDir(dir.clone()));
         }
     }
-    TraceReader::open(path).map_err(|source| AnalyzeError::Trace {
+    let error = |source| AnalyzeError::Trace {
         path: path.to_path_buf(),
         source,
-    })
+    };
+    let bytes = TraceBytes::open(path).map_err(|e| error(e.into()))?;
+    TraceReader::new(bytes).map_err(error)
 }
 
 /// A worker pool of `jobs` threads (0: one per CPU).
@@ -91,8 +163,6 @@ pub(crate) struct Prepared {
     pub images: Vec<LoadedImage>,
     pub jit_maps: HashMap<u32, JitMap>,
     pub warnings: Vec<String>,
-    /// Samples kept from the first pass, per block (`None`: decode again).
-    pub cache: SampleCache,
     unwinders: HashMap<Pid, ProcessUnwind>,
     pub arch: Arch,
     little_endian: bool,
@@ -112,16 +182,15 @@ fn is_sampler(path: &str) -> bool {
 }
 
 /// First pass, image loading and unwinders. Call inside the worker pool.
-/// With `keep_samples`, the first pass keeps the first blocks' samples in
-/// [`Prepared::cache`].
+/// `release` is told the blocks the first pass is done with.
 pub(crate) fn prepare<D: AsRef<[u8]> + Sync>(
     reader: &TraceReader<D>,
     options: &AnalyzeOptions,
     progress: &dyn Progress,
-    keep_samples: bool,
+    release: &(dyn Fn(&[BlockInfo]) + Sync),
 ) -> Prepared {
     let mut warnings = report_warnings(reader);
-    let (mut timeline, cache) = scan(reader, progress, keep_samples);
+    let mut timeline = scan(reader, progress, release);
     timeline.blobs.finish();
     warnings.append(&mut timeline.warnings);
     warnings.extend(timeline.blobs.problems.iter().cloned());
@@ -148,11 +217,27 @@ pub(crate) fn prepare<D: AsRef<[u8]> + Sync>(
                 .par_iter()
                 .map(|g| ArchUnwinder::build(arch, &g.mappings, &images, &module_cache))
                 .collect();
+            let biases = p
+                .generations
+                .iter()
+                .map(|g| {
+                    g.mappings
+                        .iter()
+                        .map(|m| {
+                            images[m.image as usize]
+                                .data
+                                .as_ref()
+                                .map_or(0, |d| d.bias(m))
+                        })
+                        .collect()
+                })
+                .collect();
             (
                 *pid,
                 ProcessUnwind {
                     generations: p.generations.clone(),
                     unwinders,
+                    biases,
                 },
             )
         })
@@ -169,7 +254,6 @@ pub(crate) fn prepare<D: AsRef<[u8]> + Sync>(
         images,
         jit_maps,
         warnings,
-        cache,
         unwinders,
         arch,
         little_endian,
@@ -177,43 +261,36 @@ pub(crate) fn prepare<D: AsRef<[u8]> + Sync>(
     }
 }
 
-/// The second pass: the samples that `keep` selects, a chunk of blocks at
-/// a time (decoded in parallel, or taken from the first pass's cache),
-/// in trace order, each chunk handed to `each` with how many blocks are
-/// done. Call inside the worker pool.
-pub(crate) fn for_each_sample_chunk<D: AsRef<[u8]> + Sync>(
-    reader: &TraceReader<D>,
-    cache: &mut SampleCache,
+/// A second pass over whole samples: those that `keep` selects, a chunk
+/// of blocks at a time (decoded in parallel), in trace order, each chunk
+/// handed to `each` with how many blocks are done; the pages of a chunk
+/// are released once it is decoded. Call inside the worker pool.
+///
+/// For views that unwind a few samples of their kind (syscalls); the
+/// profile goes through [`unwind_block`](crate::unwind::unwind_block),
+/// which reads stacks in place and unwinds only what changed.
+pub(crate) fn for_each_sample_chunk(
+    reader: &TraceReader<TraceBytes>,
     keep: impl Fn(&Sample) -> bool + Sync,
     mut each: impl FnMut(Vec<Sample>, u64),
 ) {
     let blocks = reader.blocks();
-    let step = chunk_blocks();
     let mut done = 0;
-    for (n, chunk) in blocks.chunks(step).enumerate() {
-        let cached: Vec<Option<Vec<Sample>>> = (0..chunk.len())
-            .map(|i| cache.get_mut(n * step + i).and_then(Option::take))
-            .collect();
+    for chunk in blocks.chunks(chunk_blocks()) {
         let samples: Vec<Sample> = chunk
             .par_iter()
-            .zip(cached)
-            .flat_map_iter(|(b, cached)| {
-                cached
-                    .unwrap_or_else(|| {
-                        reader
-                            .decode_block(b)
-                            .unwrap_or_default()
-                            .into_iter()
-                            .filter_map(|r| match r {
-                                Record::Sample(s) => Some(s),
-                                _ => None,
-                            })
-                            .collect()
-                    })
+            .flat_map_iter(|b| {
+                reader
+                    .decode_block(b)
+                    .unwrap_or_default()
                     .into_iter()
-                    .filter(|s| keep(s))
+                    .filter_map(|r| match r {
+                        Record::Sample(s) if keep(&s) => Some(s),
+                        _ => None,
+                    })
             })
             .collect();
+        reader.data().release(chunk);
         done += chunk.len() as u64;
         each(samples, done);
     }
@@ -257,10 +334,21 @@ impl Prepared {
         true
     }
 
-    fn generation(&self, s: &Sample) -> Option<(&Generation, &ArchUnwinder)> {
-        let p = self.unwinders.get(&s.pid)?;
-        let i = generation_index(&p.generations, s.time)?;
-        Some((p.generations.get(i)?, p.unwinders.get(i)?))
+    /// The image map of process `pid` at `time`, if the process has one.
+    pub fn generation_at(&self, pid: Pid, time: Timestamp) -> Option<GenerationRef<'_>> {
+        let p = self.unwinders.get(&pid)?;
+        let index = generation_index(&p.generations, time)?;
+        Some(GenerationRef {
+            index,
+            mappings: &p.generations.get(index)?.mappings,
+            biases: p.biases.get(index)?,
+            unwinder: p.unwinders.get(index)?,
+        })
+    }
+
+    /// Whether the trace's stacks are little endian.
+    pub fn little_endian(&self) -> bool {
+        self.little_endian
     }
 
     /// The frames of `s` as AVMAs (instruction pointer, then return
@@ -273,8 +361,8 @@ impl Prepared {
                 used_kernel_chain: false,
             };
         }
-        let generation = self.generation(s);
-        let mut u = if let Some((_, unwinder)) = generation {
+        let generation = self.generation_at(s.pid, s.time);
+        let mut u = if let Some(GenerationRef { unwinder, .. }) = generation {
             // A trace is untrusted input: should the unwinder panic on it,
             // keep the instruction pointer and go on.
             std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
@@ -294,8 +382,10 @@ impl Prepared {
                 used_kernel_chain: used,
             }
         };
-        if let (Some((g, _)), Regs::Aarch64(r)) = (generation, &s.regs) {
-            self.add_frameless_caller(&g.mappings, r.lr, &mut u.frames);
+        if let (Some(g), Regs::Aarch64(r)) = (generation, &s.regs) {
+            if self.frameless_caller(g.mappings, r.lr, &u.frames) {
+                u.frames.insert(1, r.lr);
+            }
         }
         u
     }
@@ -306,26 +396,49 @@ impl Prepared {
     /// where it was copied: those frames are dropped, so its leaf is the
     /// program's call to the allocator.
     pub fn frame_keys(&self, s: &Sample, frames: &[u64]) -> Vec<FrameKey> {
-        let mappings = self
-            .generation(s)
-            .map(|(g, _)| &g.mappings[..])
-            .unwrap_or(&[]);
-        let mut keys: Vec<FrameKey> = frames
-            .iter()
-            .enumerate()
-            .map(|(i, &avma)| {
-                let lookup = if i == 0 { avma } else { avma.wrapping_sub(1) };
-                self.frame_key(s.pid, mappings, Avma(lookup))
-            })
-            .collect();
+        let mut keys = Vec::with_capacity(frames.len());
+        let generation = self.generation_at(s.pid, s.time);
+        self.push_frame_keys(
+            s.pid,
+            generation.as_ref(),
+            frames.iter().copied(),
+            &mut keys,
+        );
         if s.kind == SampleKind::Allocation {
-            let ours = keys
-                .iter()
-                .take_while(|k| k.image().is_some_and(|i| self.sampler_images[i as usize]))
-                .count();
-            keys.drain(..ours);
+            self.drop_sampler_frames(&mut keys, 0);
         }
         keys
+    }
+
+    /// Drop the frames of lrnprof's allocation sampler at the start of
+    /// `keys[start..]` (an allocation's frames, leaf first).
+    pub fn drop_sampler_frames(&self, keys: &mut Vec<FrameKey>, start: usize) {
+        let ours = keys
+            .get(start..)
+            .unwrap_or(&[])
+            .iter()
+            .take_while(|k| {
+                k.image()
+                    .is_some_and(|i| self.sampler_images.get(i as usize) == Some(&true))
+            })
+            .count();
+        keys.drain(start..start + ours);
+    }
+
+    /// Append the keys of `frames` (the first one the instruction pointer)
+    /// of a sample of `pid` taken under `generation` to `out`.
+    pub fn push_frame_keys(
+        &self,
+        pid: Pid,
+        generation: Option<&GenerationRef<'_>>,
+        frames: impl Iterator<Item = u64>,
+        out: &mut Vec<FrameKey>,
+    ) {
+        let (mappings, biases) = generation.map_or((&[][..], &[][..]), |g| (g.mappings, g.biases));
+        out.extend(frames.enumerate().map(|(i, avma)| {
+            let lookup = if i == 0 { avma } else { avma.wrapping_sub(1) };
+            self.frame_key(pid, mappings, biases, Avma(lookup))
+        }));
     }
 
     /// On AArch64 a function without a frame record keeps its return
@@ -334,19 +447,22 @@ impl Prepared {
     /// skips that caller: put `lr` back when it is a code address in
     /// another function (by symbols) than the instruction pointer, and not
     /// already the next frame.
-    fn add_frameless_caller(&self, mappings: &[Mapping], lr: u64, frames: &mut Vec<u64>) {
-        let Some(&pc) = frames.first() else { return };
+    /// Whether `lr` is such a caller of `frames`, to insert at index 1.
+    pub fn frameless_caller(&self, mappings: &[Mapping], lr: u64, frames: &[u64]) -> bool {
+        let Some(&pc) = frames.first() else {
+            return false;
+        };
         if lr == 0 || frames.get(1) == Some(&lr) {
-            return;
+            return false;
         }
         let Some((pc_map, pc_data)) = self.image_data_at(mappings, pc) else {
-            return;
+            return false;
         };
         if pc_data.has_unwind_data() || !pc_map.executable {
-            return;
+            return false;
         }
         let Some((lr_map, lr_data)) = self.image_data_at(mappings, lr.wrapping_sub(4)) else {
-            return;
+            return false;
         };
         let function = |m: &Mapping, d: &ImageData, avma: u64| {
             let svma = avma.wrapping_sub(d.bias(m));
@@ -358,9 +474,7 @@ impl Prepared {
         };
         let pc_fn = function(pc_map, pc_data, pc);
         let lr_fn = function(lr_map, lr_data, lr.wrapping_sub(4));
-        if pc_fn.is_some() && lr_fn.is_some() && pc_fn != lr_fn && frames.len() < MAX_FRAMES {
-            frames.insert(1, lr);
-        }
+        pc_fn.is_some() && lr_fn.is_some() && pc_fn != lr_fn && frames.len() < MAX_FRAMES
     }
 
     fn image_data_at<'m>(
@@ -378,19 +492,19 @@ impl Prepared {
         Some((m, self.images[m.image as usize].data.as_ref()?))
     }
 
-    fn frame_key(&self, pid: Pid, mappings: &[Mapping], lookup: Avma) -> FrameKey {
+    fn frame_key(&self, pid: Pid, mappings: &[Mapping], biases: &[u64], lookup: Avma) -> FrameKey {
         let avma = lookup.0;
         let i = mappings.partition_point(|m| m.start <= avma);
         let m = i
             .checked_sub(1)
-            .map(|i| &mappings[i])
-            .filter(|m| avma < m.end);
+            .map(|i| (&mappings[i], biases.get(i).copied().unwrap_or(0)))
+            .filter(|(m, _)| avma < m.end);
         match m {
-            Some(m) if self.images[m.image as usize].key.kind != ImageKind::Anonymous => {
+            Some((m, bias)) if self.images[m.image as usize].key.kind != ImageKind::Anonymous => {
                 match &self.images[m.image as usize].data {
-                    Some(d) => FrameKey::Image {
+                    Some(_) => FrameKey::Image {
                         image: m.image,
-                        svma: Svma(avma.wrapping_sub(d.bias(m))),
+                        svma: Svma(avma.wrapping_sub(bias)),
                     },
                     None => FrameKey::Unresolved {
                         image: m.image,

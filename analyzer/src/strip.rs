@@ -42,7 +42,7 @@ pub fn strip(
         ..Default::default()
     };
     let result = pool.install(|| {
-        let prepared = prepare(&reader, options, progress, false);
+        let prepared = prepare(&reader, options, progress, &|b| reader.data().release(b));
         report.warnings = prepared.warnings.clone();
         write_atomically(output, |out| {
             let mut w = TraceWriter::new(out, reader.header(), WriterOptions::default())

@@ -6,15 +6,16 @@ use crate::blobs::BlobStore;
 use crate::options::Progress;
 use crate::outcomes::Outcomes;
 use lrnprof_format::{
-    BuildId, ImageKind, LostSource, Pid, ProcessEvent, Record, Sample, SampleDetail, SampleKind,
-    Summary, Tid, Timestamp, TraceHeader, TraceReader,
+    BlockInfo, BuildId, FormatError, ImageKind, LostSource, Pid, ProcessEvent, Record, RecordRef,
+    Sample, SampleDetail, SampleKind, StackMode, Summary, Tid, Timestamp, TraceHeader, TraceReader,
 };
 use rayon::prelude::*;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
 /// Blocks decoded at once: two per worker, so memory stays a few decoded
-/// blocks per worker whatever the trace's length.
+/// blocks per worker whatever the trace's length (a chunk being decoded
+/// and one being applied).
 pub(crate) fn chunk_blocks() -> usize {
     rayon::current_num_threads().max(1) * 2
 }
@@ -148,6 +149,8 @@ pub(crate) struct Timeline {
     /// What later records said about event samples (syscall returns,
     /// switch-ins, frees).
     pub outcomes: Outcomes,
+    /// Indexes (into the reader's blocks) of blocks that failed to decode.
+    pub bad_blocks: BTreeSet<usize>,
 }
 
 impl Timeline {
@@ -169,6 +172,7 @@ impl Timeline {
             summary: None,
             warnings: Vec::new(),
             outcomes: Outcomes::default(),
+            bad_blocks: BTreeSet::new(),
         }
     }
 
@@ -337,96 +341,101 @@ enum Item {
     },
 }
 
-/// Samples of the first blocks, kept from the first pass so the second
-/// does not decode them again: at most [`SAMPLE_CACHE_BYTES`] of stack
-/// copies, so memory stays bounded however long the trace.
-pub(crate) type SampleCache = Vec<Option<Vec<Sample>>>;
-
-/// Bytes of stack copies the first pass may keep for the second.
-pub(crate) const SAMPLE_CACHE_BYTES: u64 = 256 << 20;
-
-/// Read every block once (in parallel, a chunk at a time) and build the
-/// timeline. Blocks that fail to decode are skipped with a warning. With
-/// `keep_samples`, also returns the samples of the first blocks (see
-/// [`SampleCache`]), indexed like `reader.blocks()`.
+/// Read every block once (in parallel, a chunk at a time, applying one
+/// chunk while the next is decoded) and build the timeline. Stacks are
+/// checked but not expanded. Blocks that fail to decode are skipped with a
+/// warning and listed in [`Timeline::bad_blocks`].
+/// `release` is told the blocks the pass is done with.
 pub(crate) fn scan<D: AsRef<[u8]> + Sync>(
     reader: &TraceReader<D>,
     progress: &dyn Progress,
-    keep_samples: bool,
-) -> (Timeline, SampleCache) {
+    release: &(dyn Fn(&[BlockInfo]) + Sync),
+) -> Timeline {
     let mut timeline = Timeline::new(reader.header().clone());
     let blocks = reader.blocks();
     let total = blocks.len() as u64;
-    let mut cache: SampleCache = Vec::with_capacity(blocks.len());
-    let mut cached_bytes = 0u64;
     let mut done = 0;
+    let mut pending: Vec<(usize, Result<Vec<Item>, FormatError>)> = Vec::new();
+    let mut first = 0;
     for chunk in blocks.chunks(chunk_blocks()) {
-        let decoded: Vec<_> = chunk
-            .par_iter()
-            .map(|b| {
-                let items = reader.decode_block(b).map(|records| {
-                    let mut samples = Vec::new();
-                    let items = records
-                        .into_iter()
-                        .map(|r| match r {
-                            Record::Sample(s) => {
-                                let item = Item::Sample {
-                                    time: s.time,
-                                    pid: s.pid,
-                                    tid: s.tid,
-                                    weight: s.weight,
-                                    stack_bytes: s.stack.bytes.len() as u64,
-                                    presymbolized: !s.frames.is_empty(),
-                                    kind: s.kind,
-                                    detail: s.detail,
-                                };
-                                if keep_samples {
-                                    samples.push(s);
-                                }
-                                item
-                            }
-                            other => Item::Record(Box::new(other)),
-                        })
-                        .collect::<Vec<_>>();
-                    (items, samples)
-                });
-                (b.offset, items)
-            })
-            .collect();
-        for (offset, items) in decoded {
-            match items {
-                Ok((items, samples)) => {
-                    items.into_iter().for_each(|i| timeline.apply(i));
-                    let bytes: u64 = samples
-                        .iter()
-                        .map(|s| s.stack.bytes.len() as u64 + 64)
-                        .sum();
-                    if keep_samples && cached_bytes + bytes <= SAMPLE_CACHE_BYTES {
-                        cached_bytes += bytes;
-                        cache.push(Some(samples));
-                    } else {
-                        cache.push(None);
-                    }
-                }
-                Err(e) => {
-                    cache.push(Some(Vec::new()));
-                    timeline.warnings.push(format!(
-                        "block at offset {} could not be decoded and was skipped: {e}",
-                        offset.0
-                    ))
-                }
-            }
-        }
+        let (decoded, ()) = rayon::join(
+            || {
+                chunk
+                    .par_iter()
+                    .enumerate()
+                    .map(|(i, b)| (first + i, items_of(reader, b)))
+                    .collect()
+            },
+            || timeline.apply_blocks(std::mem::take(&mut pending), blocks),
+        );
+        pending = decoded;
+        release(chunk);
+        first += chunk.len();
         done += chunk.len() as u64;
         progress.update("reading", done, total);
     }
+    timeline.apply_blocks(pending, blocks);
     for (i, key) in timeline.threads.keys().enumerate() {
         timeline.thread_index.insert(*key, i as u32);
     }
     if let Some(end) = timeline.last_time {
         timeline.outcomes.finish(end);
     }
-    (timeline, cache)
+    timeline
+}
+
+/// What the first pass keeps of a block's records.
+fn items_of<D: AsRef<[u8]>>(
+    reader: &TraceReader<D>,
+    b: &BlockInfo,
+) -> Result<Vec<Item>, FormatError> {
+    let raw = reader.raw_block(b)?;
+    let mut cursor = raw.records(StackMode::LengthsOnly);
+    let mut items = Vec::new();
+    while let Some(r) = cursor.next() {
+        items.push(match r? {
+            RecordRef::Sample(s) => Item::of_sample(&s.sample, s.stack.len().into()),
+            RecordRef::Record(Record::Sample(s)) => Item::of_sample(&s, s.stack.bytes.len() as u64),
+            RecordRef::Record(other) => Item::Record(Box::new(other)),
+        });
+    }
+    Ok(items)
+}
+
+impl Item {
+    fn of_sample(s: &Sample, stack_bytes: u64) -> Item {
+        Item::Sample {
+            time: s.time,
+            pid: s.pid,
+            tid: s.tid,
+            weight: s.weight,
+            stack_bytes,
+            presymbolized: !s.frames.is_empty(),
+            kind: s.kind,
+            detail: s.detail,
+        }
+    }
+}
+
+impl Timeline {
+    fn apply_blocks(
+        &mut self,
+        decoded: Vec<(usize, Result<Vec<Item>, FormatError>)>,
+        blocks: &[BlockInfo],
+    ) {
+        for (i, items) in decoded {
+            match items {
+                Ok(items) => items.into_iter().for_each(|item| self.apply(item)),
+                Err(e) => {
+                    self.bad_blocks.insert(i);
+                    self.warnings.push(format!(
+                        "block at offset {} could not be decoded and was skipped: {e}",
+                        blocks[i].offset.0
+                    ))
+                }
+            }
+        }
+    }
 }
 
 #[cfg(test)]

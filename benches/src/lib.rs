@@ -27,6 +27,7 @@ mod heap;
 mod measure;
 mod perf_text;
 mod report;
+mod scale;
 mod stats;
 pub mod synthetic;
 mod syscall_bench;
@@ -47,6 +48,7 @@ pub use perf_text::{
     parse_perf_script, parse_perf_stats, PerfStats, StackCompleteness, ROOT_FUNCTIONS,
 };
 pub use report::{machine_description, markdown};
+pub use scale::{run_scale, scale_markdown, Analyzer, ScaleOptions, ScaleReport, ScaleRow};
 pub use stats::{median, paired_overheads, percent};
 pub use syscall_bench::{
     run_syscalls, syscall_markdown, SyscallBenchOptions, SyscallComparison, SyscallSetup,

@@ -1,5 +1,6 @@
 //! Encoding records into blocks and decoding them back.
 
+use crate::cursor::{RawBlock, RecordRef, StackMode};
 use crate::error::FormatError;
 use crate::raw::{BlockHeader, BlockKind, Codec, MAX_BLOCK_RAW_LEN};
 use crate::records::{Record, Regs, Sample, SampleDetail, SampleFlags, SampleKind};
@@ -10,7 +11,7 @@ use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 
 /// The bincode configuration of every record: varint integers, little endian.
-fn bincode_options() -> impl Options + Copy {
+pub(crate) fn bincode_options() -> impl Options + Copy {
     bincode::DefaultOptions::new()
         .with_varint_encoding()
         .with_little_endian()
@@ -31,7 +32,7 @@ pub(crate) const BLOCK_DECODED_TARGET: u64 = MAX_BLOCK_DECODED_LEN / 4;
 
 /// Keep at most this many threads' previous snapshots per block, so a
 /// recording of thousands of threads stays bounded in memory.
-const MAX_TRACKED_STACKS: usize = 4096;
+pub(crate) const MAX_TRACKED_STACKS: usize = 4096;
 
 /// A record as it is stored in a block: samples carry delta-encoded stacks.
 /// Variant order is part of the format.
@@ -41,13 +42,8 @@ enum WireRecordRef<'a> {
     Sample(&'a WireSample),
 }
 
-#[derive(Deserialize)]
-enum WireRecord {
-    Plain(Record),
-    Sample(WireSample),
-}
-
-#[derive(Serialize, Deserialize)]
+/// A sample as stored (see `cursor::WireSampleIn` for reading).
+#[derive(Serialize)]
 pub(crate) struct WireSample {
     pub time: Timestamp,
     pub pid: Pid,
@@ -270,83 +266,18 @@ pub(crate) fn decompress(
     Ok(raw)
 }
 
-/// Decode the records of a decompressed records block of format `version`.
-pub(crate) fn decode_records(
-    offset: BlockOffset,
-    raw: &[u8],
-    count: u32,
-    version: u16,
-) -> Result<Vec<Record>, FormatError> {
-    // Every record takes at least one byte, so `raw.len()` bounds the count.
-    let mut records = Vec::with_capacity((count as usize).min(raw.len()));
-    let mut prev_stacks: HashMap<(Pid, Tid), RecentStacks> = HashMap::new();
-    let mut rest = raw;
-    let options = bincode_options().with_limit(raw.len() as u64);
-    let mut decoded_len = raw.len() as u64;
-    for index in 0..count {
-        let bad = |message: String| FormatError::BadRecord {
-            offset,
-            index,
-            message,
-        };
-        let wire: WireRecord = if version == 1 {
-            match options
-                .deserialize_from(&mut rest)
-                .map_err(|e| bad(e.to_string()))?
-            {
-                crate::v1::WireRecordV1::Plain(r) => WireRecord::Plain(r.into()),
-                crate::v1::WireRecordV1::Sample(w) => WireRecord::Sample(w.into()),
-            }
-        } else {
-            options
-                .deserialize_from(&mut rest)
-                .map_err(|e| bad(e.to_string()))?
-        };
-        let record = match wire {
-            WireRecord::Plain(r) => r,
-            WireRecord::Sample(w) => {
-                let key = (w.pid, w.tid);
-                let empty = RecentStacks::default();
-                let recent = prev_stacks.get(&key).unwrap_or(&empty);
-                let stack = stack::decode(w.stack, recent).map_err(|e| bad(e.to_string()))?;
-                decoded_len += stack.bytes.len() as u64;
-                if decoded_len > MAX_BLOCK_DECODED_LEN {
-                    return Err(bad(format!(
-                        "block decodes to more than {MAX_BLOCK_DECODED_LEN} bytes"
-                    )));
-                }
-                if prev_stacks.len() >= MAX_TRACKED_STACKS && !prev_stacks.contains_key(&key) {
-                    // The writer forgot every thread at this point too.
-                    prev_stacks.clear();
-                }
-                prev_stacks
-                    .entry(key)
-                    .or_default()
-                    .push_owned(stack.clone());
-                Record::Sample(Sample {
-                    time: w.time,
-                    pid: w.pid,
-                    tid: w.tid,
-                    cpu: w.cpu,
-                    kind: w.kind,
-                    weight: w.weight,
-                    regs: w.regs,
-                    stack,
-                    kernel_callchain: w.kernel_callchain,
-                    frames: w.frames,
-                    kernel_frames: w.kernel_frames,
-                    flags: w.flags,
-                    detail: w.detail,
-                })
-            }
-        };
-        records.push(record);
-    }
-    if !rest.is_empty() {
-        return Err(FormatError::BadRecord {
-            offset,
-            index: count,
-            message: format!("{} bytes left over after the last record", rest.len()),
+/// Decode the records of a decompressed records block, stacks expanded.
+pub(crate) fn decode_records(raw: &RawBlock) -> Result<Vec<Record>, FormatError> {
+    // Every record takes at least one byte, so the length bounds the count.
+    let mut records = Vec::with_capacity((raw.count as usize).min(raw.bytes.len()));
+    let mut cursor = raw.records(StackMode::Bytes);
+    while let Some(r) = cursor.next() {
+        records.push(match r? {
+            RecordRef::Record(r) => r,
+            RecordRef::Sample(s) => Record::Sample(Sample {
+                stack: s.stack.to_snapshot(),
+                ..s.sample
+            }),
         });
     }
     Ok(records)

@@ -42,6 +42,7 @@
 #![forbid(unsafe_code)]
 
 mod block;
+mod cursor;
 mod error;
 pub mod raw;
 mod read;
@@ -53,6 +54,9 @@ mod v1;
 mod write;
 
 pub use block::{BlockBuilder, EncodedBlock, MAX_BLOCK_DECODED_LEN};
+pub use cursor::{
+    BlockCursor, RawBlock, RecordRef, SampleRef, StackBase, StackMode, StackReader, StackView,
+};
 pub use error::FormatError;
 pub use raw::{BlockHeader, BlockKind, Codec, MAGIC, OLDEST_READABLE_VERSION, VERSION};
 pub use read::{BlockInfo, ReadReport, SkippedRange, TraceReader};
@@ -93,6 +97,11 @@ pub fn decode_standalone_block(version: u16, bytes: &[u8]) -> Result<Vec<Record>
     }
     let header = BlockHeader::parse(bytes, 0)?;
     let payload = &bytes[raw::BLOCK_HEADER_LEN..][..header.compressed_len as usize];
-    let raw = block::decompress(BlockOffset(0), &header, payload)?;
-    block::decode_records(BlockOffset(0), &raw, header.record_count, version)
+    let raw = RawBlock {
+        offset: BlockOffset(0),
+        version,
+        count: header.record_count,
+        bytes: block::decompress(BlockOffset(0), &header, payload)?,
+    };
+    block::decode_records(&raw)
 }

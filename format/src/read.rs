@@ -1,6 +1,7 @@
 //! Trace reader: index or forward scan, sequential and parallel decoding.
 
 use crate::block::{decode_index, decode_records, decompress, IndexEntry};
+use crate::cursor::RawBlock;
 use crate::error::FormatError;
 use crate::raw::{
     parse_footer, BlockHeader, BlockKind, FileHeader, BLOCK_HEADER_LEN, BLOCK_MAGIC,
@@ -134,6 +135,11 @@ impl<D: AsRef<[u8]>> TraceReader<D> {
         &self.report
     }
 
+    /// The trace's bytes, as given to [`new`](Self::new).
+    pub fn data(&self) -> &D {
+        &self.data
+    }
+
     /// Total size of the trace, in bytes.
     pub fn len(&self) -> u64 {
         self.data.as_ref().len() as u64
@@ -146,10 +152,20 @@ impl<D: AsRef<[u8]>> TraceReader<D> {
 
     /// Decompress and decode one block.
     pub fn decode_block(&self, block: &BlockInfo) -> Result<Vec<Record>, FormatError> {
+        decode_records(&self.raw_block(block)?)
+    }
+
+    /// Decompress one block, to read its records with
+    /// [`RawBlock::records`] (stacks as views, not copies).
+    pub fn raw_block(&self, block: &BlockInfo) -> Result<RawBlock, FormatError> {
         let start = block.offset.0 as usize + BLOCK_HEADER_LEN;
         let payload = &self.data.as_ref()[start..start + block.header.compressed_len as usize];
-        let raw = decompress(block.offset, &block.header, payload)?;
-        decode_records(block.offset, &raw, block.header.record_count, self.version)
+        Ok(RawBlock {
+            offset: block.offset,
+            version: self.version,
+            count: block.header.record_count,
+            bytes: decompress(block.offset, &block.header, payload)?,
+        })
     }
 
     /// All records in file order. A block that fails to decode yields one

@@ -171,49 +171,142 @@ impl WireStack {
     }
 }
 
-/// Decode `wire` against the thread's recent snapshots, latest first.
-pub(crate) fn decode(
-    wire: WireStack,
-    recent: &RecentStacks,
-) -> Result<StackSnapshot, StackDecodeError> {
+/// A segment as a block cursor reads it: literals borrowed from the block.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+pub(crate) enum SegmentIn<'a> {
+    /// See [`Segment::Same`].
+    Same(u32),
+    /// See [`Segment::Literal`].
+    Literal(&'a [u8]),
+}
+
+/// A [`WireStack`] as a block cursor reads it.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub(crate) struct WireStackIn<'a> {
+    pub start: u64,
+    pub len: u32,
+    pub base: u8,
+    #[serde(borrow)]
+    pub segments: Vec<SegmentIn<'a>>,
+}
+
+/// A run of a decoded snapshot's bytes, `off` bytes above its start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Piece<'a> {
+    pub off: u32,
+    pub bytes: &'a [u8],
+}
+
+/// A snapshot as a block cursor remembers it for later deltas: where it
+/// is, which record it came from and, when bytes are kept, its bytes as
+/// pieces borrowed from the block (never copied).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Snap<'a> {
+    pub record: u32,
+    pub start: u64,
+    pub len: u32,
+    pub pieces: Vec<Piece<'a>>,
+}
+
+/// Decode `wire`, whose `Same` segments refer to `prev` (the thread's
+/// snapshot number `wire.base`, if the block has it). With `keep`, the
+/// snapshot's pieces go to `out` (cleared first). Returns the offset from
+/// the snapshot's start from which every byte is a `Same` byte, i.e. equal
+/// to `prev`'s at the same AVMA (`wire.len` if the last bytes are literal).
+pub(crate) fn decode_pieces<'a>(
+    wire: &WireStackIn<'a>,
+    prev: Option<&Snap<'a>>,
+    keep: bool,
+    out: &mut Vec<Piece<'a>>,
+) -> Result<u32, StackDecodeError> {
+    out.clear();
     if wire.len > MAX_STACK_LEN {
         return Err(StackDecodeError::TooLong { len: wire.len });
     }
     if usize::from(wire.base) >= MAX_BASES {
         return Err(StackDecodeError::BadBase { base: wire.base });
     }
-    let prev = recent.get(usize::from(wire.base));
-    let mut bytes: Vec<u8> = Vec::with_capacity(wire.len as usize);
-    for segment in wire.segments {
-        match segment {
-            Segment::Literal(lit) => bytes.extend_from_slice(&lit),
-            Segment::Same(n) => {
+    // Bytes so far, in u64: `Same` runs are bounded by the previous
+    // snapshot and literals by the block, so this cannot overflow.
+    let mut pos = 0u64;
+    let mut same_from: Option<u64> = None;
+    for segment in &wire.segments {
+        match *segment {
+            SegmentIn::Literal(lit) => {
+                if !lit.is_empty() {
+                    if keep {
+                        out.push(Piece {
+                            off: pos as u32,
+                            bytes: lit,
+                        });
+                    }
+                    same_from = None;
+                }
+                pos += lit.len() as u64;
+            }
+            SegmentIn::Same(n) => {
                 let prev = prev.ok_or(StackDecodeError::NoPrevious)?;
-                let addr = wire.start.wrapping_add(bytes.len() as u64);
+                let addr = wire.start.wrapping_add(pos);
                 let out_of_range = StackDecodeError::SameOutOfRange { addr, len: n };
                 let from = addr.checked_sub(prev.start).ok_or(out_of_range.clone())?;
                 let to = from.checked_add(n.into()).ok_or(out_of_range.clone())?;
-                if to > prev.bytes.len() as u64 {
+                if to > u64::from(prev.len) {
                     return Err(out_of_range);
                 }
-                bytes.extend_from_slice(&prev.bytes[from as usize..to as usize]);
+                if n > 0 {
+                    same_from.get_or_insert(pos);
+                    if keep {
+                        copy_pieces(&prev.pieces, from, to, pos, out);
+                    }
+                }
+                pos += u64::from(n);
             }
         }
-        if bytes.len() > wire.len as usize {
+        if pos > u64::from(wire.len) {
             // Stop before `Same` runs can grow the copy past the claim.
             break;
         }
     }
-    if bytes.len() != wire.len as usize {
+    if pos != u64::from(wire.len) {
         return Err(StackDecodeError::LengthMismatch {
             expected: wire.len,
-            found: bytes.len() as u64,
+            found: pos,
         });
     }
-    Ok(StackSnapshot {
-        start: wire.start,
-        bytes,
-    })
+    Ok(same_from.map_or(wire.len, |f| f as u32))
+}
+
+/// Append the parts of `pieces` between offsets `from` and `to` of their
+/// snapshot, moved to offset `at` of the new one.
+fn copy_pieces<'a>(pieces: &[Piece<'a>], from: u64, to: u64, at: u64, out: &mut Vec<Piece<'a>>) {
+    let first = pieces.partition_point(|p| u64::from(p.off) + p.bytes.len() as u64 <= from);
+    for p in &pieces[first..] {
+        let p_start = u64::from(p.off);
+        if p_start >= to {
+            break;
+        }
+        let lo = p_start.max(from);
+        let hi = (p_start + p.bytes.len() as u64).min(to);
+        out.push(Piece {
+            off: (lo - from + at) as u32,
+            bytes: &p.bytes[(lo - p_start) as usize..(hi - p_start) as usize],
+        });
+    }
+}
+
+/// Copy the bytes at offsets `off..off + buf.len()` of a snapshot made of
+/// `pieces` into `buf`. The caller checked that the range is inside it.
+pub(crate) fn read_pieces(pieces: &[Piece<'_>], off: u64, buf: &mut [u8]) {
+    let mut i = pieces.partition_point(|p| u64::from(p.off) + p.bytes.len() as u64 <= off);
+    let mut done = 0usize;
+    while done < buf.len() {
+        let Some(p) = pieces.get(i) else { return };
+        let at = (off + done as u64 - u64::from(p.off)) as usize;
+        let n = (p.bytes.len() - at).min(buf.len() - done);
+        buf[done..done + n].copy_from_slice(&p.bytes[at..at + n]);
+        done += n;
+        i += 1;
+    }
 }
 
 /// A thread's last [`MAX_BASES`] snapshots in a block, latest first.
@@ -242,14 +335,6 @@ impl RecentStacks {
         slot.bytes.extend_from_slice(bytes);
         self.ring.push(slot);
     }
-
-    /// Remember `snapshot` as the latest, taking it.
-    pub fn push_owned(&mut self, snapshot: StackSnapshot) {
-        if self.ring.len() >= MAX_BASES {
-            self.ring.remove(0);
-        }
-        self.ring.push(snapshot);
-    }
 }
 
 fn common_prefix_len(a: &[u8], b: &[u8]) -> usize {
@@ -271,6 +356,44 @@ fn common_prefix_len(a: &[u8], b: &[u8]) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Decode `wire` against `recent` into an owned snapshot, the way a
+    /// block cursor does.
+    fn decode(wire: WireStack, recent: &RecentStacks) -> Result<StackSnapshot, StackDecodeError> {
+        let segments: Vec<SegmentIn<'_>> = wire
+            .segments
+            .iter()
+            .map(|s| match s {
+                Segment::Same(n) => SegmentIn::Same(*n),
+                Segment::Literal(l) => SegmentIn::Literal(l),
+            })
+            .collect();
+        let wire_in = WireStackIn {
+            start: wire.start,
+            len: wire.len,
+            base: wire.base,
+            segments,
+        };
+        let prev = recent
+            .get(usize::from(wire.base).min(MAX_BASES))
+            .map(|p| Snap {
+                record: 0,
+                start: p.start,
+                len: p.bytes.len() as u32,
+                pieces: vec![Piece {
+                    off: 0,
+                    bytes: &p.bytes,
+                }],
+            });
+        let mut pieces = Vec::new();
+        decode_pieces(&wire_in, prev.as_ref(), true, &mut pieces)?;
+        let mut bytes = vec![0; wire.len as usize];
+        read_pieces(&pieces, 0, &mut bytes);
+        Ok(StackSnapshot {
+            start: wire.start,
+            bytes,
+        })
+    }
 
     fn snap(start: u64, bytes: Vec<u8>) -> StackSnapshot {
         StackSnapshot { start, bytes }

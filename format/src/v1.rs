@@ -8,12 +8,13 @@
 //! gained variants at their end (`SampleKind`, `BlobKind`, `Target`) decode
 //! version-1 bytes unchanged.
 
+use crate::cursor::WireSampleIn;
 use crate::records::{
     Blob, IdleRecord, ImageMapRecord, ImageUnmapRecord, LostRecord, LostSource, ProcessEvent,
     ProcessRecord, Record, Regs, Sample, SampleDetail, SampleFlags, SampleKind, StackSnapshot,
     Summary, ThreadRecord,
 };
-use crate::stack::{Segment, WireStack};
+use crate::stack::{SegmentIn, WireStackIn};
 use crate::types::{
     Arch, Clock, Endian, EventSettings, Os, Pid, SamplingSettings, Target, Tid, Timestamp,
     TraceHeader,
@@ -61,11 +62,12 @@ impl From<TraceHeaderV1> for TraceHeader {
     }
 }
 
-/// A version-1 wire record.
+/// A version-1 wire record, literal stack bytes borrowed from the block.
 #[derive(Deserialize)]
-pub(crate) enum WireRecordV1 {
+pub(crate) enum WireRecordV1In<'a> {
     Plain(RecordV1),
-    Sample(WireSampleV1),
+    #[serde(borrow)]
+    Sample(WireSampleV1In<'a>),
 }
 
 /// A version-1 record: variants 0 to 8 of today's, three of them with
@@ -163,7 +165,7 @@ pub(crate) struct SampleV1 {
 /// A version-1 delta-encoded sample: no `base` in its stack (always the
 /// thread's latest snapshot) and none of version 2's sample fields.
 #[derive(Deserialize)]
-pub(crate) struct WireSampleV1 {
+pub(crate) struct WireSampleV1In<'a> {
     time: Timestamp,
     pid: Pid,
     tid: Tid,
@@ -171,21 +173,23 @@ pub(crate) struct WireSampleV1 {
     kind: SampleKind,
     weight: u64,
     regs: Regs,
-    stack: WireStackV1,
+    #[serde(borrow)]
+    stack: WireStackV1In<'a>,
     kernel_callchain: Vec<u64>,
     frames: Vec<u64>,
 }
 
 #[derive(Deserialize)]
-struct WireStackV1 {
+struct WireStackV1In<'a> {
     start: u64,
     len: u32,
-    segments: Vec<Segment>,
+    #[serde(borrow)]
+    segments: Vec<SegmentIn<'a>>,
 }
 
-impl From<WireSampleV1> for crate::block::WireSample {
-    fn from(w: WireSampleV1) -> crate::block::WireSample {
-        crate::block::WireSample {
+impl<'a> From<WireSampleV1In<'a>> for WireSampleIn<'a> {
+    fn from(w: WireSampleV1In<'a>) -> WireSampleIn<'a> {
+        WireSampleIn {
             time: w.time,
             pid: w.pid,
             tid: w.tid,
@@ -193,7 +197,7 @@ impl From<WireSampleV1> for crate::block::WireSample {
             kind: w.kind,
             weight: w.weight,
             regs: w.regs,
-            stack: WireStack {
+            stack: WireStackIn {
                 start: w.stack.start,
                 len: w.stack.len,
                 base: 0,

@@ -201,6 +201,37 @@ fn deep_recursion_and_big_frame_reach_the_root() {
     assert!(rooted as f64 >= 0.99 * total(&f) as f64, "{f:?}");
 }
 
+/// The analyzer unwinds a sample only down to where it joins the earlier
+/// sample its stack was delta-encoded against, and takes that sample's
+/// outer frames; `strip` unwinds every sample in full. Both must give the
+/// same stacks: on a 300-frame recursion and on threads whose leaves
+/// change, sampled fast so that consecutive samples share most frames.
+#[test]
+fn unwinding_only_what_changed_gives_the_stacks_of_full_walks() {
+    require_perf!();
+    let dir = scratch_dir("an-incremental");
+    let deep = build_c(&["rec_deep.c"], NO_FP, &dir, "rec_deep");
+    let threads = build_c(&["rec_threads.c"], NO_FP, &dir, "rec_threads");
+    for (name, exe, args) in [
+        ("deep", &deep, &["400", "300"][..]),
+        ("threads", &threads, &["400"][..]),
+    ] {
+        let trace = record(&dir, name, &["--freq", "4000"], exe, args);
+        let stripped = dir.join(format!("{name}-stripped.lpt"));
+        ok(&[
+            "strip",
+            trace.to_str().unwrap(),
+            "-o",
+            stripped.to_str().unwrap(),
+        ]);
+        let whole = folded_text(&stripped, &[]);
+        assert!(whole.lines().count() > 1, "{name}: {whole}");
+        assert_eq!(folded_text(&trace, &[]), whole, "{name}");
+        assert_eq!(folded_text(&trace, &["--jobs", "2"]), whole, "{name}");
+    }
+    remove_scratch_dir(&dir);
+}
+
 #[test]
 fn dlopened_library_resolves() {
     require_perf!();

@@ -24,6 +24,31 @@ fn wanted_name(name: &str, macho: bool) -> Option<String> {
     }
 }
 
+/// Deflate can shrink data at most about 1032 times: a section claiming
+/// more is corrupt (and must not make us allocate what it claims).
+const MAX_INFLATE_RATIO: u64 = 1032;
+
+/// The bytes of a compressed section. zlib, what ELF debug sections use,
+/// goes through zlib-rs: inflating a large library's debug info is a
+/// fixed cost of every analysis, and zlib-rs does it in about half the
+/// time of the miniz_oxide path `object` takes. Other formats (zstd) go
+/// through `object`.
+fn inflate<'d, S: ObjectSection<'d>>(sec: &S) -> Option<Vec<u8>> {
+    let c = sec.compressed_data().ok()?;
+    if c.format != object::CompressionFormat::Zlib {
+        return c.decompress().ok().map(|d| d.into_owned());
+    }
+    if c.uncompressed_size > (c.data.len() as u64).saturating_mul(MAX_INFLATE_RATIO) + 64 {
+        return None;
+    }
+    let size = usize::try_from(c.uncompressed_size).ok()?;
+    let mut out = Vec::new();
+    out.try_reserve_exact(size).ok()?;
+    out.resize(size, 0);
+    let (done, rc) = zlib_rs::decompress_slice(&mut out, c.data, zlib_rs::InflateConfig::default());
+    (rc == zlib_rs::ReturnCode::Ok && done.len() == size).then_some(out)
+}
+
 /// Parse `bytes` as an ELF or Mach-O image. Section bytes point into
 /// `bytes` (compressed debug sections are decompressed into new buffers).
 pub(crate) fn parse_file(bytes: Arc<Vec<u8>>) -> Result<ParsedFile, String> {
@@ -79,7 +104,11 @@ pub(crate) fn parse_file(bytes: Arc<Vec<u8>>) -> Result<ParsedFile, String> {
         let Some(key) = wanted_name(name, macho) else {
             continue;
         };
-        if data.sections.contains_key(&key) || (dsym && !key.starts_with(".debug_")) {
+        if data.sections.contains_key(&key)
+            || (dsym && !key.starts_with(".debug_"))
+            || crate::symbolicate::unused_dwarf(&key)
+        {
+            // Nothing reads it: do not inflate it.
             continue;
         }
         let plain = sec
@@ -88,10 +117,7 @@ pub(crate) fn parse_file(bytes: Arc<Vec<u8>>) -> Result<ParsedFile, String> {
         let bytes = match (plain, sec.file_range()) {
             (true, Some((off, len))) => SectionBytes::slice(&bytes, off, len),
             (true, None) => Some(SectionBytes::whole(Arc::new(Vec::new()))), // NOBITS
-            (false, _) => sec
-                .uncompressed_data()
-                .ok()
-                .map(|d| SectionBytes::whole(Arc::new(d.into_owned()))),
+            (false, _) => inflate(&sec).map(|d| SectionBytes::whole(Arc::new(d))),
         };
         if let Some(b) = bytes {
             data.sections.insert(

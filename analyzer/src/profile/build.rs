@@ -10,7 +10,9 @@ use crate::image::Source;
 use crate::pipeline::{FrameKey, Prepared};
 use crate::symbolicate::Resolved;
 use lrnprof_format::TraceReader;
+use rustc_hash::FxHashMap;
 use std::collections::HashMap;
+use std::ops::Range;
 
 /// Outermost functions that mean a stack reached its thread's root.
 const ROOT_FUNCTIONS: &[&str] = &[
@@ -34,7 +36,9 @@ const ROOT_FUNCTIONS: &[&str] = &[
     "start",
 ];
 
-/// One sample after unwinding, as the builder takes it.
+/// One sample after unwinding, as the builder takes it one at a time
+/// ([`ProfileBuilder::add`]; the analysis itself adds whole blocks).
+#[allow(dead_code)]
 pub(crate) struct UnwoundSample {
     /// Index into the timeline's threads.
     pub thread: u32,
@@ -53,19 +57,75 @@ pub(crate) struct UnwoundSample {
     pub cut_short: bool,
 }
 
-/// Builds a [`Profile`]: [`add`](Self::add) every sample in trace order,
+/// The samples of one block after unwinding, in trace order, as the
+/// builder takes them: a sample whose outer frames are an earlier one's
+/// names that sample instead of repeating them.
+#[derive(Default)]
+pub(crate) struct UnwoundBlock {
+    pub samples: Vec<BlockSample>,
+    /// The frames the samples list, each sample's leaf first.
+    pub keys: Vec<FrameKey>,
+}
+
+/// One sample of an [`UnwoundBlock`].
+pub(crate) struct BlockSample {
+    /// Index into the timeline's threads.
+    pub thread: u32,
+    pub time: lrnprof_format::Timestamp,
+    pub amounts: Amounts,
+    pub stack: BlockStack,
+    pub clean: bool,
+    pub used_kernel_chain: bool,
+    pub presymbolized: bool,
+    /// Whether its stack copy was cut short at a page its thread had never
+    /// touched.
+    pub cut_short: bool,
+}
+
+/// A sample's frames in an [`UnwoundBlock`].
+pub(crate) enum BlockStack {
+    /// All of them: `keys` in [`UnwoundBlock::keys`], leaf first.
+    Whole { keys: Range<u32> },
+    /// `keys` (leaf first), then the frames of the block's sample number
+    /// `base` (an earlier one) without its innermost `skip`.
+    Joined {
+        base: u32,
+        skip: u32,
+        keys: Range<u32>,
+    },
+}
+
+/// No stack node: the empty stack, the parent of outermost frames.
+const ROOT: u32 = u32::MAX;
+
+/// A node of the stack table: a frame and the node of its callers.
+#[derive(Debug, Clone, Copy)]
+struct StackNode {
+    parent: u32,
+    frame: u32,
+}
+
+/// Builds a [`Profile`]: [`add`](Self::add) (or
+/// [`add_block`](Self::add_block)) every sample in trace order,
 /// symbolicate [`frames`](Self::frames), then [`finish`](Self::finish).
 /// Ids are given in first-seen order, so the result does not depend on how
 /// work was split between threads.
+///
+/// Stacks are interned as a table of (callers, frame) nodes: a sample
+/// costs a lookup per frame that is not its base sample's, not per frame.
 pub(crate) struct ProfileBuilder {
     frames: Vec<FrameKey>,
-    frame_ids: HashMap<FrameKey, u32>,
-    stacks: Vec<Stack>,
+    frame_ids: FxHashMap<FrameKey, u32>,
+    nodes: Vec<StackNode>,
+    node_ids: FxHashMap<(u32, u32), u32>,
+    /// Per stack: its thread and innermost node.
+    stack_keys: Vec<(u32, u32)>,
+    stack_samples: Vec<u64>,
     stack_clean: Vec<u64>,
     /// Per stack: samples cut short, and of those the clean ones.
     stack_cut_short: Vec<(u64, u64)>,
     stack_amounts: Vec<Amounts>,
-    stack_ids: HashMap<(u32, Vec<u32>), u32>,
+    stack_ids: FxHashMap<(u32, u32), u32>,
     sequences: Vec<Vec<SequenceEntry>>,
     /// The value sequences weigh; `None`: no sequences kept.
     sequence_value: Option<ValueKind>,
@@ -77,6 +137,10 @@ pub(crate) struct ProfileBuilder {
     selected: Option<ValueKind>,
     kernel_chain: u64,
     presymbolized: u64,
+    /// Frame ids of the sample being added, leaf first.
+    scratch: Vec<u32>,
+    /// Innermost node of each sample of the block being added.
+    block_leaves: Vec<u32>,
 }
 
 impl ProfileBuilder {
@@ -98,12 +162,15 @@ impl ProfileBuilder {
         };
         ProfileBuilder {
             frames: Vec::new(),
-            frame_ids: HashMap::new(),
-            stacks: Vec::new(),
+            frame_ids: FxHashMap::default(),
+            nodes: Vec::new(),
+            node_ids: FxHashMap::default(),
+            stack_keys: Vec::new(),
+            stack_samples: Vec::new(),
             stack_clean: Vec::new(),
             stack_cut_short: Vec::new(),
             stack_amounts: Vec::new(),
-            stack_ids: HashMap::new(),
+            stack_ids: FxHashMap::default(),
             sequences: vec![Vec::new(); threads],
             sequence_value,
             merge_runs: !every_sample,
@@ -113,72 +180,141 @@ impl ProfileBuilder {
             selected,
             kernel_chain: 0,
             presymbolized: 0,
+            scratch: Vec::new(),
+            block_leaves: Vec::new(),
         }
     }
 
     /// Count one sample (in trace order).
+    #[allow(dead_code)]
     pub fn add(&mut self, u: UnwoundSample) {
-        let ids: Vec<u32> = u
-            .frames
-            .iter()
-            .map(|f| {
-                let next = self.frames.len() as u32;
-                *self.frame_ids.entry(*f).or_insert_with(|| {
-                    self.frames.push(*f);
-                    next
-                })
-            })
-            .collect();
-        let next = self.stacks.len() as u32;
-        let stacks = &mut self.stacks;
-        let clean = &mut self.stack_clean;
-        let cut_short = &mut self.stack_cut_short;
-        let stack_amounts = &mut self.stack_amounts;
-        let id = *self
-            .stack_ids
-            .entry((u.thread, ids))
-            .or_insert_with_key(|(thread, ids)| {
-                stacks.push(Stack {
-                    thread: *thread,
-                    locations: ids.clone(),
-                    samples: 0,
-                    values: Vec::new(),
-                    root_samples: 0,
-                });
-                clean.push(0);
-                cut_short.push((0, 0));
-                stack_amounts.push(Amounts::default());
+        let node = self.extend(ROOT, &u.frames);
+        self.count(
+            u.thread,
+            u.time,
+            node,
+            &u.amounts,
+            u.clean,
+            u.used_kernel_chain,
+            u.presymbolized,
+            u.cut_short,
+        );
+    }
+
+    /// Count the samples of a block (blocks in trace order).
+    pub fn add_block(&mut self, block: &UnwoundBlock) {
+        let mut leaves = std::mem::take(&mut self.block_leaves);
+        leaves.clear();
+        for s in &block.samples {
+            let (from, keys) = match &s.stack {
+                BlockStack::Whole { keys } => (ROOT, keys),
+                BlockStack::Joined { base, skip, keys } => {
+                    let mut node = leaves.get(*base as usize).copied().unwrap_or(ROOT);
+                    for _ in 0..*skip {
+                        node = self.nodes.get(node as usize).map_or(ROOT, |n| n.parent);
+                    }
+                    (node, keys)
+                }
+            };
+            let keys = block
+                .keys
+                .get(keys.start as usize..keys.end as usize)
+                .unwrap_or(&[]);
+            let node = self.extend(from, keys);
+            leaves.push(node);
+            self.count(
+                s.thread,
+                s.time,
+                node,
+                &s.amounts,
+                s.clean,
+                s.used_kernel_chain,
+                s.presymbolized,
+                s.cut_short,
+            );
+        }
+        self.block_leaves = leaves;
+    }
+
+    /// The node of `frames` (leaf first) called from the stack `from`.
+    /// Frame ids are given leaf first, as a sample lists them.
+    fn extend(&mut self, from: u32, frames: &[FrameKey]) -> u32 {
+        let mut ids = std::mem::take(&mut self.scratch);
+        ids.clear();
+        for f in frames {
+            let next = self.frames.len() as u32;
+            let id = *self.frame_ids.entry(*f).or_insert_with(|| {
+                self.frames.push(*f);
                 next
             });
-        self.stacks[id as usize].samples += 1;
-        self.stack_amounts[id as usize].add(&u.amounts);
-        self.stack_clean[id as usize] += u64::from(u.clean);
-        if u.cut_short {
+            ids.push(id);
+        }
+        let mut node = from;
+        for &frame in ids.iter().rev() {
+            let next = self.nodes.len() as u32;
+            let nodes = &mut self.nodes;
+            node = *self.node_ids.entry((node, frame)).or_insert_with(|| {
+                nodes.push(StackNode {
+                    parent: node,
+                    frame,
+                });
+                next
+            });
+        }
+        self.scratch = ids;
+        node
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn count(
+        &mut self,
+        thread: u32,
+        time: lrnprof_format::Timestamp,
+        node: u32,
+        amounts: &Amounts,
+        clean: bool,
+        used_kernel_chain: bool,
+        presymbolized: bool,
+        cut_short: bool,
+    ) {
+        let next = self.stack_keys.len() as u32;
+        let id = *self.stack_ids.entry((thread, node)).or_insert(next);
+        if id == next {
+            self.stack_keys.push((thread, node));
+            self.stack_samples.push(0);
+            self.stack_clean.push(0);
+            self.stack_cut_short.push((0, 0));
+            self.stack_amounts.push(Amounts::default());
+        }
+        if cut_short {
             let c = &mut self.stack_cut_short[id as usize];
             c.0 += 1;
-            c.1 += u64::from(u.clean);
+            c.1 += u64::from(clean);
         }
-        self.thread_samples[u.thread as usize] += 1;
-        self.thread_amounts[u.thread as usize].add(&u.amounts);
-        self.kernel_chain += u64::from(u.used_kernel_chain);
-        self.presymbolized += u64::from(u.presymbolized);
+        self.stack_samples[id as usize] += 1;
+        self.stack_amounts[id as usize].add(amounts);
+        self.stack_clean[id as usize] += u64::from(clean);
+        self.thread_samples[thread as usize] += 1;
+        self.thread_amounts[thread as usize].add(amounts);
+        self.kernel_chain += u64::from(used_kernel_chain);
+        self.presymbolized += u64::from(presymbolized);
         if let Some(kind) = self.sequence_value {
-            let weight = u.amounts.get(kind);
+            let weight = amounts.get(kind);
             if weight == 0 {
                 // Not an event of the value shown (or one worth nothing).
                 return;
             }
-            let seq = &mut self.sequences[u.thread as usize];
+            let seq = &mut self.sequences[thread as usize];
             match seq.last_mut() {
                 Some(last) if last.stack == id && self.merge_runs => {
                     last.samples += 1;
                     last.weight = last.weight.saturating_add(weight);
-                    last.last_time = u.time;
+                    last.last_time = time;
                 }
                 _ => seq.push(SequenceEntry {
                     stack: id,
-                    time: u.time,
-                    last_time: u.time,
+                    time,
+                    last_time: time,
                     samples: 1,
                     weight,
                 }),
@@ -272,10 +408,27 @@ impl ProfileBuilder {
             })
             .collect();
         stats.stack_bytes = timeline.threads.values().map(|t| t.stack_bytes).sum();
-        let mut stacks = self.stacks;
-        for (s, amounts) in stacks.iter_mut().zip(&self.stack_amounts) {
-            s.values = amounts.project(&self.value_kinds);
-        }
+        let mut stacks: Vec<Stack> = self
+            .stack_keys
+            .iter()
+            .zip(&self.stack_samples)
+            .zip(&self.stack_amounts)
+            .map(|((&(thread, leaf), &samples), amounts)| {
+                let mut locations = Vec::new();
+                let mut node = leaf;
+                while let Some(n) = self.nodes.get(node as usize) {
+                    locations.push(n.frame);
+                    node = n.parent;
+                }
+                Stack {
+                    thread,
+                    locations,
+                    samples,
+                    values: amounts.project(&self.value_kinds),
+                    root_samples: 0,
+                }
+            })
+            .collect();
         for ((s, clean), cut) in stacks
             .iter_mut()
             .zip(self.stack_clean)

@@ -4,7 +4,9 @@
 mod build;
 mod values;
 
-pub(crate) use build::{ProfileBuilder, UnwoundSample};
+#[allow(unused_imports)]
+pub(crate) use build::UnwoundSample;
+pub(crate) use build::{BlockSample, BlockStack, ProfileBuilder, UnwoundBlock};
 pub use values::ValueKind;
 pub(crate) use values::{amounts, kinds_of, primary, Amounts, HeapScale};
 

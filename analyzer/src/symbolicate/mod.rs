@@ -12,18 +12,42 @@ pub use lrnprof_image::FrameLine;
 pub(crate) use resolve::{symbolicate, Resolved};
 
 use crate::address::Svma;
-use crate::image::ImageData;
-use gimli::EndianArcSlice;
+use crate::image::{ImageData, SectionBytes};
+use gimli::EndianReader;
 use gimli::RunTimeEndian;
 use lrnprof_image::{load_dwarf, project_inline, Resolver};
 use std::sync::Arc;
 
-type Reader = EndianArcSlice<RunTimeEndian>;
+/// DWARF is read in place, from the image's shared buffers.
+type Reader = EndianReader<RunTimeEndian, SectionBytes>;
 
-/// An image's DWARF sections, copied once into shared buffers so that every
-/// worker's [`Symbolizer`] can read them.
+// Safety: a `SectionBytes` derefs to a range of a `Vec` inside an `Arc`,
+// whose heap buffer never moves while any clone of the `Arc` lives, and
+// clones deref to the same bytes.
+unsafe impl stable_deref_trait::StableDeref for SectionBytes {}
+// Safety: as above; a clone shares the `Arc` and the range.
+unsafe impl stable_deref_trait::CloneStableDeref for SectionBytes {}
+
+/// DWARF sections the symbolizer never reads: variable locations, macros
+/// and name indexes.
+pub(crate) fn unused_dwarf(name: &str) -> bool {
+    matches!(
+        name,
+        ".debug_loc"
+            | ".debug_loclists"
+            | ".debug_macro"
+            | ".debug_macinfo"
+            | ".debug_pubnames"
+            | ".debug_pubtypes"
+            | ".debug_gnu_pubnames"
+            | ".debug_gnu_pubtypes"
+    )
+}
+
+/// An image's DWARF sections, shared (not copied) so that every worker's
+/// [`Symbolizer`] can read them.
 pub(crate) struct DwarfSections {
-    sections: Vec<(&'static str, Arc<[u8]>)>,
+    sections: Vec<(&'static str, SectionBytes)>,
     endian: RunTimeEndian,
 }
 
@@ -41,8 +65,8 @@ impl DwarfSections {
         let mut sections = Vec::new();
         // The DWARF loader asks for each section it knows once: record them.
         let _ = load_dwarf(|name| {
-            if let Some(s) = data.section(name) {
-                sections.push((name, Arc::from(&s.bytes[..])));
+            if let Some(s) = data.section(name).filter(|_| !unused_dwarf(name)) {
+                sections.push((name, s.bytes.clone()));
             }
             gimli::EndianSlice::new(&[][..], endian)
         });
@@ -61,12 +85,11 @@ impl<'a> Symbolizer<'a> {
     pub fn new(data: &'a ImageData, sections: Option<&DwarfSections>) -> Symbolizer<'a> {
         let dwarf = sections.and_then(|d| {
             load_dwarf(|name| {
-                let bytes = d
-                    .sections
-                    .iter()
-                    .find(|(n, _)| *n == name)
-                    .map_or_else(|| Arc::from(&[][..]), |(_, b)| b.clone());
-                EndianArcSlice::new(bytes, d.endian)
+                let bytes = d.sections.iter().find(|(n, _)| *n == name).map_or_else(
+                    || SectionBytes::whole(Arc::new(Vec::new())),
+                    |(_, b)| b.clone(),
+                );
+                EndianReader::new(bytes, d.endian)
             })
         });
         Symbolizer {

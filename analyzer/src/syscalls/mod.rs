@@ -14,7 +14,7 @@ mod render;
 use crate::error::AnalyzeError;
 use crate::options::{AnalyzeOptions, Progress};
 use crate::outcomes::Outcome;
-use crate::pipeline::{for_each_sample_chunk, open, pool, prepare, FrameKey, Prepared};
+use crate::pipeline::{for_each_sample_chunk, open, pool, prepare, FrameKey, Prepared, TraceBytes};
 use crate::symbolicate::symbolicate;
 use crate::unwind::ArchCache;
 use lrnprof_format::{
@@ -180,8 +180,10 @@ pub fn syscall_report(
         .map_err(|e| AnalyzeError::SyscallFilter(e.to_string()))?;
     let pool = pool(options.analyze.jobs)?;
     let report = pool.install(|| {
-        let mut prepared = prepare(&reader, &options.analyze, progress, true);
-        let calls = collect(&reader, &mut prepared, options, &keep_nrs, progress);
+        let prepared = prepare(&reader, &options.analyze, progress, &|b| {
+            reader.data().release(b)
+        });
+        let calls = collect(&reader, &prepared, options, &keep_nrs, progress);
         build(prepared, calls, options, progress)
     });
     progress.finish();
@@ -196,15 +198,13 @@ pub fn syscall_report(
 }
 
 /// Every kept syscall entry with its outcome and call-site frame.
-fn collect<D: AsRef<[u8]> + Sync>(
-    reader: &TraceReader<D>,
-    prepared: &mut Prepared,
+fn collect(
+    reader: &TraceReader<TraceBytes>,
+    prepared: &Prepared,
     options: &SyscallReportOptions,
     keep_nrs: &[u32],
     progress: &dyn Progress,
 ) -> Vec<Call> {
-    let mut cache = std::mem::take(&mut prepared.cache);
-    let prepared = &*prepared;
     let total = reader.blocks().len() as u64;
     let mut calls = Vec::new();
     let keep = |s: &lrnprof_format::Sample| match s.detail {
@@ -215,7 +215,7 @@ fn collect<D: AsRef<[u8]> + Sync>(
         }
         _ => false,
     };
-    for_each_sample_chunk(reader, &mut cache, keep, |samples, done| {
+    for_each_sample_chunk(reader, keep, |samples, done| {
         let chunk: Vec<Call> = samples
             .par_iter()
             .map_init(

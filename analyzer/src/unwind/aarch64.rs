@@ -1,6 +1,5 @@
 //! AArch64 traces.
 
-use super::{walk, Unwound};
 use crate::image::SectionBytes;
 use framehop::aarch64::{CacheAarch64, PtrAuthMask, UnwindRegsAarch64, UnwinderAarch64};
 use framehop::{Module, Unwinder as _};
@@ -17,21 +16,15 @@ pub(crate) fn build(modules: impl Iterator<Item = Module<SectionBytes>>) -> Unwi
     u
 }
 
-pub(crate) fn unwind<F>(
-    u: &Unwinder,
-    cache: &mut Cache,
-    r: &RegsAarch64,
-    read_stack: &mut F,
-) -> Unwound
-where
-    F: FnMut(u64) -> Result<u64, ()>,
-{
+pub(crate) fn start(u: &Unwinder, r: &RegsAarch64) -> (u64, UnwindRegsAarch64) {
     // Return addresses may carry pointer-authentication bits: strip what
     // lies above the highest code address the process has mapped.
     let mask = match u.max_known_code_address() {
         0 => PtrAuthMask::new_no_strip(),
         max => PtrAuthMask::from_max_known_address(max),
     };
-    let regs = UnwindRegsAarch64::new_with_ptr_auth_mask(mask, r.lr, r.sp, r.fp);
-    walk(u, r.pc, regs, cache, read_stack)
+    (
+        r.pc,
+        UnwindRegsAarch64::new_with_ptr_auth_mask(mask, r.lr, r.sp, r.fp),
+    )
 }

@@ -2,12 +2,15 @@
 //! always compiled; the trace header picks one at run time.
 
 mod aarch64;
+mod block;
 mod x86_64;
+
+pub(crate) use block::{unwind_block, BlockContext};
 
 use crate::image::{LoadedImage, SectionBytes};
 use crate::timeline::Mapping;
-use framehop::{ExplicitModuleSectionInfo, Module};
-use lrnprof_format::{Arch, Regs, Sample};
+use framehop::{ExplicitModuleSectionInfo, FrameAddress, Module};
+use lrnprof_format::{Arch, Regs, Sample, StackView};
 use std::collections::HashMap;
 use std::sync::Mutex;
 
@@ -132,35 +135,22 @@ impl ArchUnwinder {
     /// Unwind `sample` from its registers and stack copy; continue with the
     /// kernel callchain where the copy ends.
     pub fn unwind(&self, cache: &mut ArchCache, sample: &Sample, little_endian: bool) -> Unwound {
-        let stack = &sample.stack;
-        let mut read_stack = |addr: u64| -> Result<u64, ()> {
-            let off = addr.checked_sub(stack.start).ok_or(())?;
-            let off = usize::try_from(off).map_err(|_| ())?;
-            let b = stack
-                .bytes
-                .get(off..off.checked_add(8).ok_or(())?)
-                .ok_or(())?;
-            let a: [u8; 8] = b.try_into().map_err(|_| ())?;
-            Ok(if little_endian {
-                u64::from_le_bytes(a)
-            } else {
-                u64::from_be_bytes(a)
-            })
-        };
-        let mut u = match (self, cache, &sample.regs) {
-            (ArchUnwinder::X86_64(un), ArchCache::X86_64(c), Regs::X86_64(r)) => {
-                x86_64::unwind(un, c, r, &mut read_stack)
+        let stack = StackView::of_snapshot(&sample.stack);
+        let mut u = match (self, cache) {
+            (ArchUnwinder::X86_64(un), ArchCache::X86_64(c)) => {
+                walk_whole::<X86_64Arch>(un, c, &sample.regs, &stack, little_endian)
             }
-            (ArchUnwinder::Aarch64(un), ArchCache::Aarch64(c), Regs::Aarch64(r)) => {
-                aarch64::unwind(un, c, r, &mut read_stack)
+            (ArchUnwinder::Aarch64(un), ArchCache::Aarch64(c)) => {
+                walk_whole::<Aarch64Arch>(un, c, &sample.regs, &stack, little_endian)
             }
-            // Registers of another arch than the header says: keep the ip.
-            _ => Unwound {
-                frames: vec![sample.regs.ip()],
-                clean: false,
-                used_kernel_chain: false,
-            },
-        };
+            _ => None,
+        }
+        // Registers of another arch than the header says: keep the ip.
+        .unwrap_or_else(|| Unwound {
+            frames: vec![sample.regs.ip()],
+            clean: false,
+            used_kernel_chain: false,
+        });
         if !u.clean {
             u.used_kernel_chain = continue_with_callchain(&mut u.frames, &sample.kernel_callchain);
         }
@@ -168,38 +158,283 @@ impl ArchUnwinder {
     }
 }
 
-/// Drive a framehop iterator to the end. Returns the frames and whether the
-/// end was clean.
-pub(crate) fn walk<U, F>(
-    unwinder: &U,
+/// Walk a whole stack (no earlier sample to reuse) into frames.
+fn walk_whole<A: UnwindArch>(
+    unwinder: &A::Unwinder,
+    cache: &mut A::Cache,
+    regs: &Regs,
+    stack: &StackView<'_>,
+    little_endian: bool,
+) -> Option<Unwound> {
+    let (pc, regs) = A::start(unwinder, regs)?;
+    let mut arena = Vec::new();
+    let walked = walk::<A>(
+        unwinder,
+        cache,
+        pc,
+        regs,
+        stack,
+        little_endian,
+        None,
+        &mut arena,
+    );
+    let mut frames = Vec::with_capacity(walked.len as usize);
+    frames.extend(chain(&arena, walked.leaf).map(|n| n.address.address()));
+    Some(Unwound {
+        frames,
+        clean: walked.clean,
+        used_kernel_chain: false,
+    })
+}
+
+/// What the unwinder of a trace architecture is made of, so that one
+/// incremental walk serves both.
+pub(crate) trait UnwindArch {
+    type Regs: Copy + PartialEq;
+    type Cache;
+    type Unwinder: framehop::Unwinder<UnwindRegs = Self::Regs, Cache = Self::Cache>;
+    /// The unwinder of this arch in `u`, if it is of this arch.
+    fn unwinder(u: &ArchUnwinder) -> Option<&Self::Unwinder>;
+    /// The cache of this arch in `c`, if it is of this arch.
+    fn cache(c: &mut ArchCache) -> Option<&mut Self::Cache>;
+    /// The instruction pointer and unwind registers of a sample's
+    /// registers, if they are of this arch.
+    fn start(u: &Self::Unwinder, regs: &Regs) -> Option<(u64, Self::Regs)>;
+    /// The stack pointer in `regs`.
+    fn sp(regs: &Self::Regs) -> u64;
+}
+
+pub(crate) struct X86_64Arch;
+pub(crate) struct Aarch64Arch;
+
+impl UnwindArch for X86_64Arch {
+    type Regs = framehop::x86_64::UnwindRegsX86_64;
+    type Cache = x86_64::Cache;
+    type Unwinder = x86_64::Unwinder;
+    fn unwinder(u: &ArchUnwinder) -> Option<&Self::Unwinder> {
+        match u {
+            ArchUnwinder::X86_64(u) => Some(u),
+            ArchUnwinder::Aarch64(_) => None,
+        }
+    }
+    fn cache(c: &mut ArchCache) -> Option<&mut Self::Cache> {
+        match c {
+            ArchCache::X86_64(c) => Some(c),
+            ArchCache::Aarch64(_) => None,
+        }
+    }
+    fn start(_: &Self::Unwinder, regs: &Regs) -> Option<(u64, Self::Regs)> {
+        match regs {
+            Regs::X86_64(r) => Some(x86_64::start(r)),
+            Regs::Aarch64(_) => None,
+        }
+    }
+    fn sp(regs: &Self::Regs) -> u64 {
+        regs.sp()
+    }
+}
+
+impl UnwindArch for Aarch64Arch {
+    type Regs = framehop::aarch64::UnwindRegsAarch64;
+    type Cache = aarch64::Cache;
+    type Unwinder = aarch64::Unwinder;
+    fn unwinder(u: &ArchUnwinder) -> Option<&Self::Unwinder> {
+        match u {
+            ArchUnwinder::Aarch64(u) => Some(u),
+            ArchUnwinder::X86_64(_) => None,
+        }
+    }
+    fn cache(c: &mut ArchCache) -> Option<&mut Self::Cache> {
+        match c {
+            ArchCache::Aarch64(c) => Some(c),
+            ArchCache::X86_64(_) => None,
+        }
+    }
+    fn start(u: &Self::Unwinder, regs: &Regs) -> Option<(u64, Self::Regs)> {
+        match regs {
+            Regs::Aarch64(r) => Some(aarch64::start(u, r)),
+            Regs::X86_64(_) => None,
+        }
+    }
+    fn sp(regs: &Self::Regs) -> u64 {
+        regs.sp()
+    }
+}
+
+/// No node: the end of a chain.
+pub(crate) const NONE: u32 = u32::MAX;
+
+/// One frame of a walk: where it is, the registers the unwinder had there,
+/// and the stack bytes that unwinding from it to the end of the walk read.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Node<R> {
+    pub address: FrameAddress,
+    pub regs: R,
+    /// Lowest AVMA read from this frame on.
+    pub lo: u64,
+    /// One past the highest AVMA read from this frame on.
+    pub hi: u64,
+    /// The caller's node, or [`NONE`] for the last frame.
+    pub parent: u32,
+}
+
+/// The frames of an earlier sample of the same thread and process image
+/// map, and which of its stack bytes the new sample still has.
+pub(crate) struct Reuse {
+    /// Its innermost node.
+    pub leaf: u32,
+    /// Its number of frames.
+    pub len: u32,
+    /// Its walk ended cleanly.
+    pub clean: bool,
+    /// Bytes from this AVMA to `end` are the earlier sample's.
+    pub unchanged_from: u64,
+    /// End of the new sample's stack copy.
+    pub end: u64,
+}
+
+/// How a walk went.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Walked {
+    /// Innermost node of the sample's frames.
+    pub leaf: u32,
+    /// Frames (at most [`MAX_FRAMES`]).
+    pub len: u32,
+    pub clean: bool,
+    /// Stopped at [`MAX_FRAMES`] with more to go.
+    pub truncated: bool,
+    /// When the outer frames are an earlier sample's: how many frames of
+    /// that sample were not reused (its node at that depth is where the
+    /// new frames join it), and how many new frames there are.
+    pub joined: Option<(u32, u32)>,
+}
+
+/// The nodes of a chain, innermost first.
+pub(crate) fn chain<R: Copy>(arena: &[Node<R>], leaf: u32) -> impl Iterator<Item = &Node<R>> {
+    let mut at = leaf;
+    std::iter::from_fn(move || {
+        let n = arena.get(at as usize)?;
+        at = n.parent;
+        Some(n)
+    })
+}
+
+/// Unwind from `pc` and `regs` over `stack`, appending the new frames to
+/// `arena`. With `reuse`, stop as soon as a frame is one of the earlier
+/// sample's in the same state (address and registers) and every stack
+/// byte that unwinding it read is unchanged: from there on the walk would
+/// repeat the earlier one, so the earlier frames are joined instead.
+/// Frames, `clean` and the [`MAX_FRAMES`] bound come out as a full walk's
+/// would.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn walk<A: UnwindArch>(
+    unwinder: &A::Unwinder,
+    cache: &mut A::Cache,
     pc: u64,
-    regs: U::UnwindRegs,
-    cache: &mut U::Cache,
-    read_stack: &mut F,
-) -> Unwound
-where
-    U: framehop::Unwinder,
-    F: FnMut(u64) -> Result<u64, ()>,
-{
-    let mut frames = Vec::new();
-    let mut iter = unwinder.iter_frames(pc, regs, cache, read_stack);
+    mut regs: A::Regs,
+    stack: &StackView<'_>,
+    little_endian: bool,
+    reuse: Option<&Reuse>,
+    arena: &mut Vec<Node<A::Regs>>,
+) -> Walked {
+    use framehop::Unwinder as _;
+    // New frames go straight to the arena, each the parent of the one
+    // before; the last one's parent is set when the walk ends.
+    let first = arena.len();
+    let mut address = FrameAddress::InstructionPointer(pc);
+    // The earlier sample's frame not below the current one, and its depth.
+    let mut other = reuse.map_or(NONE, |r| r.leaf);
+    let mut other_depth = 0u32;
+    let mut joined = None;
+    let mut hit_bound = false;
+    let mut words = stack.reader(little_endian);
     let clean = loop {
-        match iter.next() {
-            Ok(Some(f)) => {
-                if frames.len() >= MAX_FRAMES {
-                    break false;
+        if let Some(r) = reuse {
+            let sp = A::sp(&regs);
+            while let Some(n) = arena.get(other as usize) {
+                if A::sp(&n.regs) >= sp {
+                    break;
                 }
-                frames.push(f.address());
+                other = n.parent;
+                other_depth += 1;
             }
-            Ok(None) => break true,
-            Err(framehop::Error::ReturnAddressIsNull) => break true,
+            let (mut at, mut depth) = (other, other_depth);
+            while let Some(n) = arena.get(at as usize) {
+                if A::sp(&n.regs) != sp {
+                    break;
+                }
+                if n.address == address
+                    && n.regs == regs
+                    && n.lo >= r.unchanged_from
+                    && n.hi <= r.end
+                {
+                    joined = Some((at, depth));
+                    break;
+                }
+                at = n.parent;
+                depth += 1;
+            }
+            if joined.is_some() {
+                break r.clean;
+            }
+        }
+        if arena.len() - first >= MAX_FRAMES {
+            hit_bound = true;
+            break false;
+        }
+        let (mut lo, mut hi) = (u64::MAX, 0u64);
+        let this = address;
+        let this_regs = regs;
+        let mut read = |addr: u64| -> Result<u64, ()> {
+            lo = lo.min(addr);
+            hi = hi.max(addr.saturating_add(8));
+            words.read_u64(addr).ok_or(())
+        };
+        let next = unwinder.unwind_frame(this, &mut regs, cache, &mut read);
+        let parent = arena.len() as u32 + 1;
+        arena.push(Node {
+            address: this,
+            regs: this_regs,
+            lo,
+            hi,
+            parent,
+        });
+        match next {
+            Ok(Some(ra)) => match FrameAddress::from_return_address(ra) {
+                Some(a) => address = a,
+                None => break true,
+            },
+            Ok(None) | Err(framehop::Error::ReturnAddressIsNull) => break true,
             Err(_) => break false,
         }
     };
-    Unwound {
-        frames,
-        clean,
-        used_kernel_chain: false,
+    let new = (arena.len() - first) as u32;
+    let (tail, tail_len) = match (joined, reuse) {
+        (Some((node, depth)), Some(r)) => (node, r.len.saturating_sub(depth)),
+        _ => (NONE, 0),
+    };
+    // Reads from each new frame to the end of the walk.
+    let (mut lo, mut hi) = arena
+        .get(tail as usize)
+        .map_or((u64::MAX, 0), |n| (n.lo, n.hi));
+    if let Some(last) = arena[first..].last_mut() {
+        last.parent = tail;
+    }
+    for n in arena[first..].iter_mut().rev() {
+        lo = lo.min(n.lo);
+        hi = hi.max(n.hi);
+        n.lo = lo;
+        n.hi = hi;
+    }
+    let leaf = if new > 0 { first as u32 } else { tail };
+    let total = new + tail_len;
+    Walked {
+        leaf,
+        len: total.min(MAX_FRAMES as u32),
+        // Past the bound a full walk would have stopped unclean.
+        clean: clean && total <= MAX_FRAMES as u32,
+        truncated: hit_bound || total > MAX_FRAMES as u32,
+        joined: joined.map(|(_, depth)| (depth, new)),
     }
 }
 

@@ -1,6 +1,5 @@
 //! x86-64 traces.
 
-use super::{walk, Unwound};
 use crate::image::SectionBytes;
 use framehop::x86_64::{CacheX86_64, UnwindRegsX86_64, UnwinderX86_64};
 use framehop::{Module, Unwinder as _};
@@ -17,20 +16,6 @@ pub(crate) fn build(modules: impl Iterator<Item = Module<SectionBytes>>) -> Unwi
     u
 }
 
-pub(crate) fn unwind<F>(
-    u: &Unwinder,
-    cache: &mut Cache,
-    r: &RegsX86_64,
-    read_stack: &mut F,
-) -> Unwound
-where
-    F: FnMut(u64) -> Result<u64, ()>,
-{
-    walk(
-        u,
-        r.ip,
-        UnwindRegsX86_64::new(r.ip, r.sp, r.bp),
-        cache,
-        read_stack,
-    )
+pub(crate) fn start(r: &RegsX86_64) -> (u64, UnwindRegsX86_64) {
+    (r.ip, UnwindRegsX86_64::new(r.ip, r.sp, r.bp))
 }

@@ -1,0 +1,509 @@
+//! The analyzer at scale: analysis speed and peak memory of one analyzer
+//! binary against a baseline binary, on the same traces in the same run,
+//! plus `perf report` on the same workload, and a byte-for-byte comparison
+//! of both analyzers' outputs.
+//!
+//! Traces are recorded once per run at a high rate from workloads with a
+//! fixed amount of work, at two lengths (the long one `long_factor` times
+//! the work), so that "memory does not grow with the trace" can be checked.
+
+use crate::error::BenchError;
+use crate::measure::{measure, Measured};
+use crate::stats::median;
+use lrnprof_format::{Record, TraceReader};
+use std::ffi::OsString;
+use std::fmt::Write as _;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+/// What the scaling run measures and where.
+#[derive(Debug, Clone)]
+pub struct ScaleOptions {
+    /// The repository root (for `benches/workloads/`).
+    pub repo: PathBuf,
+    /// Scratch directory for built workloads, traces and outputs.
+    pub work_dir: PathBuf,
+    /// The `lrnprof-rec` binary.
+    pub rec: PathBuf,
+    /// The analyzer under test.
+    pub analyze: PathBuf,
+    /// The baseline analyzer (e.g. built from an earlier commit).
+    pub baseline: Option<PathBuf>,
+    /// The `perf` binary (for `perf report` on the python workload).
+    pub perf: PathBuf,
+    /// The python interpreter of the python workload.
+    pub python: PathBuf,
+    /// Rounds of every measurement; figures are medians.
+    pub runs: usize,
+    /// Work of the long traces relative to the short ones.
+    pub long_factor: u32,
+    /// Units of `deep_threads` work in a short trace (about 1 ms of CPU
+    /// per thread each).
+    pub deep_units: u32,
+    /// Rounds of `cpu_heavy.py` in a short trace.
+    pub python_rounds: u32,
+    /// Longest a single command may run.
+    pub timeout: Duration,
+}
+
+/// One analysis setup.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Analyzer {
+    /// The baseline binary.
+    Baseline,
+    /// The binary under test.
+    Current,
+    /// `perf report --stdio` of a perf.data file of the same workload.
+    PerfReport,
+}
+
+/// Measurements of one trace under one analyzer and job count.
+#[derive(Debug, Clone)]
+pub struct ScaleRow {
+    /// Workload and length, e.g. `deep_threads x10`.
+    pub trace: String,
+    /// Samples in the trace.
+    pub samples: u64,
+    /// Who analyzed it.
+    pub analyzer: Analyzer,
+    /// `--jobs`.
+    pub jobs: usize,
+    /// One measurement per round.
+    pub runs: Vec<Measured>,
+}
+
+impl ScaleRow {
+    fn median_of(&self, f: impl Fn(&Measured) -> f64) -> Option<f64> {
+        median(&self.runs.iter().map(f).collect::<Vec<_>>())
+    }
+    /// Median CPU seconds.
+    pub fn cpu_s(&self) -> Option<f64> {
+        self.median_of(Measured::cpu_s)
+    }
+    /// Median wall seconds.
+    pub fn wall_s(&self) -> Option<f64> {
+        self.median_of(|m| m.wall_s)
+    }
+    /// Median peak resident set, MiB.
+    pub fn peak_mib(&self) -> Option<f64> {
+        self.median_of(|m| m.peak_rss_kib as f64 / 1024.0)
+    }
+    /// Samples per CPU-second (median CPU time).
+    pub fn samples_per_cpu_s(&self) -> Option<f64> {
+        self.cpu_s()
+            .filter(|c| *c > 0.0)
+            .map(|c| self.samples as f64 / c)
+    }
+}
+
+/// Everything one scaling run found.
+#[derive(Debug, Clone, Default)]
+pub struct ScaleReport {
+    /// One row per trace, analyzer and job count.
+    pub rows: Vec<ScaleRow>,
+    /// Output comparisons that differed (empty: byte-identical).
+    pub differences: Vec<String>,
+    /// Outputs compared.
+    pub compared: usize,
+    /// What could not be run, one line each.
+    pub notes: Vec<String>,
+}
+
+struct Trace {
+    name: String,
+    path: PathBuf,
+    samples: u64,
+    /// perf.data of the same workload, and how many samples it holds.
+    perf_data: Option<(PathBuf, u64)>,
+}
+
+/// Record the traces, then measure and compare.
+pub fn run_scale(o: &ScaleOptions, progress: &mut dyn Write) -> Result<ScaleReport, BenchError> {
+    std::fs::create_dir_all(&o.work_dir)
+        .map_err(|e| BenchError::io(format!("create {}", o.work_dir.display()), e))?;
+    let mut report = ScaleReport::default();
+    let traces = record_traces(o, &mut report, progress)?;
+    let log = o.work_dir.join("analyze.stderr");
+    for t in &traces {
+        let mut setups = vec![(Analyzer::Current, 1), (Analyzer::Current, 2)];
+        if o.baseline.is_some() {
+            setups.splice(0..0, [(Analyzer::Baseline, 1), (Analyzer::Baseline, 2)]);
+        }
+        let mut rows: Vec<ScaleRow> = setups
+            .iter()
+            .map(|&(analyzer, jobs)| ScaleRow {
+                trace: t.name.clone(),
+                samples: t.samples,
+                analyzer,
+                jobs,
+                runs: Vec::new(),
+            })
+            .collect();
+        if let Some((_, perf_samples)) = &t.perf_data {
+            rows.push(ScaleRow {
+                trace: t.name.clone(),
+                samples: *perf_samples,
+                analyzer: Analyzer::PerfReport,
+                jobs: 1,
+                runs: Vec::new(),
+            });
+        }
+        // Rounds interleave the setups, so that load from elsewhere hits
+        // them alike.
+        for round in 0..o.runs {
+            for row in rows.iter_mut() {
+                let mut cmd = match row.analyzer {
+                    Analyzer::PerfReport => {
+                        let mut c = Command::new(&o.perf);
+                        c.args(["report", "--stdio", "-i"])
+                            .arg(&t.perf_data.as_ref().expect("perf rows have data").0);
+                        c
+                    }
+                    a => {
+                        let bin = if a == Analyzer::Baseline {
+                            o.baseline.as_ref().expect("baseline rows have a binary")
+                        } else {
+                            &o.analyze
+                        };
+                        let mut c = Command::new(bin);
+                        c.arg(&t.path)
+                            .args(["--format", "pprof", "--jobs", &row.jobs.to_string(), "-o"])
+                            .arg(o.work_dir.join("out.pb.gz"));
+                        c
+                    }
+                };
+                cmd.stdin(Stdio::null()).stdout(Stdio::null());
+                match measure(&mut cmd, &log, o.timeout, &[0]) {
+                    Ok(m) => {
+                        let _ = writeln!(
+                            progress,
+                            "[{}] round {}/{} {:?} jobs {}: {:.3} s CPU, {:.3} s wall, {:.1} MiB",
+                            t.name,
+                            round + 1,
+                            o.runs,
+                            row.analyzer,
+                            row.jobs,
+                            m.cpu_s(),
+                            m.wall_s,
+                            m.peak_rss_kib as f64 / 1024.0
+                        );
+                        row.runs.push(m);
+                    }
+                    Err(e) => report.notes.push(format!(
+                        "{} {:?} jobs {}: {e}",
+                        t.name, row.analyzer, row.jobs
+                    )),
+                }
+            }
+        }
+        report.rows.extend(rows);
+        if let Some(base) = &o.baseline {
+            compare_outputs(o, base, t, &mut report)?;
+        }
+    }
+    Ok(report)
+}
+
+fn record_traces(
+    o: &ScaleOptions,
+    report: &mut ScaleReport,
+    progress: &mut dyn Write,
+) -> Result<Vec<Trace>, BenchError> {
+    let deep = o.work_dir.join("deep_threads");
+    let source = o.repo.join("benches/workloads/deep_threads.c");
+    let cc = Command::new(std::env::var_os("CC").unwrap_or_else(|| "cc".into()))
+        .args(["-O2", "-fomit-frame-pointer", "-g", "-pthread", "-o"])
+        .arg(&deep)
+        .arg(&source)
+        .output()
+        .map_err(|e| BenchError::io("run cc (install gcc)".to_string(), e))?;
+    if !cc.status.success() {
+        return Err(BenchError::CommandFailed {
+            command: format!("cc {}", source.display()),
+            status: cc.status.to_string(),
+            stderr: String::from_utf8_lossy(&cc.stderr).into_owned(),
+        });
+    }
+    let script = o.repo.join("benches/workloads/cpu_heavy.py");
+    let mut traces = Vec::new();
+    for (factor, label) in [(1, "x1"), (o.long_factor, "long")] {
+        let label = if label == "long" {
+            format!("x{factor}")
+        } else {
+            label.to_string()
+        };
+        let deep_argv: Vec<OsString> = vec![
+            deep.clone().into(),
+            (o.deep_units * factor).to_string().into(),
+        ];
+        let name = format!("deep_threads {label}");
+        let path = o.work_dir.join(format!("deep_threads-{label}.lpt"));
+        record(o, &deep_argv, 10_000, &path, progress)?;
+        traces.push(Trace {
+            samples: count_samples(&path)?,
+            name,
+            path,
+            perf_data: None,
+        });
+        if !o.python.is_file() {
+            report.notes.push(format!(
+                "python workload left out: {} does not exist",
+                o.python.display()
+            ));
+            continue;
+        }
+        let py_argv: Vec<OsString> = vec![
+            o.python.clone().into(),
+            script.clone().into(),
+            (o.python_rounds * factor).to_string().into(),
+        ];
+        let name = format!("python3 {label}");
+        let path = o.work_dir.join(format!("python3-{label}.lpt"));
+        record(o, &py_argv, 4_000, &path, progress)?;
+        // perf report on the short trace's workload only: it is the
+        // reference, not the subject.
+        let perf_data = (factor == 1)
+            .then(|| perf_record(o, &py_argv, report, progress))
+            .flatten();
+        traces.push(Trace {
+            samples: count_samples(&path)?,
+            name,
+            path,
+            perf_data,
+        });
+    }
+    Ok(traces)
+}
+
+fn record(
+    o: &ScaleOptions,
+    argv: &[OsString],
+    freq: u32,
+    trace: &Path,
+    progress: &mut dyn Write,
+) -> Result<(), BenchError> {
+    let _ = writeln!(progress, "recording {} at {freq} Hz", trace.display());
+    let mut c = Command::new(&o.rec);
+    c.args(["--freq", &freq.to_string(), "--out"])
+        .arg(trace)
+        .arg("--")
+        .args(argv)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null());
+    measure(&mut c, &o.work_dir.join("rec.stderr"), o.timeout, &[0])?;
+    Ok(())
+}
+
+/// `perf record --call-graph dwarf` of the workload, at 4 kHz like the
+/// lrnprof trace, and its sample count; `None` (with a note) where perf
+/// cannot record.
+fn perf_record(
+    o: &ScaleOptions,
+    argv: &[OsString],
+    report: &mut ScaleReport,
+    progress: &mut dyn Write,
+) -> Option<(PathBuf, u64)> {
+    let data = o.work_dir.join("python3-x1.perf.data");
+    let _ = writeln!(progress, "perf record {}", data.display());
+    let mut c = Command::new(&o.perf);
+    c.args(["record", "-q", "-e", "cpu-clock:u", "-F", "4000"])
+        .args(["--call-graph", "dwarf", "-o"])
+        .arg(&data)
+        .arg("--")
+        .args(argv)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null());
+    if let Err(e) = measure(&mut c, &o.work_dir.join("perf.stderr"), o.timeout, &[0]) {
+        report.notes.push(format!(
+            "perf report rows left out: perf record failed: {e}"
+        ));
+        return None;
+    }
+    // One line per sample; printing only the thread id needs no unwinding.
+    let samples = Command::new(&o.perf)
+        .args(["script", "-F", "tid", "-i"])
+        .arg(&data)
+        .stdin(Stdio::null())
+        .stderr(Stdio::null())
+        .output()
+        .ok()
+        .filter(|out| out.status.success())
+        .map(|out| out.stdout.iter().filter(|&&b| b == b'\n').count() as u64);
+    match samples {
+        Some(n) => Some((data, n)),
+        None => {
+            report
+                .notes
+                .push("perf report rows left out: perf script could not count the samples".into());
+            None
+        }
+    }
+}
+
+fn count_samples(trace: &Path) -> Result<u64, BenchError> {
+    let bad = |source| BenchError::Trace {
+        path: trace.to_owned(),
+        source,
+    };
+    let reader = TraceReader::open(trace).map_err(bad)?;
+    let mut n = 0;
+    for block in reader.blocks() {
+        n += reader
+            .decode_block(block)
+            .map_err(bad)?
+            .iter()
+            .filter(|r| matches!(r, Record::Sample(_)))
+            .count() as u64;
+    }
+    Ok(n)
+}
+
+/// Run both analyzers in every output format (and `info --json`), with
+/// one and two jobs, and compare the bytes.
+fn compare_outputs(
+    o: &ScaleOptions,
+    base: &Path,
+    t: &Trace,
+    report: &mut ScaleReport,
+) -> Result<(), BenchError> {
+    let out = |who: &str, what: &str| o.work_dir.join(format!("cmp-{who}.{what}"));
+    let run = |bin: &Path, args: &[&str], to: &Path| -> Result<Vec<u8>, BenchError> {
+        let _ = std::fs::remove_file(to);
+        let status = Command::new(bin)
+            .arg(&t.path)
+            .args(args)
+            .arg("-o")
+            .arg(to)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .map_err(|e| BenchError::io(format!("run {}", bin.display()), e))?;
+        Ok(if status.success() {
+            std::fs::read(to).map_err(|e| BenchError::io(format!("read {}", to.display()), e))?
+        } else {
+            format!("failed: {status}").into_bytes()
+        })
+    };
+    for format in ["pprof", "folded", "speedscope", "svg", "firefox"] {
+        for jobs in ["1", "2"] {
+            let args = ["--format", format, "--jobs", jobs];
+            let a = run(base, &args, &out("base", format))?;
+            let b = run(&o.analyze, &args, &out("current", format))?;
+            report.compared += 1;
+            if a != b {
+                report
+                    .differences
+                    .push(format!("{}: --format {format} --jobs {jobs}", t.name));
+            }
+        }
+    }
+    let info = |bin: &Path| -> Result<Vec<u8>, BenchError> {
+        Command::new(bin)
+            .args(["info", "--json"])
+            .arg(&t.path)
+            .stdin(Stdio::null())
+            .stderr(Stdio::null())
+            .output()
+            .map(|o| o.stdout)
+            .map_err(|e| BenchError::io(format!("run {} info", bin.display()), e))
+    };
+    report.compared += 1;
+    if info(base)? != info(&o.analyze)? {
+        report.differences.push(format!("{}: info --json", t.name));
+    }
+    Ok(())
+}
+
+/// The report as markdown tables.
+pub fn scale_markdown(r: &ScaleReport, o: &ScaleOptions) -> String {
+    let mut s = String::new();
+    let f = |v: Option<f64>, digits: usize| v.map_or("-".to_string(), |v| format!("{v:.digits$}"));
+    let _ = writeln!(
+        s,
+        "Medians of {} rounds, setups interleaved within each round.\n",
+        o.runs
+    );
+    let _ = writeln!(
+        s,
+        "| trace | samples | analyzer | jobs | CPU s | wall s | samples / CPU-s | peak RSS MiB |"
+    );
+    let _ = writeln!(s, "| --- | --- | --- | --- | --- | --- | --- | --- |");
+    for row in &r.rows {
+        let who = match row.analyzer {
+            Analyzer::Baseline => "baseline",
+            Analyzer::Current => "current",
+            Analyzer::PerfReport => "perf report",
+        };
+        let _ = writeln!(
+            s,
+            "| {} | {} | {who} | {} | {} | {} | {} | {} |",
+            row.trace,
+            row.samples,
+            row.jobs,
+            f(row.cpu_s(), 3),
+            f(row.wall_s(), 3),
+            f(row.samples_per_cpu_s(), 0),
+            f(row.peak_mib(), 1)
+        );
+    }
+    let find = |trace: &str, a: Analyzer, jobs: usize| {
+        r.rows
+            .iter()
+            .find(|x| x.trace == trace && x.analyzer == a && x.jobs == jobs)
+    };
+    let mut traces: Vec<&str> = r.rows.iter().map(|x| x.trace.as_str()).collect();
+    traces.dedup();
+    let _ = writeln!(
+        s,
+        "\n| trace | samples/CPU-s, current / baseline (1 job) | wall, 1 job / 2 jobs (current) | peak RSS MiB, current 1 job / 2 jobs | current / perf report, samples per CPU-s |"
+    );
+    let _ = writeln!(s, "| --- | --- | --- | --- | --- |");
+    for t in traces {
+        let cur1 = find(t, Analyzer::Current, 1);
+        let cur2 = find(t, Analyzer::Current, 2);
+        let base1 = find(t, Analyzer::Baseline, 1);
+        let perf = find(t, Analyzer::PerfReport, 1);
+        let ratio = |a: Option<f64>, b: Option<f64>| match (a, b) {
+            (Some(a), Some(b)) if b > 0.0 => format!("{:.2}×", a / b),
+            _ => "-".into(),
+        };
+        let _ = writeln!(
+            s,
+            "| {t} | {} | {} | {} / {} | {} |",
+            ratio(
+                cur1.and_then(ScaleRow::samples_per_cpu_s),
+                base1.and_then(ScaleRow::samples_per_cpu_s)
+            ),
+            ratio(
+                cur1.and_then(ScaleRow::wall_s),
+                cur2.and_then(ScaleRow::wall_s)
+            ),
+            f(cur1.and_then(ScaleRow::peak_mib), 1),
+            f(cur2.and_then(ScaleRow::peak_mib), 1),
+            ratio(
+                cur1.and_then(ScaleRow::samples_per_cpu_s),
+                perf.and_then(ScaleRow::samples_per_cpu_s)
+            ),
+        );
+    }
+    if o.baseline.is_some() {
+        let _ = writeln!(
+            s,
+            "\nOutputs compared byte for byte (pprof, folded, speedscope, svg, firefox with 1 and 2 jobs, info --json): {}, {} differing{}",
+            r.compared,
+            r.differences.len(),
+            if r.differences.is_empty() {
+                String::new()
+            } else {
+                format!(": {}", r.differences.join("; "))
+            }
+        );
+    }
+    for n in &r.notes {
+        let _ = writeln!(s, "\nNote: {n}");
+    }
+    s
+}
