@@ -96,6 +96,13 @@ pub enum RecordWarning {
         /// How many.
         count: u64,
     },
+    /// Kernel frames were asked for but `/proc/kallsyms` shows no
+    /// addresses to this user (`kernel.kptr_restrict`): kernel frames are
+    /// recorded but can only be shown as addresses.
+    KernelAddressesHidden {
+        /// `kernel.kptr_restrict`, if readable.
+        kptr_restrict: Option<i64>,
+    },
 }
 
 impl fmt::Display for RecordWarning {
@@ -121,6 +128,15 @@ impl fmt::Display for RecordWarning {
                 f,
                 "{count} perf records could not be parsed and were skipped"
             ),
+            RecordWarning::KernelAddressesHidden { kptr_restrict } => {
+                let setting = kptr_restrict.map_or(String::new(), |k| format!(" is {k}"));
+                write!(
+                    f,
+                    "the kernel hides its symbol addresses (kernel.kptr_restrict{setting}): kernel \
+                     frames will show as bare addresses; record as root with kptr_restrict 1 or \
+                     lower, or lower it with `sudo sysctl kernel.kptr_restrict=0`"
+                )
+            }
         }
     }
 }

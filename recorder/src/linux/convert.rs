@@ -102,6 +102,31 @@ pub(crate) struct Converter {
     malformed: u64,
     pids_seen: HashSet<u32>,
     priority: Option<super::sys::PriorityGuard>,
+    /// System-wide recording: what differs from recording a process tree.
+    system: Option<SystemWide>,
+}
+
+/// How a system-wide recording's records are converted.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct SystemWide {
+    /// The recorder's own process, left out of the samples.
+    pub recorder_pid: u32,
+    /// Kernel frames are recorded: embed the symbols that name them.
+    pub kernel: bool,
+    /// The kernel addresses of every kernel frame seen.
+    kernel_addresses: HashSet<u64>,
+}
+
+impl SystemWide {
+    /// Settings for a recording by `recorder_pid`, with kernel frames if
+    /// `kernel`.
+    pub fn new(recorder_pid: u32, kernel: bool) -> SystemWide {
+        SystemWide {
+            recorder_pid,
+            kernel,
+            kernel_addresses: HashSet::new(),
+        }
+    }
 }
 
 impl Converter {
@@ -131,7 +156,21 @@ impl Converter {
             malformed: 0,
             pids_seen: HashSet::new(),
             priority: None,
+            system: None,
         }
+    }
+
+    /// Convert the records of a system-wide or `--kernel` recording
+    /// (processes' cgroups, kernel frames and their symbols, the recorder
+    /// left out).
+    pub fn with_system(mut self, system: SystemWide) -> Converter {
+        self.system = Some(system);
+        self
+    }
+
+    /// The cgroup of `pid`, recorded only system-wide.
+    fn cgroup(&self, pid: u32) -> Option<String> {
+        self.system.as_ref().and_then(|_| procfs::cgroup(pid))
     }
 
     fn push(&mut self, time: u64, record: Record) {
@@ -174,7 +213,7 @@ impl Converter {
                 event: ProcessEvent::Existing,
                 command,
                 executable,
-                cgroup: None,
+                cgroup: self.cgroup(pid),
             }),
         );
         for &tid in &init.tids {
@@ -292,7 +331,7 @@ impl Converter {
                             event: ProcessEvent::Exec,
                             command: procfs::command_line(pid),
                             executable: procfs::executable(pid),
-                            cgroup: None,
+                            cgroup: self.cgroup(pid),
                         }),
                     );
                     // The exec replaced the address space.
@@ -319,7 +358,7 @@ impl Converter {
                             event: ProcessEvent::Fork,
                             command: Vec::new(),
                             executable: None,
-                            cgroup: None,
+                            cgroup: self.cgroup(pid),
                         }),
                     );
                     // The child starts with a copy of its parent's mappings.
@@ -417,6 +456,16 @@ impl Converter {
     }
 
     fn sample(&mut self, s: SampleRecord<'_>) {
+        if let Some(system) = &mut self.system {
+            // The recorder's own work, and the idle task (pid 0) of idle
+            // CPUs, are not what the user asked about.
+            if s.pid == system.recorder_pid || s.pid == 0 {
+                return;
+            }
+            system
+                .kernel_addresses
+                .extend(s.kernel_callchain.iter().copied());
+        }
         let (kind, weight, detail) = match s.role {
             Role::Cpu => (self.sample_kind, s.period, SampleDetail::None),
             Role::SyscallEnter => {
@@ -452,9 +501,10 @@ impl Converter {
         let regs = match (self.regs.convert)(&s.regs) {
             Some(regs) => regs,
             // No user registers (the thread was in the kernel with no user
-            // context): nothing to unwind from. A CPU sample is dropped;
-            // an event still counts, with no stack.
-            None if s.role == Role::Cpu => return,
+            // context): nothing to unwind from. A CPU sample is dropped
+            // unless it has kernel frames (a kernel thread); an event still
+            // counts, with no stack.
+            None if s.role == Role::Cpu && s.kernel_callchain.is_empty() => return,
             None => (self.regs.convert)(&vec![0; self.regs.mask.count_ones() as usize])
                 .expect("registers of the mask's length convert"),
         };
@@ -485,7 +535,7 @@ impl Converter {
             },
             kernel_callchain: s.callchain,
             frames: Vec::new(),
-            kernel_frames: Vec::new(),
+            kernel_frames: s.kernel_callchain,
             flags: SampleFlags::default(),
             detail,
         };
@@ -574,6 +624,10 @@ impl Convert for Converter {
         }
         let blobs = self.images.embedded_blobs(&self.pids_seen, warnings);
         out.extend(blobs.into_iter().map(Record::Blob));
+        if let Some(system) = self.system.as_ref().filter(|s| s.kernel) {
+            let blobs = super::kernel::symbol_blobs(&system.kernel_addresses, warnings);
+            out.extend(blobs.into_iter().map(Record::Blob));
+        }
         Ok(())
     }
 }
