@@ -119,6 +119,7 @@ fn run<D: AsRef<[u8]> + Sync>(
         builder.frames(),
         &prepared.images,
         &prepared.jit_maps,
+        prepared.kernel_symbols.as_ref(),
         !options.no_inline,
         progress,
     );
