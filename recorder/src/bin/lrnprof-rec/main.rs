@@ -137,7 +137,7 @@ fn run(args: Args) -> Result<ExitCode> {
         (Some(pid), _) => TargetSpec::Pid(pid),
         (None, false) => TargetSpec::Command(args.command),
         (None, true) => {
-            anyhow::bail!("give --pid PID, --all or a command after --, see --help")
+            anyhow::bail!("give --pid PID or a command after -- (or --all), see --help")
         }
     };
     let duration = match args.duration {
