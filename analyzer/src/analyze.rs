@@ -124,6 +124,7 @@ fn run(
         builder.frames(),
         &prepared.images,
         &prepared.jit_maps,
+        prepared.kernel_symbols.as_ref(),
         !options.no_inline,
         progress,
     );

@@ -95,6 +95,18 @@ impl BlobStore {
         v
     }
 
+    /// The embedded kernel symbol table (`/proc/kallsyms` lines).
+    pub fn kernel_symbols(&self) -> Option<Arc<Vec<u8>>> {
+        let mut found: Vec<_> = self
+            .done
+            .iter()
+            .filter(|((_, kind), _)| *kind == BlobKind::KernelSymbols)
+            .collect();
+        // Deterministic if a trace holds several (it should not).
+        found.sort_by(|a, b| a.0 .0.cmp(&b.0 .0));
+        found.first().map(|(_, data)| Arc::clone(data))
+    }
+
     /// The embedded `perf-PID.map` of `pid`.
     pub fn jit_map(&self, pid: Pid) -> Option<Arc<Vec<u8>>> {
         self.done.iter().find_map(|((_, kind), data)| match kind {

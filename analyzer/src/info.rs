@@ -29,6 +29,8 @@ pub struct TraceInfo {
     pub stack_size: u32,
     /// Processes.
     pub processes: Vec<ProcessInfo>,
+    /// Whether the trace recorded every process of the machine.
+    pub system: bool,
     /// Threads.
     pub threads: Vec<ThreadInfo>,
     /// Images.
@@ -207,6 +209,7 @@ impl TraceInfo {
             frequency_hz: h.sampling.frequency_hz,
             stack_size: h.sampling.stack_size,
             processes: profile.processes.clone(),
+            system: profile.header.target == lrnprof_format::Target::System,
             threads: profile
                 .threads
                 .iter()
@@ -285,18 +288,39 @@ impl TraceInfo {
                 "NOT finished cleanly"
             }
         );
-        let _ = writeln!(s, "processes:");
-        for p in &self.processes {
+        // A system-wide trace has every process of the machine: list those
+        // with samples, most first.
+        let mut shown: Vec<_> = self.processes.iter().collect();
+        let quiet = if self.system {
+            shown.retain(|p| p.samples > 0);
+            shown.sort_by_key(|p| std::cmp::Reverse(p.samples));
+            self.processes.len() - shown.len()
+        } else {
+            0
+        };
+        let _ = writeln!(s, "processes:    (pid samples name cgroup: command)");
+        for p in shown {
+            let mut command = if p.command.is_empty() {
+                p.executable.clone().unwrap_or_default()
+            } else {
+                p.command.join(" ")
+            };
+            if self.system && command.chars().count() > 100 {
+                // One line per process; --json has the whole command.
+                command = command.chars().take(99).chain(['…']).collect();
+            }
             let _ = writeln!(
                 s,
-                "  {:>7}  {}",
+                "  {:>7} {:>7}  {} {}: {}",
                 p.pid,
-                if p.command.is_empty() {
-                    p.executable.clone().unwrap_or_default()
-                } else {
-                    p.command.join(" ")
-                }
+                p.samples,
+                p.name.as_deref().unwrap_or("?"),
+                p.cgroup.as_deref().unwrap_or("-"),
+                command
             );
+        }
+        if quiet > 0 {
+            let _ = writeln!(s, "  ({quiet} more processes without samples)");
         }
         let _ = writeln!(s, "threads:      (pid tid samples root% name)");
         for t in &self.threads {

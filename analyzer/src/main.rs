@@ -182,6 +182,14 @@ struct SelectArgs {
     /// Only threads with this name.
     #[arg(long, value_name = "NAME")]
     thread_name: Option<String>,
+    /// Only processes with this name (their main thread's, as `ps -o comm`
+    /// shows it), and threads with this name.
+    #[arg(long, value_name = "NAME")]
+    comm: Option<String>,
+    /// Only processes whose cgroup path contains this text (a container id,
+    /// a systemd unit): system-wide recordings record each process's cgroup.
+    #[arg(long, value_name = "TEXT")]
+    cgroup: Option<String>,
     /// Only events at or after this many seconds into the recording.
     #[arg(long, value_name = "SECS")]
     from: Option<f64>,
@@ -196,6 +204,8 @@ impl SelectArgs {
             pid: self.pid.map(Pid),
             tid: self.tid.map(Tid),
             thread_name: self.thread_name.clone(),
+            comm: self.comm.clone(),
+            cgroup: self.cgroup.clone(),
             from_secs: self.from,
             to_secs: self.to,
         }

@@ -14,6 +14,11 @@ pub struct SampleFilter {
     pub tid: Option<Tid>,
     /// Keep only threads whose (last known) name is exactly this.
     pub thread_name: Option<String>,
+    /// Keep only processes whose name (their main thread's last known name)
+    /// is exactly this, and threads named so in other processes.
+    pub comm: Option<String>,
+    /// Keep only processes whose recorded cgroup path contains this text.
+    pub cgroup: Option<String>,
     /// Keep samples taken at or after this many seconds from the start of the
     /// recording.
     pub from_secs: Option<f64>,
@@ -34,6 +39,12 @@ impl SampleFilter {
         }
         if let Some(n) = &self.thread_name {
             parts.push(format!("--thread-name {n:?}"));
+        }
+        if let Some(n) = &self.comm {
+            parts.push(format!("--comm {n:?}"));
+        }
+        if let Some(c) = &self.cgroup {
+            parts.push(format!("--cgroup {c:?}"));
         }
         if let Some(f) = self.from_secs {
             parts.push(format!("--from {f}"));

@@ -12,7 +12,7 @@ use crate::unwind::{
     continue_with_callchain, ArchCache, ArchUnwinder, ModuleCache, Unwound, MAX_FRAMES,
 };
 use lrnprof_format::{
-    Arch, BlockInfo, Endian, ImageKind, Pid, Record, Regs, Sample, SampleKind, Timestamp,
+    Arch, BlockInfo, Endian, ImageKind, Pid, Record, Regs, Sample, SampleKind, Tid, Timestamp,
     TraceReader,
 };
 use rayon::prelude::*;
@@ -33,6 +33,8 @@ pub(crate) enum FrameKey {
     /// Outside every image (JIT code, or an address no mapping holds): only
     /// process `pid`'s JIT map can name it.
     Outside { pid: Pid, avma: Avma },
+    /// In the kernel: the kernel's symbol table names it.
+    Kernel { avma: Avma },
 }
 
 impl FrameKey {
@@ -40,7 +42,7 @@ impl FrameKey {
     pub fn image(&self) -> Option<u32> {
         match *self {
             FrameKey::Image { image, .. } | FrameKey::Unresolved { image, .. } => Some(image),
-            FrameKey::Outside { .. } => None,
+            FrameKey::Outside { .. } | FrameKey::Kernel { .. } => None,
         }
     }
 
@@ -49,7 +51,7 @@ impl FrameKey {
         match *self {
             FrameKey::Image { svma, .. } => svma.0,
             FrameKey::Unresolved { offset, .. } => offset.0,
-            FrameKey::Outside { avma, .. } => avma.0,
+            FrameKey::Outside { avma, .. } | FrameKey::Kernel { avma } => avma.0,
         }
     }
 }
@@ -162,6 +164,8 @@ pub(crate) struct Prepared {
     pub timeline: Timeline,
     pub images: Vec<LoadedImage>,
     pub jit_maps: HashMap<u32, JitMap>,
+    /// The kernel's symbols, when the trace has kernel frames.
+    pub kernel_symbols: Option<JitMap>,
     pub warnings: Vec<String>,
     unwinders: HashMap<Pid, ProcessUnwind>,
     pub arch: Arch,
@@ -243,6 +247,7 @@ pub(crate) fn prepare<D: AsRef<[u8]> + Sync>(
         })
         .collect();
     let jit_maps = load_jit_maps(&timeline, options.offline);
+    let kernel_symbols = load_kernel_symbols(&timeline, options.offline);
     let little_endian = timeline.header.endian == Endian::Little;
     let sampler_images = timeline
         .images
@@ -253,6 +258,7 @@ pub(crate) fn prepare<D: AsRef<[u8]> + Sync>(
         timeline,
         images,
         jit_maps,
+        kernel_symbols,
         warnings,
         unwinders,
         arch,
@@ -320,9 +326,29 @@ impl Prepared {
         if f.pid.is_some_and(|p| p != s.pid) || f.tid.is_some_and(|t| t != s.tid) {
             return false;
         }
+        let name_of = |pid, tid| {
+            self.timeline
+                .threads
+                .get(&(pid, tid))
+                .and_then(|t| t.name.as_ref())
+        };
         if let Some(name) = &f.thread_name {
-            let thread = self.timeline.threads.get(&(s.pid, s.tid));
-            if thread.and_then(|t| t.name.as_ref()) != Some(name) {
+            if name_of(s.pid, s.tid) != Some(name) {
+                return false;
+            }
+        }
+        if let Some(comm) = &f.comm {
+            let main = Tid(s.pid.0);
+            if name_of(s.pid, main) != Some(comm) && name_of(s.pid, s.tid) != Some(comm) {
+                return false;
+            }
+        }
+        if let Some(text) = &f.cgroup {
+            let cgroup = self.timeline.processes.get(&s.pid);
+            if !cgroup
+                .and_then(|p| p.cgroup.as_ref())
+                .is_some_and(|c| c.contains(text.as_str()))
+            {
                 return false;
             }
         }
@@ -391,17 +417,21 @@ impl Prepared {
     }
 
     /// Frames of `s` (from [`unwind`](Self::unwind)) as symbolication
-    /// keys: return addresses moved back into their call instruction.
+    /// keys: return addresses moved back into their call instruction. The
+    /// sample's kernel frames come first (the leaf end), as perf shows them.
     /// An allocation's stack starts inside lrnprof's allocation sampler,
     /// where it was copied: those frames are dropped, so its leaf is the
     /// program's call to the allocator.
     pub fn frame_keys(&self, s: &Sample, frames: &[u64]) -> Vec<FrameKey> {
-        let mut keys = Vec::with_capacity(frames.len());
+        let mut keys = Vec::with_capacity(s.kernel_frames.len() + frames.len());
+        push_kernel_keys(&s.kernel_frames, &mut keys);
+        // A kernel thread has no user context: its registers are zero.
+        let user = if kernel_only(s) { &[][..] } else { frames };
         let generation = self.generation_at(s.pid, s.time);
         self.push_frame_keys(
             s.pid,
             generation.as_ref(),
-            frames.iter().copied(),
+            user.iter().copied(),
             &mut keys,
         );
         if s.kind == SampleKind::Allocation {
@@ -517,11 +547,33 @@ impl Prepared {
     }
 }
 
-fn load_jit_maps(timeline: &Timeline, offline: bool) -> HashMap<u32, JitMap> {
+/// Whether the trace was recorded on this machine (and local files may be
+/// read).
+fn same_machine(timeline: &Timeline, offline: bool) -> bool {
     let local_host = std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|s| s.trim().to_string())
         .unwrap_or_default();
-    let same_machine = !offline && !local_host.is_empty() && local_host == timeline.header.hostname;
+    !offline && !local_host.is_empty() && local_host == timeline.header.hostname
+}
+
+/// The kernel's symbols of a trace that sampled the kernel: embedded, or
+/// this machine's when recorded here.
+fn load_kernel_symbols(timeline: &Timeline, offline: bool) -> Option<JitMap> {
+    if !timeline.header.sampling.include_kernel {
+        return None;
+    }
+    if let Some(data) = timeline.blobs.kernel_symbols() {
+        return Some(JitMap::parse_kallsyms(&String::from_utf8_lossy(&data)));
+    }
+    if same_machine(timeline, offline) {
+        let text = std::fs::read_to_string("/proc/kallsyms").ok()?;
+        return Some(JitMap::parse_kallsyms(&text));
+    }
+    None
+}
+
+fn load_jit_maps(timeline: &Timeline, offline: bool) -> HashMap<u32, JitMap> {
+    let same_machine = same_machine(timeline, offline);
     let mut maps = HashMap::new();
     for pid in timeline.processes.keys() {
         if let Some(data) = timeline.blobs.jit_map(*pid) {
@@ -548,4 +600,18 @@ mod tests {
         assert!(!is_sampler("/usr/lib/libc.so.6"));
         assert!(!is_sampler("/opt/liblrnprof_preload/libc.so"));
     }
+}
+
+/// Append the keys of a sample's kernel frames (leaf first) to `out`.
+pub(crate) fn push_kernel_keys(kernel_frames: &[u64], out: &mut Vec<FrameKey>) {
+    out.extend(kernel_frames.iter().enumerate().map(|(i, &avma)| {
+        let lookup = if i == 0 { avma } else { avma.wrapping_sub(1) };
+        FrameKey::Kernel { avma: Avma(lookup) }
+    }));
+}
+
+/// Whether `s` was taken in a kernel thread (kernel frames, no user
+/// context: its registers are zero).
+pub(crate) fn kernel_only(s: &Sample) -> bool {
+    !s.kernel_frames.is_empty() && s.regs.ip() == 0
 }

@@ -52,6 +52,8 @@ pub(crate) struct Generation {
 pub(crate) struct ProcessTimeline {
     pub command: Vec<String>,
     pub executable: Option<String>,
+    /// Its cgroup, the last recorded.
+    pub cgroup: Option<String>,
     pub generations: Vec<Generation>,
     current: Vec<Mapping>,
     dirty: bool,
@@ -231,6 +233,9 @@ impl Timeline {
                 }
                 if p.executable.is_some() {
                     proc.executable = p.executable;
+                }
+                if p.cgroup.is_some() {
+                    proc.cgroup = p.cgroup;
                 }
                 if p.event == ProcessEvent::Exec {
                     proc.current.clear();

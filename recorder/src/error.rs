@@ -25,6 +25,15 @@ pub enum RecordError {
         /// Which restriction applies and how to lift it.
         advice: String,
     },
+    /// System-wide recording (or kernel sampling) is not allowed for this
+    /// user.
+    #[error("not permitted to record {what}: {advice}")]
+    SystemDenied {
+        /// What was refused (`the whole system`, `kernel code`).
+        what: String,
+        /// Which restriction applies and how to lift it.
+        advice: String,
+    },
     /// The command to launch does not exist.
     #[error("command not found: {command} (check the name or give a path)")]
     CommandNotFound {

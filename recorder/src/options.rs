@@ -15,6 +15,11 @@ pub enum TargetSpec {
     /// Launch this command (program then arguments) and record it from its
     /// first instruction; its exit status becomes the recording's.
     Command(Vec<OsString>),
+    /// Every process on the machine (Linux): one event per CPU rather
+    /// than per thread, processes that start, exec and exit meanwhile
+    /// followed through the kernel's records. Runs until the duration
+    /// passes or the caller stops it. The recorder leaves itself out.
+    System,
 }
 
 /// What triggers a CPU sample.
@@ -170,6 +175,12 @@ pub struct RecordOptions {
     /// Also ask the kernel for the user frame-pointer callchain of each
     /// sample, so stacks can be continued where the stack copy ends.
     pub kernel_callchain: bool,
+    /// Also sample kernel code (Linux): the kernel part of each CPU
+    /// sample's callchain is kept (kernel frames at the leaf end of its
+    /// stack) and the kernel's symbol table is embedded at the end, so
+    /// kernel frames are named on any machine. Needs
+    /// `kernel.perf_event_paranoid` 1 or lower (or root / `CAP_PERFMON`).
+    pub kernel: bool,
     /// What of each image samples touched to embed in the trace at the
     /// end, so it can be analyzed where the images do not exist.
     pub embed: EmbedLevel,
@@ -199,6 +210,7 @@ impl Default for RecordOptions {
             duration: None,
             stack_size: DEFAULT_STACK_SIZE,
             kernel_callchain: true,
+            kernel: false,
             embed: EmbedLevel::default(),
             syscalls: None,
             off_cpu: None,

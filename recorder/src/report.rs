@@ -132,6 +132,13 @@ pub enum RecordWarning {
     /// process was killed while writing to it): allocations after that
     /// point are missing.
     HeapRingBroken,
+    /// Kernel frames were asked for but `/proc/kallsyms` shows no
+    /// addresses to this user (`kernel.kptr_restrict`): kernel frames are
+    /// recorded but can only be shown as addresses.
+    KernelAddressesHidden {
+        /// `kernel.kptr_restrict`, if readable.
+        kptr_restrict: Option<i64>,
+    },
 }
 
 impl fmt::Display for RecordWarning {
@@ -175,6 +182,15 @@ impl fmt::Display for RecordWarning {
                 "the allocation sampler's shared memory stopped being readable (a process was \
                  killed while writing to it): later allocations and frees are missing"
             ),
+            RecordWarning::KernelAddressesHidden { kptr_restrict } => {
+                let setting = kptr_restrict.map_or(String::new(), |k| format!(" is {k}"));
+                write!(
+                    f,
+                    "the kernel hides its symbol addresses (kernel.kptr_restrict{setting}): kernel \
+                     frames will show as bare addresses; record as root with kptr_restrict 1 or \
+                     lower, or lower it with `sudo sysctl kernel.kptr_restrict=0`"
+                )
+            }
         }
     }
 }

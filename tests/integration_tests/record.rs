@@ -10,7 +10,9 @@
 //! second signals, attached recordings), `as_library` (the library in a
 //! program that keeps its own signal handler), `syscalls` (`--syscalls`
 //! and `--off-cpu` against strace, call sites, threads, a killed target,
-//! permissions); `support` holds the helpers they share.
+//! permissions), `system` (`--all` and `--kernel`: processes started
+//! outside the recorder, exec, short-lived processes, kernel frames named
+//! offline, permissions); `support` holds the helpers they share.
 
 mod as_library;
 mod embedding;
@@ -21,3 +23,5 @@ mod signals;
 mod support;
 #[cfg(target_os = "linux")]
 mod syscalls;
+#[cfg(target_os = "linux")]
+mod system;

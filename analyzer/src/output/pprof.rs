@@ -54,6 +54,15 @@ fn value_type(strings: &mut Strings, ty: &str, unit: &str) -> Message {
     m
 }
 
+/// The process `pid` of `profile` (processes are sorted by pid).
+fn process_of(profile: &Profile, pid: u32) -> Option<&crate::profile::ProcessInfo> {
+    let i = profile
+        .processes
+        .binary_search_by_key(&pid, |p| p.pid)
+        .ok()?;
+    profile.processes.get(i)
+}
+
 /// The encoded (not yet gzipped) profile.
 pub(crate) fn encode(profile: &Profile) -> Vec<u8> {
     let mut strings = Strings::new();
@@ -76,6 +85,16 @@ pub(crate) fn encode(profile: &Profile) -> Vec<u8> {
             let mut label = Message::default();
             label.int(1, strings.id(key) as i64).int(3, i64::from(num));
             s.message(3, &label);
+        }
+        if let Some(p) = process_of(profile, thread.pid.0) {
+            for (key, text) in [("process", &p.name), ("cgroup", &p.cgroup)] {
+                if let Some(text) = text {
+                    let mut label = Message::default();
+                    label.int(1, strings.id(key) as i64);
+                    label.int(2, strings.id(text) as i64);
+                    s.message(3, &label);
+                }
+            }
         }
         p.message(2, &s);
     }

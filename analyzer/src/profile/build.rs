@@ -505,6 +505,23 @@ impl ProfileBuilder {
                 pid: pid.0,
                 command: p.command.clone(),
                 executable: p.executable.clone(),
+                name: timeline
+                    .threads
+                    .get(&(*pid, lrnprof_format::Tid(pid.0)))
+                    .and_then(|t| t.name.clone())
+                    .or_else(|| {
+                        let exe = p
+                            .executable
+                            .as_deref()
+                            .or(p.command.first().map(|c| c.as_str()))?;
+                        Some(exe.rsplit('/').next().unwrap_or(exe).to_string())
+                    }),
+                cgroup: p.cgroup.clone(),
+                samples: threads
+                    .iter()
+                    .filter(|t| t.pid == *pid)
+                    .map(|t| t.samples)
+                    .sum(),
             })
             .collect();
         Profile {

@@ -62,6 +62,13 @@ pub struct ProcessInfo {
     pub command: Vec<String>,
     /// Executable path, when recorded.
     pub executable: Option<String>,
+    /// Its name: its main thread's last known name, else its executable's
+    /// file name.
+    pub name: Option<String>,
+    /// Its cgroup (container, systemd unit), when recorded.
+    pub cgroup: Option<String>,
+    /// Samples (events of every kind) of its threads kept by the filter.
+    pub samples: u64,
 }
 
 /// A thread.

@@ -33,6 +33,39 @@ impl JitMap {
         JitMap { entries }
     }
 
+    /// Parse `/proc/kallsyms` text (`ADDRESS TYPE NAME [MODULE]` lines):
+    /// its code symbols, each up to the next one's address. Module symbols
+    /// are named `NAME [MODULE]`; hidden (zero) addresses are skipped.
+    pub fn parse_kallsyms(text: &str) -> JitMap {
+        let mut starts: Vec<(u64, String)> = text
+            .lines()
+            .filter_map(|line| {
+                let mut fields = line.split_ascii_whitespace();
+                let start = u64::from_str_radix(fields.next()?, 16).ok()?;
+                let kind = fields.next()?;
+                let name = fields.next()?;
+                let name = match fields.next() {
+                    Some(module) => format!("{name} {module}"),
+                    None => name.to_string(),
+                };
+                (start != 0 && matches!(kind, "t" | "T" | "w" | "W")).then_some((start, name))
+            })
+            .collect();
+        starts.sort();
+        starts.dedup_by_key(|e| e.0);
+        let ends: Vec<u64> = starts.iter().skip(1).map(|e| e.0).collect();
+        let entries = starts
+            .into_iter()
+            .enumerate()
+            .map(|(i, (start, name))| {
+                // The last symbol's end is unknown: only its own address.
+                let size = ends.get(i).map_or(1, |end| end - start);
+                (start, size, name)
+            })
+            .collect();
+        JitMap { entries }
+    }
+
     /// The function covering `avma`.
     pub fn lookup(&self, avma: Avma) -> Option<&str> {
         let Avma(avma) = avma;
@@ -48,6 +81,33 @@ impl JitMap {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn kallsyms_symbols_reach_the_next_one() {
+        let m = JitMap::parse_kallsyms(
+            "ffffffff81002000 T ksys_write\n\
+             ffffffff81001000 D some_data\n\
+             ffffffff81003000 T vfs_write\n\
+             ffffffffc0001000 t ext4_thing\t[ext4]\n\
+             0000000000000000 T hidden\n",
+        );
+        assert_eq!(m.lookup(Avma(0xffff_ffff_8100_2fff)), Some("ksys_write"));
+        assert_eq!(m.lookup(Avma(0xffff_ffff_8100_3010)), Some("vfs_write"));
+        assert_eq!(
+            m.lookup(Avma(0xffff_ffff_c000_1000)),
+            Some("ext4_thing [ext4]")
+        );
+        assert_eq!(
+            m.lookup(Avma(0xffff_ffff_c000_1001)),
+            None,
+            "last: no known end"
+        );
+        assert_eq!(
+            m.lookup(Avma(0xffff_ffff_8100_1000)),
+            None,
+            "data symbols skipped"
+        );
+    }
 
     #[test]
     fn parse_and_lookup() {

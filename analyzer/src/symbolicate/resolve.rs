@@ -16,6 +16,7 @@ pub(crate) fn symbolicate(
     frames: &[FrameKey],
     images: &[LoadedImage],
     jit_maps: &HashMap<u32, JitMap>,
+    kernel: Option<&JitMap>,
     inline: bool,
     progress: &dyn Progress,
 ) -> Vec<Resolved> {
@@ -50,7 +51,7 @@ pub(crate) fn symbolicate(
             let out = match img {
                 None => idx
                     .iter()
-                    .map(|&i| (i, resolve_outside(frames[i], jit_maps)))
+                    .map(|&i| (i, resolve_outside(frames[i], jit_maps, kernel)))
                     .collect(),
                 Some(img) => {
                     let image = &images[*img as usize];
@@ -77,9 +78,19 @@ pub(crate) fn symbolicate(
     lines
 }
 
-/// A frame outside every image: named by its process's JIT map, else
-/// shown as its address.
-fn resolve_outside(frame: FrameKey, jit_maps: &HashMap<u32, JitMap>) -> Resolved {
+/// A frame outside every image: named by its process's JIT map (or for
+/// a kernel frame, the kernel's symbols), else shown as its address.
+fn resolve_outside(
+    frame: FrameKey,
+    jit_maps: &HashMap<u32, JitMap>,
+    kernel: Option<&JitMap>,
+) -> Resolved {
+    if let FrameKey::Kernel { avma } = frame {
+        return match kernel.and_then(|k| k.lookup(avma)) {
+            Some(n) => (vec![line(n.to_string())], true),
+            None => (vec![line(format!("[kernel] {:#x}", avma.0))], false),
+        };
+    }
     let FrameKey::Outside { pid, avma } = frame else {
         return (vec![line(format!("{:#x}", frame.address()))], false);
     };
@@ -118,7 +129,7 @@ fn resolve_in(
             svma.0.wrapping_sub(base)
         }
         FrameKey::Unresolved { offset, .. } => offset.0,
-        FrameKey::Outside { avma, .. } => avma.0,
+        FrameKey::Outside { avma, .. } | FrameKey::Kernel { avma } => avma.0,
     };
     (
         vec![line(format!("{}+{offset:#x}", image.short_name()))],

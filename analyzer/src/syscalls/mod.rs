@@ -307,6 +307,7 @@ fn build(
         &frames,
         &prepared.images,
         &prepared.jit_maps,
+        prepared.kernel_symbols.as_ref(),
         !options.analyze.no_inline,
         progress,
     );

@@ -16,7 +16,7 @@ use super::{
 };
 use crate::options::SampleFilter;
 use crate::outcomes::EventKey;
-use crate::pipeline::{GenerationRef, Prepared};
+use crate::pipeline::{kernel_only, push_kernel_keys, GenerationRef, Prepared};
 use crate::profile::{amounts, BlockSample, BlockStack, HeapScale, UnwoundBlock};
 use crate::unwind::ArchCache;
 use lrnprof_format::{
@@ -138,8 +138,12 @@ impl<'c, 'p, A: UnwindArch> BlockUnwinder<'c, 'p, A> {
             presymbolized: !s.frames.is_empty(),
             cut_short: s.flags.contains(SampleFlags::STACK_CUT_SHORT),
         };
+        // Kernel frames first (the leaf end), as perf shows them.
+        push_kernel_keys(&s.kernel_frames, &mut self.out.keys);
         let generation = prepared.generation_at(s.pid, s.time);
-        if sample.presymbolized {
+        if kernel_only(s) {
+            // A kernel thread: no user context to unwind.
+        } else if sample.presymbolized {
             // A stripped trace: the frames are the sample's.
             prepared.push_frame_keys(
                 s.pid,
@@ -266,8 +270,9 @@ impl<'c, 'p, A: UnwindArch> BlockUnwinder<'c, 'p, A> {
         let mut frames = std::mem::take(&mut self.frames);
         frames.clear();
         // An allocation's leaf frames are the sampler's, which its keys
-        // leave out: such a sample is neither joined to nor joined on.
-        let mut plain = s.kind != SampleKind::Allocation;
+        // leave out, and kernel frames come before a sample's user frames:
+        // such a sample is neither joined to nor joined on.
+        let mut plain = s.kind != SampleKind::Allocation && s.kernel_frames.is_empty();
         let callchain = !walked.clean && !s.kernel_callchain.is_empty();
         let frameless = matches!(s.regs, Regs::Aarch64(_));
         if callchain || frameless {

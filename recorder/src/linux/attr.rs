@@ -109,6 +109,12 @@ pub(crate) struct AttrSettings {
     pub regs_mask: u64,
     /// Wake the reader when this many bytes are waiting.
     pub wakeup_bytes: u32,
+    /// System-wide: one event per CPU for every process (`pid` -1), so no
+    /// `inherit`.
+    pub system: bool,
+    /// CPU samples also in kernel code, with the kernel part of their
+    /// callchain.
+    pub kernel: bool,
 }
 
 /// The largest `sample_stack_user` the kernel accepts: below `u16::MAX`
@@ -170,12 +176,15 @@ impl AttrSettings {
     /// The attribute of `spec`'s event.
     pub fn attr(&self, spec: &EventSpec) -> PerfEventAttr {
         let mut flags = flag::DISABLED
-            | flag::INHERIT
             | flag::EXCLUDE_HV
             | flag::SAMPLE_ID_ALL
             | flag::USE_CLOCKID
             | flag::WATERMARK;
-        if spec.callchain {
+        if !self.system {
+            flags |= flag::INHERIT;
+        }
+        let kernel_chain = self.kernel && spec.role == Role::Cpu;
+        if spec.callchain && !kernel_chain {
             flags |= flag::EXCLUDE_CALLCHAIN_KERNEL;
         }
         if self.enable_on_exec {
@@ -192,7 +201,9 @@ impl AttrSettings {
         // registers are asked for all the same.
         let (type_, config, period) = match spec.role {
             Role::Cpu => {
-                flags |= flag::EXCLUDE_KERNEL;
+                if !self.kernel {
+                    flags |= flag::EXCLUDE_KERNEL;
+                }
                 match self.event {
                     EventKind::Cycles => {
                         flags |= flag::FREQ;
@@ -319,6 +330,30 @@ pub(crate) fn plan_ring(
     }
 }
 
+/// What to tell a user whose system-wide (`system`) or else
+/// kernel-sampling `perf_event_open` failed with EACCES/EPERM: what was
+/// refused, and how to lift it.
+pub(crate) fn system_advice(system: bool, paranoid: Option<i64>, our_uid: u32) -> (String, String) {
+    // CPU-wide events need paranoid 0 or lower, kernel sampling 1 or lower.
+    let (needed, what, flag) = if system {
+        (0, "the whole system", "--all")
+    } else {
+        (1, "kernel code", "--kernel")
+    };
+    let advice = match paranoid {
+        Some(p) if p > needed && our_uid != 0 => format!(
+            "{flag} needs kernel.perf_event_paranoid {needed} or lower, and it is {p}: run as root \
+             (or with CAP_PERFMON), or lower it with `sudo sysctl kernel.perf_event_paranoid={needed}`"
+        ),
+        _ => format!(
+            "perf_event_open was refused for {flag} (a seccomp filter, e.g. a container's, or a \
+             missing capability): run as root with CAP_PERFMON, or allow perf_event_open in the \
+             container's seccomp profile"
+        ),
+    };
+    (what.to_string(), advice)
+}
+
 /// What to tell a user whose `perf_event_open` of a `role` event on
 /// `pid` failed with EACCES/EPERM.
 pub(crate) fn permission_advice(
@@ -365,6 +400,8 @@ mod tests {
             build_id: true,
             regs_mask: 0b111 << 6,
             wakeup_bytes: 4096,
+            system: false,
+            kernel: false,
         }
     }
 
@@ -546,6 +583,49 @@ mod tests {
         // A raised limit allows full stacks.
         let plan = plan_ring(4096, 4096, false, Some(8200), 65528);
         assert_eq!((plan.pages, plan.stack_limited), (2048, false));
+    }
+
+    #[test]
+    fn system_wide_events_sample_the_kernel_when_asked() {
+        let s = AttrSettings {
+            system: true,
+            kernel: true,
+            ..settings()
+        };
+        let a = s.attr(&cpu());
+        assert_eq!(a.flags & flag::INHERIT, 0, "per-CPU events do not inherit");
+        assert_eq!(a.flags & flag::EXCLUDE_KERNEL, 0);
+        assert_eq!(a.flags & flag::EXCLUDE_CALLCHAIN_KERNEL, 0);
+        assert_ne!(a.sample_type & sample::CALLCHAIN, 0);
+        // Off-CPU stacks stay user-only.
+        let switch = s.attr(&EventSpec {
+            callchain: true,
+            ..EventSpec::new(Role::Switch, 0)
+        });
+        assert_ne!(switch.flags & flag::EXCLUDE_CALLCHAIN_KERNEL, 0);
+        let user = AttrSettings {
+            system: true,
+            ..settings()
+        }
+        .attr(&cpu());
+        assert_ne!(user.flags & flag::EXCLUDE_KERNEL, 0);
+    }
+
+    #[test]
+    fn system_advice_names_the_sysctl() {
+        let (what, a) = system_advice(true, Some(2), 1000);
+        assert_eq!(what, "the whole system");
+        assert!(
+            a.contains("--all") && a.contains("perf_event_paranoid=0"),
+            "{a}"
+        );
+        assert!(a.contains("it is 2"), "{a}");
+        let (what, a) = system_advice(false, Some(2), 1000);
+        assert_eq!(what, "kernel code");
+        assert!(a.contains("perf_event_paranoid=1"), "{a}");
+        let (_, a) = system_advice(true, Some(-1), 1000);
+        assert!(a.contains("seccomp"), "{a}");
+        assert!(!a.contains('\n'));
     }
 
     #[test]

@@ -114,6 +114,31 @@ pub(crate) struct Converter {
     /// Most bytes of stack the kernel copies per sample, per event role.
     stack_sizes: Vec<(Role, u32)>,
     untouched: UntouchedPages,
+    /// System-wide recording: what differs from recording a process tree.
+    system: Option<SystemWide>,
+}
+
+/// How a system-wide recording's records are converted.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct SystemWide {
+    /// The recorder's own process, left out of the samples.
+    pub recorder_pid: u32,
+    /// Kernel frames are recorded: embed the symbols that name them.
+    pub kernel: bool,
+    /// The kernel addresses of every kernel frame seen.
+    kernel_addresses: HashSet<u64>,
+}
+
+impl SystemWide {
+    /// Settings for a recording by `recorder_pid`, with kernel frames if
+    /// `kernel`.
+    pub fn new(recorder_pid: u32, kernel: bool) -> SystemWide {
+        SystemWide {
+            recorder_pid,
+            kernel,
+            kernel_addresses: HashSet::new(),
+        }
+    }
 }
 
 /// Room the kernel had for a sample's stack copy.
@@ -177,9 +202,9 @@ impl Converter {
             priority: None,
             stack_sizes,
             untouched: UntouchedPages::new(page_size),
+            system: None,
         }
     }
-
     /// Most bytes of stack the kernel copies per sample of `role`.
     fn stack_size(&self, role: Role) -> u32 {
         self.stack_sizes
@@ -193,6 +218,19 @@ impl Converter {
     pub fn with_heap(mut self, explained: bool) -> Converter {
         self.heap = Some(HeapStats::new(explained));
         self
+    }
+
+    /// Convert the records of a system-wide or `--kernel` recording
+    /// (processes' cgroups, kernel frames and their symbols, the recorder
+    /// left out).
+    pub fn with_system(mut self, system: SystemWide) -> Converter {
+        self.system = Some(system);
+        self
+    }
+
+    /// The cgroup of `pid`, recorded only system-wide.
+    fn cgroup(&self, pid: u32) -> Option<String> {
+        self.system.as_ref().and_then(|_| procfs::cgroup(pid))
     }
 
     fn push(&mut self, time: u64, record: Record) {
@@ -235,7 +273,7 @@ impl Converter {
                 event: ProcessEvent::Existing,
                 command,
                 executable,
-                cgroup: None,
+                cgroup: self.cgroup(pid),
             }),
         );
         for &tid in &init.tids {
@@ -353,7 +391,7 @@ impl Converter {
                             event: ProcessEvent::Exec,
                             command: procfs::command_line(pid),
                             executable: procfs::executable(pid),
-                            cgroup: None,
+                            cgroup: self.cgroup(pid),
                         }),
                     );
                     // The exec replaced the address space.
@@ -380,7 +418,7 @@ impl Converter {
                             event: ProcessEvent::Fork,
                             command: Vec::new(),
                             executable: None,
-                            cgroup: None,
+                            cgroup: self.cgroup(pid),
                         }),
                     );
                     // The child starts with a copy of its parent's mappings.
@@ -479,6 +517,16 @@ impl Converter {
     }
 
     fn sample(&mut self, s: SampleRecord<'_>) {
+        if let Some(system) = &mut self.system {
+            // The recorder's own work, and the idle task (pid 0) of idle
+            // CPUs, are not what the user asked about.
+            if s.pid == system.recorder_pid || s.pid == 0 {
+                return;
+            }
+            system
+                .kernel_addresses
+                .extend(s.kernel_callchain.iter().copied());
+        }
         let (kind, weight, detail) = match s.role {
             Role::Cpu => (self.sample_kind, s.period, SampleDetail::None),
             Role::SyscallEnter => {
@@ -516,9 +564,10 @@ impl Converter {
         let regs = match (self.regs.convert)(&s.regs) {
             Some(regs) => regs,
             // No user registers (the thread was in the kernel with no user
-            // context): nothing to unwind from. A CPU sample is dropped;
-            // an event still counts, with no stack.
-            None if s.role == Role::Cpu => return,
+            // context): nothing to unwind from. A CPU sample is dropped
+            // unless it has kernel frames (a kernel thread); an event still
+            // counts, with no stack.
+            None if s.role == Role::Cpu && s.kernel_callchain.is_empty() => return,
             None => (self.regs.convert)(&vec![0; self.regs.mask.count_ones() as usize])
                 .expect("registers of the mask's length convert"),
         };
@@ -542,6 +591,7 @@ impl Converter {
             kind,
             weight,
             kernel_callchain: s.callchain,
+            kernel_frames: s.kernel_callchain,
             detail,
             ..sample
         };
@@ -789,6 +839,10 @@ impl Convert for Converter {
         }
         let blobs = self.images.embedded_blobs(&self.pids_seen, warnings);
         out.extend(blobs.into_iter().map(Record::Blob));
+        if let Some(system) = self.system.as_ref().filter(|s| s.kernel) {
+            let blobs = super::kernel::symbol_blobs(&system.kernel_addresses, warnings);
+            out.extend(blobs.into_iter().map(Record::Blob));
+        }
         Ok(())
     }
 }

@@ -84,12 +84,24 @@ impl Events {
 
     /// Open every event of one thread on every CPU.
     pub fn open_thread(&mut self, tid: u32) -> Result<(), OpenError> {
+        self.open_task(tid as i32)?;
+        self.tids.insert(tid);
+        Ok(())
+    }
+
+    /// Open every event once per CPU for every process (system-wide).
+    pub fn open_system(&mut self) -> Result<(), OpenError> {
+        self.open_task(-1)
+    }
+
+    /// Open every event of `tid` (-1: every thread) on every CPU.
+    fn open_task(&mut self, tid: i32) -> Result<(), OpenError> {
         let mut opened = Vec::new();
         for (i, &cpu) in self.cpus.iter().enumerate() {
             for o in &self.specs {
                 let role = o.spec.role;
                 let err = |error| OpenError { role, error };
-                let fd = sys::perf_event_open(&o.attr, tid as i32, cpu as i32).map_err(err)?;
+                let fd = sys::perf_event_open(&o.attr, tid, cpu as i32).map_err(err)?;
                 if let Some(filter) = &o.filter {
                     sys::perf_set_filter(&fd, filter).map_err(err)?;
                 }
@@ -115,7 +127,6 @@ impl Events {
                 }
             }
         }
-        self.tids.insert(tid);
         Ok(())
     }
 

@@ -13,6 +13,7 @@ mod convert;
 mod events;
 mod heap;
 mod images;
+mod kernel;
 mod launch;
 mod layouts;
 mod parse;
@@ -20,6 +21,7 @@ mod procfs;
 mod regs;
 mod ring;
 mod sys;
+mod system;
 mod touched;
 mod tracefs;
 mod untouched;
@@ -30,7 +32,7 @@ use crate::sink::{OutputFile, Sink, SinkSender};
 use crate::stop::{Deadline, StopReason, StopToken};
 use crate::{host, CpuEvent, RecordOptions, RecordSummary, TargetExit, TargetSpec};
 use attr::{AttrSettings, EventKind, EventSpec, Role};
-use convert::{ConvertSettings, Converter, Initial, RawMsg};
+use convert::{ConvertSettings, Converter, Initial, RawMsg, SystemWide};
 use events::{Events, OpenError};
 use heap::{Escape, HeapEvent, HeapSession};
 use lrnprof_format::{
@@ -103,6 +105,7 @@ pub(crate) fn record(
     let waker = Arc::clone(&wake);
     let _wake_guard = token.wake_with(Arc::new(move || sys::eventfd_add(&waker)));
     let deadline = Deadline::start(options.duration);
+    let system = options.target == TargetSpec::System;
     let page_size = host::page_size() as usize;
     // Allocation samples copy as much stack as CPU samples (their copies
     // go through the sampler's ring, but one limit keeps both alike).
@@ -141,7 +144,7 @@ pub(crate) fn record(
     };
     let mut launched = match &options.target {
         TargetSpec::Command(cmd) => Some(launch::spawn_waiting(cmd, &extras)?),
-        TargetSpec::Pid(_) => None,
+        TargetSpec::Pid(_) | TargetSpec::System => None,
     };
     // Why the program's allocations may escape the sampler, said before it runs.
     let escape = match (&heap, &launched) {
@@ -152,9 +155,11 @@ pub(crate) fn record(
     // not wait for CPU) but after the fork, so a launched command keeps
     // its normal priority.
     let priority = sys::raise_thread_priority();
+    // The process recorded (`None`: every process).
     let pid = match (&options.target, &launched) {
-        (_, Some(l)) => l.pid,
-        (TargetSpec::Pid(p), None) => *p,
+        (_, Some(l)) => Some(l.pid),
+        (TargetSpec::Pid(p), None) => Some(*p),
+        (TargetSpec::System, None) => None,
         (TargetSpec::Command(_), None) => unreachable!("launched above"),
     };
     let settings = AttrSettings {
@@ -167,13 +172,20 @@ pub(crate) fn record(
         build_id: true,
         regs_mask: NATIVE_REGS.mask,
         wakeup_bytes: (ring.pages * page_size / 4) as u32,
+        system,
+        kernel: options.kernel && options.cpu,
     };
-    let mut events = open_first(pid, settings, &plan.specs, page_size, ring.pages)?;
+    let mut events = match pid {
+        Some(pid) => open_first(pid, settings, &plan.specs, page_size, ring.pages)?,
+        None => system::open(settings, &plan.specs, page_size, ring.pages)?,
+    };
     // Before any event is enabled: the existing threads and images are
     // recorded at this time, and every sample must come after them.
     let start_time = sys::monotonic_ns();
     if launched.is_none() {
-        attach_all_threads(&mut events, pid)?;
+        if let Some(pid) = pid {
+            attach_all_threads(&mut events, pid)?;
+        }
         for fd in events.switch_order(true) {
             sys::perf_enable(fd).map_err(|e| RecordError::Sys {
                 what: "enabling the sampling events".into(),
@@ -192,6 +204,9 @@ pub(crate) fn record(
             program: program.display().to_string(),
             reason: escape.reason(),
         });
+    }
+    if settings.kernel && kernel::addresses_hidden() {
+        reporter.warning(&kernel::hidden_warning());
     }
     if let Some(l) = launched.as_mut() {
         l.release()?;
@@ -218,7 +233,7 @@ pub(crate) fn record(
             // The CPU samples' copy, or with --no-cpu the allocations'.
             stack_size: stack_of(Role::Cpu).max(heap_stack),
             kernel_callchain: options.cpu && options.kernel_callchain,
-            include_kernel: false,
+            include_kernel: settings.kernel,
         },
         recorder: host::RECORDER_NAME.to_string(),
         start_wall_ns: host::wall_clock_ns(),
@@ -229,8 +244,9 @@ pub(crate) fn record(
             },
             TargetSpec::Command(c) => Target::Launch {
                 command: c.iter().map(|a| a.to_string_lossy().into_owned()).collect(),
-                pid: Pid(pid),
+                pid: Pid(pid.unwrap_or_default()),
             },
+            TargetSpec::System => Target::System,
         },
         hostname: host::hostname(),
         events: EventSettings {
@@ -268,18 +284,24 @@ pub(crate) fn record(
         );
         converter = converter.with_heap(explained);
     }
+    if system || settings.kernel {
+        converter = converter.with_system(SystemWide::new(std::process::id(), settings.kernel));
+    }
     let sink = Sink::start(out, &header, converter, CHANNEL_CAPACITY)?;
     let sender = sink.sender();
     let command = match &header.target {
         Target::Launch { command, .. } => Some(command.clone()),
         Target::Attach { .. } | Target::System => None,
     };
-    let sent = sender.send(RawMsg::Initial(Initial {
-        time: start_time,
-        pid,
-        tids: events.tids(),
-        launched: command,
-    }));
+    let sent = match pid {
+        Some(pid) => sender.send(RawMsg::Initial(Initial {
+            time: start_time,
+            pid,
+            tids: events.tids(),
+            launched: command,
+        })),
+        None => system::send_existing(&sender, start_time),
+    };
     let mut control = Control {
         token,
         deadline: &deadline,
@@ -342,7 +364,8 @@ fn plan_events(options: &RecordOptions) -> Result<EventPlan, RecordError> {
     let mut specs = Vec::new();
     if options.cpu {
         specs.push(EventSpec {
-            callchain: options.kernel_callchain,
+            // Kernel frames come in the callchain.
+            callchain: options.kernel_callchain || options.kernel,
             ..EventSpec::new(Role::Cpu, options.stack_size)
         });
     }
@@ -430,16 +453,25 @@ fn open_first(
             Ok(()) => return Ok(events),
             Err(e) => match e.error.raw_os_error() {
                 Some(libc::ESRCH) => return Err(RecordError::NoSuchProcess { pid }),
+                Some(libc::EACCES | libc::EPERM) if s.kernel && e.role == Role::Cpu => {
+                    return Err(system::denied(false))
+                }
                 Some(libc::EACCES | libc::EPERM) => return Err(permission_denied(e.role, pid)),
                 _ => last_err = Some(e),
             },
         }
     }
+    Err(open_failure(settings, last_err))
+}
+
+/// The error for events that would not open for a reason other than
+/// permissions or a missing process.
+fn open_failure(settings: AttrSettings, last_err: Option<OpenError>) -> RecordError {
     let OpenError { role, error: e } = last_err.unwrap_or(OpenError {
         role: Role::Cpu,
         error: io::Error::from_raw_os_error(libc::ENOSYS),
     });
-    Err(match role {
+    match role {
         Role::Cpu => RecordError::Unsupported(match settings.event {
             EventKind::Cycles => format!(
                 "the hardware cycle counter cannot be sampled here ({e}); virtual machines often \
@@ -462,7 +494,7 @@ fn open_first(
             "the context-switch event cannot be opened ({e}); off-CPU recording needs Linux 4.3 \
              or later"
         )),
-    })
+    }
 }
 
 fn permission_denied(role: Role, pid: u32) -> RecordError {
@@ -592,7 +624,7 @@ fn sample_loop(
     sender: &SinkSender<RawMsg>,
     control: &mut Control<'_>,
     mut heap: Option<&mut HeapSession>,
-    pid: u32,
+    pid: Option<u32>,
     child: Option<u32>,
 ) -> Result<(StopReason, Option<TargetExit>), RecordError> {
     let poll_interval = if heap.is_some() {
@@ -619,7 +651,7 @@ fn sample_loop(
                 })?;
                 return Ok((StopReason::TargetExited, Some(exit)));
             }
-        } else if procfs::has_exited(pid) {
+        } else if pid.is_some_and(procfs::has_exited) {
             return Ok((StopReason::TargetExited, None));
         }
         let (request, signals) = control.token.take();

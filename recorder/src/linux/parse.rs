@@ -51,6 +51,8 @@ pub(crate) const MISC_MMAP_BUILD_ID: u16 = 1 << 14;
 /// Callchain entries at or above this are context markers
 /// (`PERF_CONTEXT_USER` etc.), not addresses.
 pub(crate) const PERF_CONTEXT_MAX: u64 = -4095i64 as u64;
+/// The marker before the kernel part of a callchain.
+pub(crate) const PERF_CONTEXT_KERNEL: u64 = -128i64 as u64;
 
 /// What the attribute asked for, so records can be parsed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -146,6 +148,9 @@ pub(crate) struct SampleRecord<'a> {
     pub period: u64,
     /// User callchain, markers removed, innermost first.
     pub callchain: Vec<u64>,
+    /// Kernel callchain (kernel AVMAs, the sampled address first), when
+    /// the event samples the kernel; empty otherwise.
+    pub kernel_callchain: Vec<u64>,
     /// A tracepoint's payload (`PERF_SAMPLE_RAW`); empty otherwise.
     pub raw: &'a [u8],
     /// User registers in mask bit order; empty if the kernel had none
@@ -429,9 +434,16 @@ fn parse_sample<'a>(layout: &Layout, c: &mut Cursor<'a>) -> Result<SampleRecord<
                 what: "callchain longer than the record",
             });
         }
+        // Each part of the chain follows its context marker: kernel
+        // frames first, then (after PERF_CONTEXT_USER) the user ones.
+        let mut in_kernel = false;
         for _ in 0..nr {
             let ip = c.u64()?;
-            if ip < PERF_CONTEXT_MAX {
+            if ip >= PERF_CONTEXT_MAX {
+                in_kernel = ip == PERF_CONTEXT_KERNEL;
+            } else if in_kernel {
+                s.kernel_callchain.push(ip);
+            } else {
                 s.callchain.push(ip);
             }
         }
@@ -604,6 +616,29 @@ pub(crate) mod tests {
         assert_eq!(s.stack, &[7u8; 8]);
         // header 8, pid/tid 8, time 8, cpu 8, period 8, callchain 32, regs 32
         assert_eq!(s.stack_offset, 104);
+    }
+
+    #[rustfmt::skip]
+    #[test]
+    fn kernel_and_user_parts_of_a_callchain_are_split() {
+        let mut body = u64s(&[10 | (11 << 32)]);  // pid, tid
+        body.extend(u64s(&[123_456]));            // time
+        body.extend(u32s(&[1, 0]));               // cpu, reserved
+        body.extend(u64s(&[1_000_000]));          // period
+        body.extend(u64s(&[6]));                  // callchain nr
+        body.extend(u64s(&[-128i64 as u64]));     // PERF_CONTEXT_KERNEL marker
+        body.extend(u64s(&[0xffff_ffff_8100_0010, 0xffff_ffff_8100_0200])); // kernel ip, return
+        body.extend(u64s(&[-512i64 as u64]));     // PERF_CONTEXT_USER marker
+        body.extend(u64s(&[0x401000, 0x401100])); // user ip, return address
+        body.extend(u64s(&[0]));                  // regs abi: none (kernel thread)
+        body.extend(u64s(&[0]));                  // stack size 0
+        let rec = [header(kind::SAMPLE, 1, body.len()), body].concat();
+        let PerfRecord::Sample(s) = parse_record(&single(), kind::SAMPLE, 1, &rec).unwrap() else {
+            panic!("not a sample")
+        };
+        assert_eq!(s.kernel_callchain, [0xffff_ffff_8100_0010, 0xffff_ffff_8100_0200]);
+        assert_eq!(s.callchain, [0x401000, 0x401100]);
+        assert!(s.regs.is_empty());
     }
 
     /// The fuzz target's checks hold on what the kernel writes: samples

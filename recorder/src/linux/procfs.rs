@@ -166,6 +166,47 @@ pub(crate) fn has_exited(pid: u32) -> bool {
     }
 }
 
+/// Every process's pid, ascending (`/proc/[0-9]*`).
+pub(crate) fn list_pids() -> std::io::Result<Vec<u32>> {
+    let mut pids: Vec<u32> = std::fs::read_dir("/proc")?
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+        .collect();
+    pids.sort_unstable();
+    Ok(pids)
+}
+
+/// A process's cgroup (see [`parse_cgroup`]), if readable.
+pub(crate) fn cgroup(pid: u32) -> Option<String> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
+    parse_cgroup(&text)
+}
+
+/// The cgroup a `/proc/PID/cgroup` text puts its process in: the unified
+/// hierarchy's path (`0::/system.slice/x.service`), or, where that is the
+/// root and cgroup v1 controllers place the process deeper (a v1 or hybrid
+/// host running containers), the first such controller's path.
+pub(crate) fn parse_cgroup(text: &str) -> Option<String> {
+    let mut unified = None;
+    let mut v1 = None;
+    for line in text.lines() {
+        let mut parts = line.splitn(3, ':');
+        let (Some(id), Some(_controllers), Some(path)) = (parts.next(), parts.next(), parts.next())
+        else {
+            continue;
+        };
+        if id == "0" {
+            unified = Some(path);
+        } else if path != "/" && v1.is_none() {
+            v1 = Some(path);
+        }
+    }
+    match (unified, v1) {
+        (Some(u), _) if u != "/" => Some(u.to_string()),
+        (_, Some(v)) => Some(v.to_string()),
+        (u, None) => u.map(str::to_string),
+    }
+}
+
 /// A small integer from a `/proc/sys` file.
 pub(crate) fn read_sysctl(path: &str) -> Option<i64> {
     std::fs::read_to_string(path).ok()?.trim().parse().ok()
@@ -174,6 +215,18 @@ pub(crate) fn read_sysctl(path: &str) -> Option<i64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cgroup_is_the_unified_path_or_the_deepest_v1_one() {
+        assert_eq!(
+            parse_cgroup("0::/system.slice/nginx.service\n").as_deref(),
+            Some("/system.slice/nginx.service")
+        );
+        let hybrid = "9:name=systemd:/\n4:memory:/docker/abc123\n1:cpu:/\n0::/\n";
+        assert_eq!(parse_cgroup(hybrid).as_deref(), Some("/docker/abc123"));
+        assert_eq!(parse_cgroup("0::/\n").as_deref(), Some("/"));
+        assert_eq!(parse_cgroup("garbage"), None);
+    }
 
     const MAPS: &str = "\
 55d0c0a00000-55d0c0a01000 r--p 00000000 fe:01 1234                       /usr/bin/my prog

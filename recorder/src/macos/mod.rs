@@ -84,6 +84,13 @@ pub(crate) fn record(
                 .into(),
         ));
     }
+    if options.target == TargetSpec::System || options.kernel {
+        return Err(RecordError::Unsupported(
+            "system-wide recording (--all) and kernel frames (--kernel) use Linux's per-CPU perf \
+             events; on macOS record one process (--pid or a command)"
+                .into(),
+        ));
+    }
     if options.event == CpuEvent::Cycles {
         return Err(RecordError::InvalidOption(
             "the macOS backend samples with a timer; --event cycles is Linux only".into(),
@@ -167,6 +174,9 @@ fn attach(spec: &TargetSpec) -> Result<Attached, RecordError> {
                 command: Vec::new(),
             })
         }
+        TargetSpec::System => Err(RecordError::Unsupported(
+            "system-wide recording is Linux only".into(),
+        )),
         TargetSpec::Command(command) => {
             let pid = sys::spawn_suspended(command)?;
             let task = match sys::task_for(pid) {

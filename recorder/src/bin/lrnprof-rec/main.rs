@@ -25,12 +25,23 @@ use std::time::Duration;
 #[derive(Parser, Debug)]
 #[command(name = "lrnprof-rec", version, about)]
 #[command(
-    override_usage = "lrnprof-rec --pid PID [OPTIONS]\n       lrnprof-rec [OPTIONS] -- CMD [ARGS]..."
+    override_usage = "lrnprof-rec --pid PID [OPTIONS]\n       lrnprof-rec [OPTIONS] -- CMD [ARGS]...\n       lrnprof-rec --all [--duration SECS] [OPTIONS]"
 )]
 struct Args {
     /// Attach to this running process (and the threads and children it creates).
     #[arg(long, conflicts_with = "command")]
     pid: Option<u32>,
+
+    /// Record every process on the machine (Linux; needs root, CAP_PERFMON
+    /// or kernel.perf_event_paranoid 0), until --duration or Ctrl-C.
+    #[arg(long, conflicts_with_all = ["pid", "command"])]
+    all: bool,
+
+    /// Also sample kernel code: kernel frames at the leaf end of each
+    /// stack, named offline from the kernel symbols embedded in the trace
+    /// (Linux; needs kernel.perf_event_paranoid 1 or lower, or root).
+    #[arg(long)]
+    kernel: bool,
 
     /// The trace file to write.
     #[arg(long, short, default_value = "trace.lpt")]
@@ -136,9 +147,12 @@ fn main() -> ExitCode {
 
 fn run(args: Args) -> Result<ExitCode> {
     let target = match (args.pid, args.command.is_empty()) {
+        _ if args.all => TargetSpec::System,
         (Some(pid), _) => TargetSpec::Pid(pid),
         (None, false) => TargetSpec::Command(args.command),
-        (None, true) => anyhow::bail!("give --pid PID or a command after --, see --help"),
+        (None, true) => {
+            anyhow::bail!("give --pid PID or a command after -- (or --all), see --help")
+        }
     };
     let duration = match args.duration {
         Some(d) if !(d.is_finite() && d > 0.0) => {
@@ -159,6 +173,7 @@ fn run(args: Args) -> Result<ExitCode> {
         duration,
         stack_size: args.stack_size,
         kernel_callchain: args.callchain == "on",
+        kernel: args.kernel,
         embed: args.embed,
         cpu: !args.no_cpu,
         syscalls: (args.syscalls || !args.syscall_filter.is_empty()).then(|| SyscallOptions {

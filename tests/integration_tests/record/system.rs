@@ -1,0 +1,289 @@
+//! System-wide recording (`lrnprof-rec --all`) and kernel frames
+//! (`--kernel`) on the `rec_system` fixture: processes the test starts
+//! itself (not the recorder's children) appear with complete stacks, a
+//! process that execs and a short-lived one are named and sampled, the
+//! recorder leaves itself out; a write(2) loop shows a named kernel frame
+//! offline; an unprivileged user gets one line of advice and no file.
+
+use super::support::{load, rec_command, recorder_for_nobody, samples, NO_FP};
+use lrnprof_analyzer::{analyze, AnalyzeOptions, NoProgress, OutputFormat, SampleFilter};
+use lrnprof_format::{Pid, ProcessEvent, Record, Target, ThreadEvent};
+use lrnprof_tests::{
+    build_c, has_program, is_root, remove_scratch_dir, require_perf, scratch_dir, skip, wait_until,
+};
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+
+fn build(dir: &Path) -> PathBuf {
+    build_c(&["rec_system.c"], NO_FP, dir, "rec_system")
+}
+
+/// `program args`, started by the test (outside the recorder).
+fn start(program: &Path, args: &[&str]) -> Child {
+    Command::new(program)
+        .args(args)
+        .stdin(Stdio::null())
+        .spawn()
+        .expect("starting the fixture")
+}
+
+/// Whether system-wide recording is refused here (not root, paranoid).
+fn system_refused() -> Option<String> {
+    let paranoid = std::fs::read_to_string("/proc/sys/kernel/perf_event_paranoid")
+        .ok()
+        .and_then(|p| p.trim().parse::<i64>().ok());
+    (!is_root() && paranoid.is_none_or(|p| p > 0)).then(|| {
+        format!("--all needs root or kernel.perf_event_paranoid 0 or lower (it is {paranoid:?})")
+    })
+}
+
+/// The folded stacks of `trace` (`filter` applied), analyzed offline.
+fn folded(trace: &Path, filter: SampleFilter) -> String {
+    let options = AnalyzeOptions {
+        offline: true,
+        filter,
+        ..Default::default()
+    };
+    let profile = analyze(trace, &options, &NoProgress).expect("analyzing the trace");
+    let mut out = Vec::new();
+    OutputFormat::Folded
+        .writer()
+        .write(&profile, &mut out)
+        .unwrap();
+    String::from_utf8(out).unwrap()
+}
+
+/// Samples of `pid` in `folded` (lines start `NAME-PID;`) whose stack
+/// holds `frames` in this order, root first.
+fn count(folded: &str, pid: u32, frames: &str) -> u64 {
+    folded
+        .lines()
+        .filter(|l| {
+            let (stack, _) = l.rsplit_once(' ').unwrap_or((l, ""));
+            stack
+                .split(';')
+                .next()
+                .is_some_and(|t| t.ends_with(&format!("-{pid}")))
+                && stack.contains(frames)
+        })
+        .filter_map(|l| l.rsplit_once(' ')?.1.parse::<u64>().ok())
+        .sum()
+}
+
+/// Samples of `pid` whose stack holds `first` and, after it, `then`.
+fn count_both(folded: &str, pid: u32, first: &str, then: &str) -> u64 {
+    folded
+        .lines()
+        .filter(|l| {
+            l.split(';')
+                .next()
+                .is_some_and(|t| t.ends_with(&format!("-{pid}")))
+                && l.find(first).is_some_and(|i| l[i..].contains(then))
+        })
+        .filter_map(|l| l.rsplit_once(' ')?.1.parse::<u64>().ok())
+        .sum()
+}
+
+#[test]
+fn every_process_is_recorded_with_complete_stacks() {
+    require_perf!();
+    if let Some(why) = system_refused() {
+        skip!("{why}");
+    }
+    let dir = scratch_dir("rec-system-all");
+    let program = build(&dir);
+    let trace = dir.join("all.lpt");
+    // Two unrelated processes running before the recording starts.
+    let mut alpha = start(&program, &["alpha"]);
+    let mut beta = start(&program, &["beta"]);
+    let recorder = rec_command(&trace)
+        .arg("--all")
+        .stdin(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The trace holds a sample once the events are enabled and drained.
+    super::support::wait_for_a_readable_sample(&trace);
+    // Started, exec'd and exited while recorded.
+    let exec = start(&program, &["exec", "150"]);
+    let short = start(&program, &["short", "60"]);
+    let (exec_pid, short_pid) = (exec.id(), short.id());
+    for mut c in [exec, short] {
+        assert!(c.wait().unwrap().success());
+    }
+    // Until alpha and beta have been sampled a while.
+    wait_until("alpha and beta sampled", || {
+        std::fs::read_to_string(format!("/proc/{}/stat", alpha.id()))
+            .ok()
+            .and_then(|s| {
+                s.rsplit_once(") ")?
+                    .1
+                    .split(' ')
+                    .nth(11)?
+                    .parse::<u64>()
+                    .ok()
+            })
+            .is_some_and(|utime_ticks| utime_ticks >= 30)
+    });
+    let recorder_pid = recorder.id();
+    // Ctrl-C.
+    // Safety: kill sends a signal to our child, which has not been reaped.
+    unsafe { libc::kill(recorder.id() as i32, libc::SIGINT) };
+    let out = recorder.wait_with_output().unwrap();
+    let _ = alpha.kill();
+    let _ = beta.kill();
+    let _ = (alpha.wait(), beta.wait());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+
+    let (reader, records) = load(&trace);
+    assert_eq!(reader.header().target, Target::System);
+    let sampled: HashSet<u32> = samples(&records).iter().map(|s| s.pid.0).collect();
+    assert!(
+        !sampled.contains(&recorder_pid),
+        "the recorder sampled itself"
+    );
+    // Each process is known with its cgroup.
+    let process = |pid: u32, event: fn(&ProcessEvent) -> bool| {
+        records.iter().any(|r| {
+            matches!(r, Record::Process(p) if p.pid == Pid(pid) && event(&p.event) && p.cgroup.is_some())
+        })
+    };
+    assert!(process(alpha.id(), |e| *e == ProcessEvent::Existing));
+    assert!(process(exec_pid, |e| *e == ProcessEvent::Fork));
+    assert!(process(exec_pid, |e| *e == ProcessEvent::Exec));
+    assert!(process(short_pid, |e| *e == ProcessEvent::Fork));
+    assert!(records.iter().any(|r| matches!(r,
+        Record::Thread(t) if t.pid == Pid(short_pid) && t.event == ThreadEvent::Rename
+            && t.name.as_deref() == Some("rec_system"))));
+
+    let all = folded(&trace, SampleFilter::default());
+    // Complete stacks: from the C runtime's entry down to the leaf.
+    for (pid, frames) in [
+        (alpha.id(), "main;alpha_outer;alpha_inner"),
+        (beta.id(), "main;beta_outer;beta_inner"),
+        (exec_pid, "main;before_exec"),
+        (exec_pid, "main;after_exec"),
+        (short_pid, "main;short_work"),
+    ] {
+        let n = count(&all, pid, frames);
+        assert!(n > 0, "no samples of {pid} in {frames}:\n{all}");
+        // Through libc's start (named by its exported symbol offline).
+        let rooted = count_both(&all, pid, "_start;__libc_start_main;", frames);
+        assert!(
+            rooted * 10 >= n * 9,
+            "{pid} {frames}: {rooted} of {n} samples reach the root:\n{all}"
+        );
+    }
+    // The filters select processes by name and cgroup.
+    let alpha_only = folded(
+        &trace,
+        SampleFilter {
+            pid: Some(Pid(alpha.id())),
+            ..Default::default()
+        },
+    );
+    assert!(!alpha_only.contains("beta_inner"));
+    let by_name = folded(
+        &trace,
+        SampleFilter {
+            comm: Some("rec_system".into()),
+            ..Default::default()
+        },
+    );
+    assert!(
+        by_name.lines().all(|l| l.starts_with("rec_system-")),
+        "{by_name}"
+    );
+    assert!(by_name.contains("alpha_inner") && by_name.contains("short_work"));
+    remove_scratch_dir(&dir);
+}
+
+#[test]
+fn kernel_frames_are_named_offline() {
+    require_perf!();
+    if !is_root() {
+        skip!("--kernel needs root here to read kernel addresses (kptr_restrict)");
+    }
+    let dir = scratch_dir("rec-system-kernel");
+    let program = build(&dir);
+    let trace = dir.join("kernel.lpt");
+    let out = rec_command(&trace)
+        .args(["--kernel", "--"])
+        .arg(&program)
+        .args(["write", "300"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let (reader, records) = load(&trace);
+    assert!(reader.header().sampling.include_kernel);
+    assert!(samples(&records)
+        .iter()
+        .any(|s| !s.kernel_frames.is_empty()));
+    let kallsyms = std::fs::read_to_string("/proc/kallsyms").unwrap();
+    let kernel_names: HashSet<&str> = kallsyms
+        .lines()
+        .filter_map(|l| l.split_ascii_whitespace().nth(2))
+        .collect();
+    let all = folded(&trace, SampleFilter::default());
+    // A stack through write_loop whose leaf is a named kernel function.
+    let named = all.lines().any(|l| {
+        let stack = l.rsplit_once(' ').map_or(l, |(s, _)| s);
+        stack.contains(";write_loop;")
+            && stack
+                .rsplit(';')
+                .next()
+                .is_some_and(|leaf| kernel_names.contains(leaf))
+    });
+    assert!(named, "no named kernel frame under write_loop:\n{all}");
+    remove_scratch_dir(&dir);
+}
+
+#[test]
+fn an_unprivileged_user_is_told_what_all_and_kernel_need() {
+    if !cfg!(target_os = "linux") || !is_root() || !has_program("runuser") {
+        skip!("needs Linux, root and runuser to act as the user nobody");
+    }
+    let paranoid = std::fs::read_to_string("/proc/sys/kernel/perf_event_paranoid")
+        .unwrap_or_default()
+        .trim()
+        .parse::<i64>()
+        .unwrap_or(2);
+    if paranoid < 2 {
+        skip!("kernel.perf_event_paranoid is {paranoid} here: unprivileged users may sample the kernel");
+    }
+    let dir = scratch_dir("rec-system-perm");
+    let rec_copy = recorder_for_nobody(&dir);
+    for (args, expect) in [
+        (
+            &["--all", "--duration", "1"][..],
+            ["--all", "perf_event_paranoid=0"],
+        ),
+        (
+            &["--kernel", "--", "true"][..],
+            ["--kernel", "perf_event_paranoid=1"],
+        ),
+    ] {
+        let out = dir.join("t.lpt");
+        let result = Command::new("runuser")
+            .args(["-u", "nobody", "--"])
+            .arg(&rec_copy)
+            .arg("--out")
+            .arg(&out)
+            .args(args)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&result.stderr);
+        assert_eq!(result.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(
+            expect.iter().all(|e| stderr.contains(e)),
+            "{args:?}: {stderr}"
+        );
+        assert_eq!(stderr.trim().lines().count(), 1, "{args:?}: {stderr}");
+        assert!(!out.exists(), "{args:?} left a trace");
+    }
+    remove_scratch_dir(&dir);
+}
