@@ -428,12 +428,7 @@ impl Prepared {
         // A kernel thread has no user context: its registers are zero.
         let user = if kernel_only(s) { &[][..] } else { frames };
         let generation = self.generation_at(s.pid, s.time);
-        self.push_frame_keys(
-            s.pid,
-            generation.as_ref(),
-            user.iter().copied(),
-            &mut keys,
-        );
+        self.push_frame_keys(s.pid, generation.as_ref(), user.iter().copied(), &mut keys);
         if s.kind == SampleKind::Allocation {
             self.drop_sampler_frames(&mut keys, 0);
         }
@@ -587,6 +582,20 @@ fn load_jit_maps(timeline: &Timeline, offline: bool) -> HashMap<u32, JitMap> {
     maps
 }
 
+/// Append the keys of a sample's kernel frames (leaf first) to `out`.
+pub(crate) fn push_kernel_keys(kernel_frames: &[u64], out: &mut Vec<FrameKey>) {
+    out.extend(kernel_frames.iter().enumerate().map(|(i, &avma)| {
+        let lookup = if i == 0 { avma } else { avma.wrapping_sub(1) };
+        FrameKey::Kernel { avma: Avma(lookup) }
+    }));
+}
+
+/// Whether `s` was taken in a kernel thread (kernel frames, no user
+/// context: its registers are zero).
+pub(crate) fn kernel_only(s: &Sample) -> bool {
+    !s.kernel_frames.is_empty() && s.regs.ip() == 0
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -600,18 +609,4 @@ mod tests {
         assert!(!is_sampler("/usr/lib/libc.so.6"));
         assert!(!is_sampler("/opt/liblrnprof_preload/libc.so"));
     }
-}
-
-/// Append the keys of a sample's kernel frames (leaf first) to `out`.
-pub(crate) fn push_kernel_keys(kernel_frames: &[u64], out: &mut Vec<FrameKey>) {
-    out.extend(kernel_frames.iter().enumerate().map(|(i, &avma)| {
-        let lookup = if i == 0 { avma } else { avma.wrapping_sub(1) };
-        FrameKey::Kernel { avma: Avma(lookup) }
-    }));
-}
-
-/// Whether `s` was taken in a kernel thread (kernel frames, no user
-/// context: its registers are zero).
-pub(crate) fn kernel_only(s: &Sample) -> bool {
-    !s.kernel_frames.is_empty() && s.regs.ip() == 0
 }
