@@ -216,9 +216,19 @@ impl Images {
                 reason,
             })
         };
+        // Without a table, an analysis without the image's files lacks
+        // its inline frames and file:line: say so.
+        let no_table = |e: &dyn std::fmt::Display| {
+            incomplete(format!(
+                "{e}; no frame table: its {} code addresses are named from its symbol \
+                 table only, without inline frames and file:line, where the trace is \
+                 analyzed without the image's files",
+                lookups.len()
+            ))
+        };
         let file = match file.try_clone() {
             Ok(f) => f,
-            Err(e) => return (Vec::new(), incomplete(e.to_string())),
+            Err(e) => return (Vec::new(), no_table(&e)),
         };
         let path = image.path.strip_suffix(" (deleted)").unwrap_or(&image.path);
         let built = frame_table_for_file(FrameRequest {
@@ -232,7 +242,7 @@ impl Images {
         let built = match built {
             Ok(Some(built)) => built,
             Ok(None) => return (Vec::new(), None),
-            Err(e) => return (Vec::new(), incomplete(e.to_string())),
+            Err(e) => return (Vec::new(), no_table(&e)),
         };
         *budget = budget.saturating_sub(built.bytes.len());
         let kind = BlobKind::Table {

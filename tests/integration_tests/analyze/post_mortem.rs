@@ -440,3 +440,43 @@ fn default_trace_gives_the_same_rust_profile_without_the_files() {
     );
     remove_scratch_dir(&dir);
 }
+
+/// A program whose DWARF lives in a separate debug file that only its
+/// `.gnu_debuglink` names (`.debug/NAME` next to it, as `objcopy
+/// --only-keep-debug` and `--add-gnu-debuglink` leave it): recorded with
+/// defaults, the frame table is built from that file, so with the program
+/// and its debug file deleted, `--offline` still gives the inline frames
+/// and file:line of the analysis that read them.
+#[test]
+fn debug_file_named_by_gnu_debuglink_travels_in_the_frame_table() {
+    require_perf!();
+    let dir = scratch_dir("an-debuglink");
+    let app = dir.join("app");
+    std::fs::create_dir_all(app.join(".debug")).unwrap();
+    let exe = build_c(&["an_threads_inline.c"], NO_FP, &app, "an_threads_inline");
+    let debug = app.join(".debug").join("an_threads_inline.debug");
+    let (exe_s, debug_s) = (exe.to_str().unwrap(), debug.to_str().unwrap());
+    for args in [
+        &["objcopy", "--only-keep-debug", exe_s, debug_s][..],
+        &["strip", "--strip-debug", "--strip-unneeded", exe_s],
+        &["objcopy", &format!("--add-gnu-debuglink={debug_s}"), exe_s],
+    ] {
+        let out = Command::new(args[0])
+            .args(&args[1..])
+            .output()
+            .expect("running binutils");
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let folded = same_profile_without_the_files(&dir, &app, &exe);
+    // Only the debug file has the inlined static helpers and the static
+    // functions' names.
+    assert!(
+        folded.contains(";worker_main;crunch;mix_round "),
+        "{folded}"
+    );
+    remove_scratch_dir(&dir);
+}
