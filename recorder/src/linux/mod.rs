@@ -440,24 +440,43 @@ fn open_first(
     page_size: usize,
     ring_pages: usize,
 ) -> Result<Events, RecordError> {
+    let open = |events: &mut Events| events.open_thread(pid);
+    open_events(settings, specs, page_size, ring_pages, open, |e| {
+        match e.error.raw_os_error() {
+            Some(libc::ESRCH) => Some(RecordError::NoSuchProcess { pid }),
+            Some(libc::EACCES | libc::EPERM) if settings.kernel && e.role == Role::Cpu => {
+                Some(system::denied(false))
+            }
+            Some(libc::EACCES | libc::EPERM) => Some(permission_denied(e.role, pid)),
+            _ => None,
+        }
+    })
+}
+
+/// Events of `specs` on every online CPU, opened by `open`. Build-id
+/// MMAP2 records need Linux 5.12: older kernels get plain ones. An error
+/// that `fatal` turns into the recorder's error is not retried.
+fn open_events(
+    settings: AttrSettings,
+    specs: &[EventSpec],
+    page_size: usize,
+    ring_pages: usize,
+    open: impl Fn(&mut Events) -> Result<(), OpenError>,
+    fatal: impl Fn(&OpenError) -> Option<RecordError>,
+) -> Result<Events, RecordError> {
     let cpus = procfs::online_cpus(sys::cpu_count());
     let mut last_err = None;
-    // Build-id MMAP2 records need Linux 5.12: older kernels get plain ones.
     for build_id in [true, false] {
         let s = AttrSettings {
             build_id,
             ..settings
         };
         let mut events = Events::new(s, specs, cpus.clone(), ring_pages, page_size);
-        match events.open_thread(pid) {
+        match open(&mut events) {
             Ok(()) => return Ok(events),
-            Err(e) => match e.error.raw_os_error() {
-                Some(libc::ESRCH) => return Err(RecordError::NoSuchProcess { pid }),
-                Some(libc::EACCES | libc::EPERM) if s.kernel && e.role == Role::Cpu => {
-                    return Err(system::denied(false))
-                }
-                Some(libc::EACCES | libc::EPERM) => return Err(permission_denied(e.role, pid)),
-                _ => last_err = Some(e),
+            Err(e) => match fatal(&e) {
+                Some(error) => return Err(error),
+                None => last_err = Some(e),
             },
         }
     }

@@ -19,23 +19,16 @@ pub(super) fn open(
     page_size: usize,
     ring_pages: usize,
 ) -> Result<Events, RecordError> {
-    let cpus = procfs::online_cpus(sys::cpu_count());
-    let mut last_err = None;
-    for build_id in [true, false] {
-        let s = AttrSettings {
-            build_id,
-            ..settings
-        };
-        let mut events = Events::new(s, specs, cpus.clone(), ring_pages, page_size);
-        match events.open_system() {
-            Ok(()) => return Ok(events),
-            Err(e) if matches!(e.error.raw_os_error(), Some(libc::EACCES | libc::EPERM)) => {
-                return Err(denied(true))
-            }
-            Err(e) => last_err = Some(e),
-        }
-    }
-    Err(super::open_failure(settings, last_err))
+    super::open_events(
+        settings,
+        specs,
+        page_size,
+        ring_pages,
+        Events::open_system,
+        |e| {
+            matches!(e.error.raw_os_error(), Some(libc::EACCES | libc::EPERM)).then(|| denied(true))
+        },
+    )
 }
 
 /// The error for a refused system-wide (`system`) or kernel-sampling
