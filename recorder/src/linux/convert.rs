@@ -396,6 +396,7 @@ impl Converter {
                     );
                     // The exec replaced the address space.
                     self.regions.remove(&pid);
+                    self.untouched.process_replaced(pid);
                     self.images.forget_process(pid);
                 }
                 self.thread(t, pid, tid, ThreadEvent::Rename, Some(name.to_string()));
@@ -638,7 +639,7 @@ impl Converter {
             });
             if let Some(missing) = missing {
                 flags = SampleFlags::STACK_CUT_SHORT;
-                self.untouched.cut_short(pid, tid, missing);
+                self.untouched.cut_short(pid, tid, time, missing);
             }
         }
         self.pids_seen.insert(pid);

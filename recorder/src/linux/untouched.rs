@@ -14,18 +14,22 @@
 //! the code has frame pointers.
 //!
 //! Runs on the writer thread, which already reads `/proc` and files; the
-//! read of at most 16 pages takes microseconds, and a thread is read at
-//! most once per [`REREAD_INTERVAL`].
+//! read of at most 16 pages takes microseconds. Samples taken before a
+//! read are cut short at the same place (they were in flight), so a
+//! thread is read again only when a copy stops where the last read did
+//! not reach, or when a copy taken after the read still stops inside it
+//! (then with a growing pause, so pages that cannot be made present cost
+//! a few reads, not one per sample).
 
 use super::sys;
 use std::collections::HashMap;
 use std::ops::Range;
-use std::time::{Duration, Instant};
 
-/// A thread whose stack was read is read again only after this long: the
-/// samples already in flight when it was read are cut short at the same
-/// place, and reading again would not help them.
-const REREAD_INTERVAL: Duration = Duration::from_millis(250);
+/// The first pause before a thread whose read did not help is read again
+/// at the same place, in ns; it doubles with each read that does not
+/// help, up to [`MAX_RETRY_PAUSE_NS`].
+const RETRY_PAUSE_NS: u64 = 10_000_000;
+const MAX_RETRY_PAUSE_NS: u64 = 1_000_000_000;
 
 /// Threads remembered at most; past it the memory of past reads is
 /// forgotten (costing at most one extra read per thread).
@@ -78,10 +82,22 @@ pub(crate) struct UntouchedStats {
     pub first_error: Option<String>,
 }
 
+/// The last read of one thread's stack.
+#[derive(Debug, Clone)]
+struct LastRead {
+    /// When it was made (`CLOCK_MONOTONIC` ns, the clock of samples).
+    time: u64,
+    /// What it read (AVMAs).
+    range: Range<u64>,
+    /// Pause before reading the same place again after a copy taken
+    /// after this read still stopped in it.
+    retry_pause: u64,
+}
+
 /// Reads the untouched stack pages of threads, once each.
 pub(crate) struct UntouchedPages {
     page_size: u64,
-    last_read: HashMap<(u32, u32), Instant>,
+    last_read: HashMap<(u32, u32), LastRead>,
     pub stats: UntouchedStats,
 }
 
@@ -100,27 +116,49 @@ impl UntouchedPages {
         self.page_size
     }
 
-    /// A sample of thread `tid` of `pid` was cut short before `missing`:
-    /// read one byte of each of its pages, unless the thread was read
-    /// recently.
-    pub fn cut_short(&mut self, pid: u32, tid: u32, missing: Range<u64>) {
+    /// A sample of thread `tid` of `pid` taken at `time` was cut short
+    /// before `missing`: read one byte of each of its pages, unless a read
+    /// of that place is already on its way to the samples.
+    pub fn cut_short(&mut self, pid: u32, tid: u32, time: u64, missing: Range<u64>) {
         self.stats.cut_short += 1;
-        let now = Instant::now();
-        if self
-            .last_read
-            .get(&(pid, tid))
-            .is_some_and(|t| now.duration_since(*t) < REREAD_INTERVAL)
-        {
-            return;
-        }
+        let now = sys::monotonic_ns();
+        let retry_pause = match self.last_read.get(&(pid, tid)) {
+            Some(last) if last.range.contains(&missing.start) => {
+                if time <= last.time {
+                    // Taken before the read: in flight, nothing to do.
+                    return;
+                }
+                // Taken after the read and still cut at a page it read.
+                if now.saturating_sub(last.time) < last.retry_pause {
+                    return;
+                }
+                (last.retry_pause * 2).min(MAX_RETRY_PAUSE_NS)
+            }
+            // Never read, or the copy stopped where the last read did not
+            // reach: read at once.
+            _ => RETRY_PAUSE_NS,
+        };
         if self.last_read.len() >= MAX_THREADS {
             self.last_read.clear();
         }
-        self.last_read.insert((pid, tid), now);
+        self.last_read.insert(
+            (pid, tid),
+            LastRead {
+                time: now,
+                range: missing.clone(),
+                retry_pause,
+            },
+        );
         let pages = page_starts(missing, self.page_size);
         self.stats.reads += 1;
         match sys::read_one_byte_each(pid, &pages) {
-            Ok(_) => {}
+            Ok(n) if n == pages.len() => {}
+            Ok(n) => {
+                self.stats.failed += 1;
+                self.stats.first_error.get_or_insert_with(|| {
+                    format!("only {n} of {} pages could be read", pages.len())
+                });
+            }
             // The process is gone: nothing left to complete.
             Err(e) if e.raw_os_error() == Some(libc::ESRCH) => {}
             Err(e) => {
@@ -130,9 +168,14 @@ impl UntouchedPages {
         }
     }
 
-    /// The thread exited: forget it.
+    /// The thread exited, or its process exec'd: forget it.
     pub fn thread_exited(&mut self, pid: u32, tid: u32) {
         self.last_read.remove(&(pid, tid));
+    }
+
+    /// The process exec'd: its address space is new.
+    pub fn process_replaced(&mut self, pid: u32) {
+        self.last_read.retain(|&(p, _), _| p != pid);
     }
 }
 
@@ -208,24 +251,99 @@ mod tests {
     }
 
     #[test]
-    fn reads_are_rate_limited_per_thread() {
+    fn samples_in_flight_do_not_read_again() {
         let mut u = UntouchedPages::new(PAGE);
         // Our own process: reading our pages works.
         let pid = std::process::id();
-        let buf = vec![1u8; 3 * PAGE as usize];
-        let start = buf.as_ptr() as u64;
-        u.cut_short(pid, 1, start..start + 2 * PAGE);
-        u.cut_short(pid, 1, start..start + 2 * PAGE);
-        u.cut_short(pid, 2, start..start + 2 * PAGE);
-        assert_eq!(u.stats.cut_short, 3);
+        let buf = vec![1u8; 4 * PAGE as usize];
+        let start = (buf.as_ptr() as u64 + PAGE - 1) & !(PAGE - 1);
+        let t0 = sys::monotonic_ns();
+        u.cut_short(pid, 1, t0, start..start + 2 * PAGE);
+        assert_eq!(u.stats.reads, 1);
+        // Taken before that read: in flight.
+        u.cut_short(pid, 1, t0, start + PAGE..start + 2 * PAGE);
+        assert_eq!(u.stats.reads, 1);
+        // Another thread is read on its own.
+        u.cut_short(pid, 2, t0, start..start + 2 * PAGE);
         assert_eq!(u.stats.reads, 2);
+        assert_eq!(u.stats.cut_short, 3);
         assert_eq!(u.stats.failed, 0, "{:?}", u.stats.first_error);
-        u.thread_exited(pid, 1);
-        u.cut_short(pid, 1, start..start + PAGE);
+    }
+
+    #[test]
+    fn a_copy_stopping_beyond_the_last_read_is_read_at_once() {
+        let mut u = UntouchedPages::new(PAGE);
+        let pid = std::process::id();
+        let buf = vec![1u8; 5 * PAGE as usize];
+        let start = (buf.as_ptr() as u64 + PAGE - 1) & !(PAGE - 1);
+        let t0 = sys::monotonic_ns();
+        u.cut_short(pid, 1, t0, start..start + PAGE);
+        // An older sample, but stopped where the read did not reach.
+        u.cut_short(pid, 1, t0, start + 2 * PAGE..start + 3 * PAGE);
+        assert_eq!(u.stats.reads, 2);
+    }
+
+    #[test]
+    fn a_read_that_did_not_help_is_retried_with_growing_pauses() {
+        let mut u = UntouchedPages::new(PAGE);
+        let pid = std::process::id();
+        let buf = vec![1u8; 3 * PAGE as usize];
+        let start = (buf.as_ptr() as u64 + PAGE - 1) & !(PAGE - 1);
+        let range = start..start + PAGE;
+        u.cut_short(pid, 1, 0, range.clone());
+        let read_at = u.last_read[&(pid, 1)].time;
+        // Taken after the read, cut at the same place: not within the
+        // first pause...
+        u.cut_short(pid, 1, read_at + 1, range.clone());
+        assert_eq!(u.stats.reads, 1);
+        // ...but once it has passed, read again, and wait twice as long
+        // before the next.
+        u.last_read.get_mut(&(pid, 1)).unwrap().time = read_at - RETRY_PAUSE_NS;
+        u.cut_short(pid, 1, read_at + 1, range.clone());
+        assert_eq!(u.stats.reads, 2);
+        assert_eq!(u.last_read[&(pid, 1)].retry_pause, 2 * RETRY_PAUSE_NS);
+        // An exec forgets the process's threads.
+        u.process_replaced(pid);
+        u.cut_short(pid, 1, 0, range);
         assert_eq!(u.stats.reads, 3);
+    }
+
+    #[test]
+    fn failed_and_partial_reads_say_why() {
+        let mut u = UntouchedPages::new(PAGE);
+        let pid = std::process::id();
         // Unmapped memory: the read fails and says why.
-        u.cut_short(pid, 3, 0..PAGE);
+        u.cut_short(pid, 3, 0, 0..PAGE);
         assert_eq!(u.stats.failed, 1);
         assert!(u.stats.first_error.is_some());
+        // A page that cannot be read in the middle: counted, and the first
+        // reason is kept.
+        let len = 3 * PAGE as usize;
+        // Safety: a fresh private mapping of our own, unmapped below.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        assert_ne!(p, libc::MAP_FAILED);
+        let start = p as u64;
+        // Safety: the middle page of the mapping made above.
+        let rc =
+            unsafe { libc::mprotect((start + PAGE) as *mut _, PAGE as usize, libc::PROT_NONE) };
+        assert_eq!(rc, 0);
+        let mut u = UntouchedPages::new(PAGE);
+        u.cut_short(pid, 4, 0, start..start + 3 * PAGE);
+        assert_eq!(u.stats.failed, 1);
+        assert_eq!(
+            u.stats.first_error.as_deref(),
+            Some("only 1 of 3 pages could be read")
+        );
+        // Safety: the mapping made above, no longer used.
+        unsafe { libc::munmap(p, len) };
     }
 }

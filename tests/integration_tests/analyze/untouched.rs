@@ -6,6 +6,7 @@
 
 use super::*;
 use lrnprof_analyzer::{analyze, AnalyzeOptions, NoProgress, Profile};
+use lrnprof_format::{Record, SampleFlags};
 use lrnprof_tests::build_rust;
 
 /// How long the fixtures' threads run, in ms (the C fixture: of each
@@ -21,9 +22,64 @@ fn profile(trace: &Path) -> Profile {
     analyze(trace, &AnalyzeOptions::default(), &NoProgress).expect("analyzing the trace")
 }
 
+/// Records `program` like [`record`], keeping what the recorder said.
+fn record_saying(dir: &Path, program: &Path, args: &[&str]) -> (PathBuf, String) {
+    let trace = dir.join("u.lpt");
+    let out = Command::new(lrnprof_rec())
+        .arg("--out")
+        .arg(&trace)
+        .arg("--")
+        .arg(program)
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("running lrnprof-rec");
+    let said = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "lrnprof-rec failed: {said}");
+    (trace, said)
+}
+
+/// When and where thread `tid`'s copies were cut short: their count, the
+/// first and last of them in ms after the thread's first sample, and the
+/// distinct (stack pointer, bytes copied) among them.
+fn cut_short_story(trace: &Path, tid: u32) -> String {
+    let Ok(reader) = lrnprof_format::TraceReader::open(trace) else {
+        return "the trace does not open".into();
+    };
+    let mut first = None;
+    let mut cut = Vec::new();
+    let mut places = BTreeMap::new();
+    for r in reader.records() {
+        let Ok(Record::Sample(s)) = r else { continue };
+        if s.tid.0 != tid {
+            continue;
+        }
+        let t0 = *first.get_or_insert(s.time.0);
+        if s.flags.contains(SampleFlags::STACK_CUT_SHORT) {
+            cut.push((s.time.0 - t0) as f64 / 1e6);
+            *places
+                .entry((s.regs.sp(), s.stack.bytes.len()))
+                .or_insert(0u32) += 1;
+        }
+    }
+    let places: Vec<String> = places
+        .iter()
+        .take(6)
+        .map(|((sp, len), n)| format!("{n}x sp {sp:#x} {len} B"))
+        .collect();
+    format!(
+        "tid {tid}: {} copies cut short, from {:.1} ms to {:.1} ms after its first sample; {}",
+        cut.len(),
+        cut.first().copied().unwrap_or(0.0),
+        cut.last().copied().unwrap_or(0.0),
+        places.join(", ")
+    )
+}
+
 /// Every thread named `name` has samples, 99% or more of which reached
-/// the root.
-fn assert_thread_reaches_root(p: &Profile, name: &str) {
+/// the root; if not, says when its copies were cut short and what the
+/// recorder reported (`said`).
+fn assert_thread_reaches_root(p: &Profile, name: &str, trace: &Path, said: &str) {
     let threads: Vec<_> = p
         .threads
         .iter()
@@ -39,10 +95,12 @@ fn assert_thread_reaches_root(p: &Profile, name: &str) {
         let pct = 100.0 * t.root_samples as f64 / t.samples as f64;
         assert!(
             pct >= 99.0,
-            "{name}: {pct:.1}% of {} samples reached the root ({} cut short, {} of them rooted)",
+            "{name}: {pct:.1}% of {} samples reached the root ({} cut short, {} of them rooted)\n\
+             {}\nlrnprof-rec said: {said}",
             t.samples,
             p.stats.cut_short_samples,
-            p.stats.cut_short_root_samples
+            p.stats.cut_short_root_samples,
+            cut_short_story(trace, t.tid.0),
         );
     }
 }
@@ -52,10 +110,10 @@ fn c_threads_with_untouched_stack_pages_reach_their_root() {
     require_perf!();
     let dir = scratch_dir("an-untouched-c");
     let exe = build_c(&["rec_untouched.c"], NO_FP, &dir, "rec_untouched");
-    let trace = record(&dir, "u", &[], &exe, &[RUN_MS]);
+    let (trace, said) = record_saying(&dir, &exe, &[RUN_MS]);
     let p = profile(&trace);
-    assert_thread_reaches_root(&p, "rec_untouched");
-    assert_thread_reaches_root(&p, "untouched-2");
+    assert_thread_reaches_root(&p, "rec_untouched", &trace, &said);
+    assert_thread_reaches_root(&p, "untouched-2", &trace, &said);
     // The gap was there: the first copies in untouched_frame stopped at it
     // (without frame pointers, nothing else could carry them to the root).
     let cut = p.stats.cut_short_samples;
@@ -99,9 +157,9 @@ fn rust_threads_with_a_large_local_array_reach_their_root() {
     let dir = scratch_dir("an-untouched-rs");
     let flags = ["--edition", "2021", "-O", "-g"];
     let exe = build_rust("rec_untouched.rs", &flags, &dir, "rec_untouched_rs");
-    let trace = record(&dir, "u", &[], &exe, &[RUN_MS]);
+    let (trace, said) = record_saying(&dir, &exe, &[RUN_MS]);
     let p = profile(&trace);
-    assert_thread_reaches_root(&p, "rec_untouched_r");
-    assert_thread_reaches_root(&p, "untouched-2");
+    assert_thread_reaches_root(&p, "rec_untouched_r", &trace, &said);
+    assert_thread_reaches_root(&p, "untouched-2", &trace, &said);
     remove_scratch_dir(&dir);
 }
