@@ -502,14 +502,14 @@ fn run_one(
     let measured = measure(&mut cmd, log, o.timeout, &w.ok_exit_codes)?;
     let trace = match setup.profiler {
         Profiler::None => None,
-        Profiler::PerfFp | Profiler::PerfDwarf => Some(perf_facts(o, &trace)?),
+        Profiler::PerfFp | Profiler::PerfDwarf => Some(perf_facts(&o.perf, &trace)?),
         Profiler::Lrnprof | Profiler::LrnprofNoEmbed => Some(lrnprof_facts(&trace)?),
     };
     Ok(RunFacts { measured, trace })
 }
 
 /// Run a command that must succeed and return its standard output.
-fn output_of(cmd: &mut Command, tool: &'static str) -> Result<String, BenchError> {
+pub(crate) fn output_of(cmd: &mut Command, tool: &'static str) -> Result<String, BenchError> {
     let line = command_line(cmd);
     let out = cmd
         .stdin(Stdio::null())
@@ -531,10 +531,10 @@ fn output_of(cmd: &mut Command, tool: &'static str) -> Result<String, BenchError
 /// Size, samples and lost samples of a perf.data file. The kernel counts a
 /// dropped sample both in `LOST_SAMPLES` and in a `PERF_RECORD_LOST` record,
 /// so the larger of the two totals is taken, not their sum.
-fn perf_facts(o: &CompareOptions, data: &Path) -> Result<TraceFacts, BenchError> {
+pub(crate) fn perf_facts(perf: &Path, data: &Path) -> Result<TraceFacts, BenchError> {
     let bytes = file_len(data)?;
     let stats_text = output_of(
-        Command::new(&o.perf)
+        Command::new(perf)
             .args(["report", "--stats", "-i"])
             .arg(data),
         "perf report --stats",
@@ -544,7 +544,7 @@ fn perf_facts(o: &CompareOptions, data: &Path) -> Result<TraceFacts, BenchError>
         message: format!("no SAMPLE count for {}", data.display()),
     })?;
     let script = output_of(
-        Command::new(&o.perf)
+        Command::new(perf)
             .args(["script", "-F", "tid", "--show-lost-events", "-i"])
             .arg(data),
         "perf script",
@@ -560,7 +560,7 @@ fn perf_facts(o: &CompareOptions, data: &Path) -> Result<TraceFacts, BenchError>
 
 /// Size, samples and lost samples of an .lpt trace, read with the format
 /// crate (independent of the analyzer).
-fn lrnprof_facts(trace: &Path) -> Result<TraceFacts, BenchError> {
+pub(crate) fn lrnprof_facts(trace: &Path) -> Result<TraceFacts, BenchError> {
     let bad = |source| BenchError::Trace {
         path: trace.to_owned(),
         source,

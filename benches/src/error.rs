@@ -50,6 +50,9 @@ pub enum BenchError {
         /// The format error.
         source: lrnprof_format::FormatError,
     },
+    /// The harness itself went wrong (a worker thread panicked).
+    #[error("benchmark harness error: {0}")]
+    Internal(&'static str),
 }
 
 fn stderr_tail(stderr: &str) -> String {

@@ -9,7 +9,9 @@
 //! medians ([`median`]). With `--heap` it runs the heap comparison instead
 //! ([`run_heap`]): an allocation-heavy program alone, under
 //! `lrnprof-rec --heap` and under heaptrack. The `syscalls` binary compares
-//! syscall tracing with strace and perf trace ([`run_syscalls`]).
+//! syscall tracing with strace and perf trace ([`run_syscalls`]); the
+//! `system` binary compares system-wide recording with `perf record -a`
+//! ([`run_system`]).
 //!
 //! ```
 //! use lrnprof_benches::{median, parse_perf_script};
@@ -31,6 +33,7 @@ mod scale;
 mod stats;
 pub mod synthetic;
 mod syscall_bench;
+mod system_bench;
 mod workloads;
 
 pub use compare::{
@@ -43,7 +46,7 @@ pub use heap::{
     heap_markdown, parse_program_cpu, run_heap, HeapCompareOptions, HeapComparison, HeapRun,
     HeapSetup,
 };
-pub use measure::{command_line, measure, parse_vmhwm_kib, Measured};
+pub use measure::{command_line, measure, parse_vmhwm_kib, wait_measured, Measured};
 pub use perf_text::{
     parse_perf_script, parse_perf_stats, PerfStats, StackCompleteness, ROOT_FUNCTIONS,
 };
@@ -52,5 +55,9 @@ pub use scale::{run_scale, scale_markdown, Analyzer, ScaleOptions, ScaleReport, 
 pub use stats::{median, paired_overheads, percent};
 pub use syscall_bench::{
     run_syscalls, syscall_markdown, SyscallBenchOptions, SyscallComparison, SyscallSetup,
+};
+pub use system_bench::{
+    run_system, system_markdown, ShortLived, SystemBenchOptions, SystemComparison, SystemRound,
+    SystemSetup, SystemSetupRuns,
 };
 pub use workloads::{prepare as prepare_workloads, pseudo_text, Workload};

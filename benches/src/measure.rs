@@ -56,10 +56,26 @@ pub fn measure(
     let stderr = File::create(stderr_path)
         .map_err(|e| BenchError::io(format!("create {}", stderr_path.display()), e))?;
     let start = Instant::now();
-    let mut child = cmd
+    let child = cmd
         .stderr(stderr)
         .spawn()
         .map_err(|e| BenchError::io(format!("start `{line}`"), e))?;
+    let ok = |s: ExitStatus| s.code().is_some_and(|c| ok_codes.contains(&c));
+    wait_measured(child, &line, start, stderr_path, timeout, &ok)
+}
+
+/// Wait for `child` (started at `start` as `line`, its standard error
+/// going to `stderr_path`) to exit and measure it as [`measure`] does; for
+/// a command that the caller stops itself (a profiler sent SIGINT). `ok`
+/// tells which ends are a success.
+pub fn wait_measured(
+    mut child: std::process::Child,
+    line: &str,
+    start: Instant,
+    stderr_path: &Path,
+    timeout: Duration,
+    ok: &dyn Fn(ExitStatus) -> bool,
+) -> Result<Measured, BenchError> {
     let pid = child.id() as libc::pid_t;
     let mut peak_rss_kib = 0;
     let mut killed = false;
@@ -81,10 +97,10 @@ pub fn measure(
     };
     let wall_s = start.elapsed().as_secs_f64();
     let status = ExitStatus::from_raw(status);
-    if killed || !status.code().is_some_and(|c| ok_codes.contains(&c)) {
+    if killed || !ok(status) {
         let stderr = std::fs::read_to_string(stderr_path).unwrap_or_default();
         return Err(BenchError::CommandFailed {
-            command: line,
+            command: line.to_string(),
             status: if killed {
                 format!("killed after the {} s timeout", timeout.as_secs())
             } else {

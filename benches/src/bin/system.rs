@@ -1,0 +1,108 @@
+//! `system`: lrnprof's system-wide recording side by side with
+//! `perf record -a`, on two busy programs and 200 short-lived ones.
+//!
+//! ```text
+//! cargo build --release -p lrnprof-recorder -p lrnprof-analyzer
+//! cargo run --release -p lrnprof-benches --bin system [-- --runs 5 --markdown out.md]
+//! ```
+
+use clap::Parser;
+use lrnprof_benches::{run_system, system_markdown, SystemBenchOptions};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+/// Measure what recording the whole machine costs two busy programs
+/// (lrnprof-rec --all, perf record -a -g, perf record -a --call-graph
+/// dwarf; interleaved in every round), and how many short-lived processes
+/// the profile names. Needs root (or perf_event_paranoid -1).
+#[derive(Parser, Debug)]
+#[command(name = "system", version, about)]
+struct Args {
+    /// Rounds (figures are medians).
+    #[arg(long, default_value_t = 3)]
+    runs: usize,
+    /// Multiplies the programs' work (1.0: about 1.5 CPU-seconds each).
+    #[arg(long, default_value_t = 1.0)]
+    scale: f64,
+    /// Sampling rate per CPU, Hz.
+    #[arg(long, default_value_t = 1000)]
+    freq: u32,
+    /// Short-lived programs to start.
+    #[arg(long, default_value_t = 200)]
+    short_programs: usize,
+    /// CPU time each short-lived program burns, ms.
+    #[arg(long, default_value_t = 5)]
+    short_ms: u32,
+    /// The lrnprof-rec binary (default: next to this program).
+    #[arg(long)]
+    rec: Option<PathBuf>,
+    /// The lrnprof-analyze binary (default: next to this program).
+    #[arg(long)]
+    analyze: Option<PathBuf>,
+    /// The perf binary.
+    #[arg(long, default_value = "/usr/bin/perf")]
+    perf: PathBuf,
+    /// Also write the markdown to this file.
+    #[arg(long, value_name = "FILE")]
+    markdown: Option<PathBuf>,
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    let repo = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map(PathBuf::from)
+        .unwrap_or_default();
+    let beside = |name: &str| {
+        std::env::current_exe()
+            .ok()
+            .and_then(|e| e.parent().map(|d| d.join(name)))
+            .unwrap_or_else(|| PathBuf::from(name))
+    };
+    let rec = args.rec.unwrap_or_else(|| beside("lrnprof-rec"));
+    let analyze = args.analyze.unwrap_or_else(|| beside("lrnprof-analyze"));
+    for (tool, package) in [(&rec, "lrnprof-recorder"), (&analyze, "lrnprof-analyzer")] {
+        if !tool.exists() {
+            eprintln!(
+                "system: {} not found: cargo build --release -p {package}",
+                tool.display()
+            );
+            return ExitCode::FAILURE;
+        }
+    }
+    let work_dir =
+        std::env::temp_dir().join(format!("lrnprof-system-bench-{}", std::process::id()));
+    let options = SystemBenchOptions {
+        repo,
+        work_dir: work_dir.clone(),
+        runs: args.runs,
+        scale: args.scale,
+        freq: args.freq,
+        rec,
+        analyze,
+        perf: args.perf,
+        short_programs: args.short_programs,
+        short_ms: args.short_ms,
+        timeout: Duration::from_secs(600),
+    };
+    let result = run_system(&options);
+    let _ = std::fs::remove_dir_all(&work_dir);
+    match result {
+        Ok(c) => {
+            let md = system_markdown(&c);
+            print!("{md}");
+            if let Some(path) = args.markdown {
+                if let Err(e) = std::fs::write(&path, &md) {
+                    eprintln!("system: cannot write {}: {e}", path.display());
+                    return ExitCode::FAILURE;
+                }
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("system: error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
