@@ -301,6 +301,34 @@ pub(super) fn holds_open(pid: u32, file: &Path) -> bool {
     })
 }
 
+/// `kernel.perf_event_paranoid`, 2 (the default) when unreadable.
+pub(super) fn perf_event_paranoid() -> i64 {
+    std::fs::read_to_string("/proc/sys/kernel/perf_event_paranoid")
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(2)
+}
+
+/// Runs `rec` (see [`recorder_for_nobody`]) as the user `nobody` with
+/// `args` after `--out OUT`, and checks that it is refused as a startup
+/// error is: exit code 2, one line on stderr, no file left. Returns that
+/// line.
+pub(super) fn refused_for_nobody(rec: &Path, out: &Path, args: &[&str]) -> String {
+    let result = Command::new("runuser")
+        .args(["-u", "nobody", "--"])
+        .arg(rec)
+        .arg("--out")
+        .arg(out)
+        .args(args)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&result.stderr).into_owned();
+    assert_eq!(result.status.code(), Some(2), "{args:?}: {stderr}");
+    assert_eq!(stderr.trim().lines().count(), 1, "{args:?}: {stderr}");
+    assert!(!out.exists(), "{args:?} left a trace");
+    stderr
+}
+
 /// A copy of `lrnprof-rec` in `dir` that the user `nobody` can run, for
 /// tests of what an unprivileged user is told (`dir` is opened to all).
 pub(super) fn recorder_for_nobody(dir: &Path) -> PathBuf {

@@ -6,7 +6,7 @@
 
 use super::support::{
     assert_exit_code, assert_success, assert_time_ordered, launch, load, load_complete,
-    recorder_for_nobody, samples, NO_FP,
+    perf_event_paranoid, recorder_for_nobody, refused_for_nobody, samples, NO_FP,
 };
 use lrnprof_analyzer::{
     analyze, syscall_report, AnalyzeOptions, NoProgress, OutputFormat, SampleFilter, SyscallReport,
@@ -351,13 +351,9 @@ fn an_unprivileged_user_is_told_what_tracing_needs() {
     if !cfg!(target_os = "linux") || !is_root() || !has_program("runuser") {
         skip!("needs Linux, root and runuser to act as the user nobody");
     }
-    let paranoid =
-        std::fs::read_to_string("/proc/sys/kernel/perf_event_paranoid").unwrap_or_default();
-    if paranoid.trim().parse::<i64>().is_ok_and(|p| p < 2) {
-        skip!(
-            "kernel.perf_event_paranoid is {} here: unprivileged users may trace",
-            paranoid.trim()
-        );
+    let paranoid = perf_event_paranoid();
+    if paranoid < 2 {
+        skip!("kernel.perf_event_paranoid is {paranoid} here: unprivileged users may trace");
     }
     let dir = scratch_dir("rec-syscalls-perm");
     let rec_copy = recorder_for_nobody(&dir);
@@ -367,23 +363,8 @@ fn an_unprivileged_user_is_told_what_tracing_needs() {
         ("--syscalls", ["tracefs", "--syscalls"]),
         ("--off-cpu", ["--off-cpu", "perf_event_paranoid"]),
     ] {
-        let out = dir.join("t.lpt");
-        let result = Command::new("runuser")
-            .args(["-u", "nobody", "--"])
-            .arg(&rec_copy)
-            .arg("--out")
-            .arg(&out)
-            .args([flag, "--", "true"])
-            .output()
-            .unwrap();
-        let stderr = String::from_utf8_lossy(&result.stderr);
-        assert_eq!(result.status.code(), Some(2), "{flag}: {stderr}");
-        assert!(
-            expect.iter().any(|e| stderr.contains(e)),
-            "{flag}: {stderr}"
-        );
-        assert_eq!(stderr.trim().lines().count(), 1, "{flag}: {stderr}");
-        assert!(!out.exists(), "{flag} left a trace");
+        let said = refused_for_nobody(&rec_copy, &dir.join("t.lpt"), &[flag, "--", "true"]);
+        assert!(expect.iter().any(|e| said.contains(e)), "{flag}: {said}");
     }
     remove_scratch_dir(&dir);
 }

@@ -5,7 +5,9 @@
 //! recorder leaves itself out; a write(2) loop shows a named kernel frame
 //! offline; an unprivileged user gets one line of advice and no file.
 
-use super::support::{load, rec_command, recorder_for_nobody, samples, NO_FP};
+use super::support::{
+    load, perf_event_paranoid, rec_command, recorder_for_nobody, refused_for_nobody, samples, NO_FP,
+};
 use lrnprof_analyzer::{analyze, AnalyzeOptions, NoProgress, OutputFormat, SampleFilter};
 use lrnprof_format::{Pid, ProcessEvent, Record, Target, ThreadEvent};
 use lrnprof_tests::{
@@ -30,11 +32,9 @@ fn start(program: &Path, args: &[&str]) -> Child {
 
 /// Whether system-wide recording is refused here (not root, paranoid).
 fn system_refused() -> Option<String> {
-    let paranoid = std::fs::read_to_string("/proc/sys/kernel/perf_event_paranoid")
-        .ok()
-        .and_then(|p| p.trim().parse::<i64>().ok());
-    (!is_root() && paranoid.is_none_or(|p| p > 0)).then(|| {
-        format!("--all needs root or kernel.perf_event_paranoid 0 or lower (it is {paranoid:?})")
+    let paranoid = perf_event_paranoid();
+    (!is_root() && paranoid > 0).then(|| {
+        format!("--all needs root or kernel.perf_event_paranoid 0 or lower (it is {paranoid})")
     })
 }
 
@@ -249,11 +249,7 @@ fn an_unprivileged_user_is_told_what_all_and_kernel_need() {
     if !cfg!(target_os = "linux") || !is_root() || !has_program("runuser") {
         skip!("needs Linux, root and runuser to act as the user nobody");
     }
-    let paranoid = std::fs::read_to_string("/proc/sys/kernel/perf_event_paranoid")
-        .unwrap_or_default()
-        .trim()
-        .parse::<i64>()
-        .unwrap_or(2);
+    let paranoid = perf_event_paranoid();
     if paranoid < 2 {
         skip!("kernel.perf_event_paranoid is {paranoid} here: unprivileged users may sample the kernel");
     }
@@ -269,23 +265,8 @@ fn an_unprivileged_user_is_told_what_all_and_kernel_need() {
             ["--kernel", "perf_event_paranoid=1"],
         ),
     ] {
-        let out = dir.join("t.lpt");
-        let result = Command::new("runuser")
-            .args(["-u", "nobody", "--"])
-            .arg(&rec_copy)
-            .arg("--out")
-            .arg(&out)
-            .args(args)
-            .output()
-            .unwrap();
-        let stderr = String::from_utf8_lossy(&result.stderr);
-        assert_eq!(result.status.code(), Some(2), "{args:?}: {stderr}");
-        assert!(
-            expect.iter().all(|e| stderr.contains(e)),
-            "{args:?}: {stderr}"
-        );
-        assert_eq!(stderr.trim().lines().count(), 1, "{args:?}: {stderr}");
-        assert!(!out.exists(), "{args:?} left a trace");
+        let said = refused_for_nobody(&rec_copy, &dir.join("t.lpt"), args);
+        assert!(expect.iter().all(|e| said.contains(e)), "{args:?}: {said}");
     }
     remove_scratch_dir(&dir);
 }
