@@ -7,6 +7,7 @@
 //! sampling side must not: build ids, `/proc` reads, the vDSO's bytes.
 
 use super::attr::Role;
+use super::execwatch::ExecWatch;
 use super::heap::{HeapEvent, HeapStats};
 use super::images::Images;
 use super::parse::{self, Layouts, Mmap2Record, PerfRecord, SampleRecord};
@@ -116,6 +117,9 @@ pub(crate) struct Converter {
     untouched: UntouchedPages,
     /// System-wide recording: what differs from recording a process tree.
     system: Option<SystemWide>,
+    /// Command lines read the moment processes exec'd, when the kernel
+    /// tells (see `execwatch`).
+    execs: Option<ExecWatch>,
 }
 
 /// How a system-wide recording's records are converted.
@@ -203,6 +207,7 @@ impl Converter {
             stack_sizes,
             untouched: UntouchedPages::new(page_size),
             system: None,
+            execs: None,
         }
     }
     /// Most bytes of stack the kernel copies per sample of `role`.
@@ -225,6 +230,14 @@ impl Converter {
     /// left out).
     pub fn with_system(mut self, system: SystemWide) -> Converter {
         self.system = Some(system);
+        self
+    }
+
+    /// Take exec'd processes' command lines from `watch`, which read them
+    /// as they exec'd, before reading `/proc` (too late for short-lived
+    /// programs).
+    pub fn with_exec_watch(mut self, watch: ExecWatch) -> Converter {
+        self.execs = Some(watch);
         self
     }
 
@@ -382,6 +395,11 @@ impl Converter {
             } => {
                 let t = id.time.unwrap_or(self.last_time);
                 if exec {
+                    let heard = self.execs.as_ref().and_then(|w| w.take(pid, t));
+                    let (command, executable) = match heard {
+                        Some(seen) if !seen.command.is_empty() => (seen.command, seen.executable),
+                        _ => (procfs::command_line(pid), procfs::executable(pid)),
+                    };
                     self.push(
                         t,
                         Record::Process(ProcessRecord {
@@ -389,8 +407,8 @@ impl Converter {
                             pid: Pid(pid),
                             parent: None,
                             event: ProcessEvent::Exec,
-                            command: procfs::command_line(pid),
-                            executable: procfs::executable(pid),
+                            command,
+                            executable,
                             cgroup: self.cgroup(pid),
                         }),
                     );

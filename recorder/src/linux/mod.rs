@@ -11,6 +11,7 @@
 mod attr;
 mod convert;
 mod events;
+mod execwatch;
 mod heap;
 mod images;
 mod kernel;
@@ -286,6 +287,12 @@ pub(crate) fn record(
     }
     if system || settings.kernel {
         converter = converter.with_system(SystemWide::new(std::process::id(), settings.kernel));
+    }
+    // Best effort: without the kernel's process events (no CAP_NET_ADMIN,
+    // no connector), command lines are read from /proc when an exec is
+    // handled, as before.
+    if let Ok(watch) = execwatch::ExecWatch::start() {
+        converter = converter.with_exec_watch(watch);
     }
     let sink = Sink::start(out, &header, converter, CHANNEL_CAPACITY)?;
     let sender = sink.sender();

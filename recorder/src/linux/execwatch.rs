@@ -1,0 +1,413 @@
+//! Command lines of processes read the moment they exec.
+//!
+//! The kernel's perf records say that a process exec'd and its new name,
+//! not its command line; the recorder reads that from `/proc/PID/cmdline`
+//! when the writer handles the exec, tens of milliseconds later, when a
+//! short-lived program (a compiler run by a build, a shell pipeline's
+//! stages) has often exited. The kernel's process events connector
+//! (netlink, `NETLINK_CONNECTOR` / `CN_IDX_PROC`) tells a listener of every
+//! exec as it happens: a thread here reads the command line and executable
+//! then, and the converter takes them when it handles the matching perf
+//! record (same process, nearest time: both carry `CLOCK_MONOTONIC`).
+//!
+//! Listening needs `CAP_NET_ADMIN` (root); without it, or on a kernel
+//! without the connector, nothing is heard and the converter reads `/proc`
+//! itself as before.
+
+use super::procfs;
+use std::collections::VecDeque;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+
+/// `NETLINK_CONNECTOR`.
+const NETLINK_CONNECTOR: i32 = 11;
+/// The process events connector's index and value (`CN_IDX_PROC`,
+/// `CN_VAL_PROC`); also the multicast group to join.
+const CN_IDX_PROC: u32 = 1;
+const CN_VAL_PROC: u32 = 1;
+/// `PROC_CN_MCAST_LISTEN`.
+const PROC_CN_MCAST_LISTEN: u32 = 1;
+/// `PROC_EVENT_EXEC`.
+const PROC_EVENT_EXEC: u32 = 2;
+/// `NLMSG_DONE`, the type of every connector message.
+const NLMSG_DONE: u16 = 3;
+/// Bytes of `struct nlmsghdr` and `struct cn_msg`.
+const NLMSG_HDR: usize = 16;
+const CN_MSG_HDR: usize = 20;
+
+/// Execs remembered at most until the converter takes them.
+const MAX_PENDING: usize = 8192;
+/// An exec heard this long (ns) before the newest is forgotten: its perf
+/// record has been handled, or never will be (another process's exec, in
+/// a recording of one process tree).
+const MAX_AGE_NS: u64 = 10_000_000_000;
+/// A heard exec and a perf exec record of the same process belong
+/// together when their times differ by less than this (ns).
+const MATCH_WINDOW_NS: u64 = 100_000_000;
+/// How long a receive waits before the thread checks whether to stop.
+const RECV_TIMEOUT_MS: i64 = 100;
+
+/// One exec, as read when it happened.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct ExecSeen {
+    /// The process.
+    pub pid: u32,
+    /// When (`CLOCK_MONOTONIC` ns, the kernel's event time).
+    pub time: u64,
+    /// Its command line; empty if it could not be read.
+    pub command: Vec<String>,
+    /// Its executable, if readable.
+    pub executable: Option<String>,
+}
+
+/// Execs heard and not taken yet, oldest first.
+#[derive(Debug, Default)]
+struct Heard {
+    execs: VecDeque<ExecSeen>,
+}
+
+impl Heard {
+    fn push(&mut self, seen: ExecSeen) {
+        let newest = seen.time;
+        while self.execs.len() >= MAX_PENDING
+            || self
+                .execs
+                .front()
+                .is_some_and(|e| newest.saturating_sub(e.time) > MAX_AGE_NS)
+        {
+            self.execs.pop_front();
+        }
+        self.execs.push_back(seen);
+    }
+
+    /// The exec of `pid` nearest `time`, within the window; it and the
+    /// older execs of `pid` are forgotten.
+    fn take(&mut self, pid: u32, time: u64) -> Option<ExecSeen> {
+        let (index, _) = self
+            .execs
+            .iter()
+            .enumerate()
+            .filter(|(_, e)| e.pid == pid && e.time.abs_diff(time) < MATCH_WINDOW_NS)
+            .min_by_key(|(_, e)| e.time.abs_diff(time))?;
+        let found = self.execs.remove(index)?;
+        self.execs.retain(|e| e.pid != pid || e.time > found.time);
+        Some(found)
+    }
+}
+
+/// Listens to the kernel's exec events on its own thread until dropped.
+pub(crate) struct ExecWatch {
+    heard: Arc<Mutex<Heard>>,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl ExecWatch {
+    /// Subscribe to the kernel's process events and start listening.
+    /// Fails when the connector is missing or the socket cannot be made;
+    /// a subscription the kernel refuses for want of `CAP_NET_ADMIN`
+    /// starts too, and hears nothing.
+    pub fn start() -> io::Result<ExecWatch> {
+        let socket = subscribe()?;
+        let heard = Arc::new(Mutex::new(Heard::default()));
+        let stop = Arc::new(AtomicBool::new(false));
+        let thread = {
+            let heard = Arc::clone(&heard);
+            let stop = Arc::clone(&stop);
+            std::thread::Builder::new()
+                .name("lrnprof-execs".into())
+                .spawn(move || listen(&socket, &heard, &stop))?
+        };
+        Ok(ExecWatch {
+            heard,
+            stop,
+            thread: Some(thread),
+        })
+    }
+
+    /// What was read when `pid` exec'd at about `time`, if it was heard.
+    pub fn take(&self, pid: u32, time: u64) -> Option<ExecSeen> {
+        self.heard.lock().ok()?.take(pid, time)
+    }
+}
+
+impl Drop for ExecWatch {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// A netlink connector socket subscribed to process events.
+fn subscribe() -> io::Result<OwnedFd> {
+    // Safety: plain socket creation; the result is checked.
+    let fd = unsafe {
+        libc::socket(
+            libc::AF_NETLINK,
+            libc::SOCK_DGRAM | libc::SOCK_CLOEXEC,
+            NETLINK_CONNECTOR,
+        )
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // Safety: fd is a new descriptor that nothing else owns.
+    let socket = unsafe { OwnedFd::from_raw_fd(fd) };
+    // Safety: sockaddr_nl is plain data; all-zero is valid.
+    let mut addr: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
+    addr.nl_family = libc::AF_NETLINK as libc::sa_family_t;
+    addr.nl_groups = CN_IDX_PROC;
+    // Safety: addr is a valid sockaddr_nl of the given length.
+    let rc = unsafe {
+        libc::bind(
+            socket.as_raw_fd(),
+            (&addr as *const libc::sockaddr_nl).cast(),
+            std::mem::size_of::<libc::sockaddr_nl>() as libc::socklen_t,
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let timeout = libc::timeval {
+        tv_sec: 0,
+        tv_usec: RECV_TIMEOUT_MS * 1000,
+    };
+    // Bursts of execs (a build starting) must not overflow the socket.
+    let buffer: libc::c_int = 4 << 20;
+    for (option, value, len) in [
+        (
+            libc::SO_RCVTIMEO,
+            (&timeout as *const libc::timeval).cast::<libc::c_void>(),
+            std::mem::size_of::<libc::timeval>(),
+        ),
+        (
+            libc::SO_RCVBUF,
+            (&buffer as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>(),
+        ),
+    ] {
+        // Safety: value points to a live value of len bytes.
+        let rc = unsafe {
+            libc::setsockopt(
+                socket.as_raw_fd(),
+                libc::SOL_SOCKET,
+                option,
+                value,
+                len as libc::socklen_t,
+            )
+        };
+        if rc != 0 && option == libc::SO_RCVTIMEO {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    let message = listen_message();
+    // Safety: message is a live buffer of its length.
+    let sent = unsafe {
+        libc::send(
+            socket.as_raw_fd(),
+            message.as_ptr().cast(),
+            message.len(),
+            0,
+        )
+    };
+    if sent < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(socket)
+}
+
+/// The netlink message that subscribes to process events:
+/// `nlmsghdr`, `cn_msg` and the `PROC_CN_MCAST_LISTEN` operation.
+fn listen_message() -> Vec<u8> {
+    let payload = PROC_CN_MCAST_LISTEN.to_ne_bytes();
+    let total = NLMSG_HDR + CN_MSG_HDR + payload.len();
+    let mut m = Vec::with_capacity(total);
+    m.extend_from_slice(&(total as u32).to_ne_bytes()); // nlmsg_len
+    m.extend_from_slice(&NLMSG_DONE.to_ne_bytes()); // nlmsg_type
+    m.extend_from_slice(&0u16.to_ne_bytes()); // nlmsg_flags
+    m.extend_from_slice(&0u32.to_ne_bytes()); // nlmsg_seq
+    m.extend_from_slice(&std::process::id().to_ne_bytes()); // nlmsg_pid
+    m.extend_from_slice(&CN_IDX_PROC.to_ne_bytes()); // cn_msg.id.idx
+    m.extend_from_slice(&CN_VAL_PROC.to_ne_bytes()); // cn_msg.id.val
+    m.extend_from_slice(&0u32.to_ne_bytes()); // seq
+    m.extend_from_slice(&0u32.to_ne_bytes()); // ack
+    m.extend_from_slice(&(payload.len() as u16).to_ne_bytes()); // len
+    m.extend_from_slice(&0u16.to_ne_bytes()); // flags
+    m.extend_from_slice(&payload);
+    m
+}
+
+/// The process and time of an exec event in one received datagram
+/// (`nlmsghdr`, `cn_msg`, `proc_event`); `None` for other events and
+/// anything malformed.
+fn parse_exec(datagram: &[u8]) -> Option<(u32, u64)> {
+    let u32_at = |at: usize| -> Option<u32> {
+        Some(u32::from_ne_bytes(
+            datagram.get(at..at + 4)?.try_into().ok()?,
+        ))
+    };
+    let event = NLMSG_HDR + CN_MSG_HDR;
+    // proc_event: what (u32), cpu (u32), timestamp_ns (u64), then for
+    // exec: process_pid (the thread), process_tgid (the process).
+    if u32_at(event)? != PROC_EVENT_EXEC {
+        return None;
+    }
+    let time = u64::from_ne_bytes(datagram.get(event + 8..event + 16)?.try_into().ok()?);
+    let tgid = u32_at(event + 20)?;
+    Some((tgid, time))
+}
+
+/// Receive events until `stop`; read the command line of each exec.
+fn listen(socket: &OwnedFd, heard: &Mutex<Heard>, stop: &AtomicBool) {
+    let mut buf = vec![0u8; 4096];
+    while !stop.load(Ordering::Relaxed) {
+        // Safety: buf is a live buffer of its length.
+        let n = unsafe { libc::recv(socket.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            match e.raw_os_error() {
+                // Timed out (check stop), interrupted, or events dropped
+                // in a burst (those execs fall back to /proc later).
+                Some(libc::EAGAIN | libc::EINTR | libc::ENOBUFS) => continue,
+                _ => return,
+            }
+        }
+        let Some((pid, time)) = parse_exec(&buf[..n as usize]) else {
+            continue;
+        };
+        let seen = ExecSeen {
+            pid,
+            time,
+            command: procfs::command_line(pid),
+            executable: procfs::executable(pid),
+        };
+        match heard.lock() {
+            Ok(mut h) => h.push(seen),
+            Err(_) => return,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn seen(pid: u32, time: u64, arg: &str) -> ExecSeen {
+        ExecSeen {
+            pid,
+            time,
+            command: vec![arg.into()],
+            executable: None,
+        }
+    }
+
+    #[test]
+    fn execs_are_matched_by_process_and_nearest_time() {
+        let mut h = Heard::default();
+        // A shell that execs twice in a row, and another process.
+        h.push(seen(7, 1_000_000, "sh"));
+        h.push(seen(8, 1_500_000, "other"));
+        h.push(seen(7, 2_000_000, "cc"));
+        assert_eq!(h.take(7, 2_000_100).unwrap().command, ["cc"]);
+        // The earlier exec of 7 went with it (its record came first or
+        // never will); 8 stays.
+        assert_eq!(h.take(7, 1_000_000), None);
+        assert_eq!(h.take(8, 1_400_000).unwrap().command, ["other"]);
+        // Too far apart in time: not the same exec.
+        h.push(seen(9, 1_000_000, "x"));
+        assert_eq!(h.take(9, 1_000_000 + MATCH_WINDOW_NS), None);
+    }
+
+    #[test]
+    fn old_and_excess_execs_are_forgotten() {
+        let mut h = Heard::default();
+        h.push(seen(1, 0, "old"));
+        h.push(seen(2, MAX_AGE_NS + 1, "new"));
+        assert_eq!(h.execs.len(), 1);
+        for i in 0..MAX_PENDING as u64 + 10 {
+            h.push(seen(3, MAX_AGE_NS + 2 + i, "many"));
+        }
+        assert_eq!(h.execs.len(), MAX_PENDING);
+    }
+
+    #[test]
+    fn exec_events_are_parsed_and_others_ignored() {
+        let mut d = vec![0u8; NLMSG_HDR + CN_MSG_HDR];
+        d.extend_from_slice(&PROC_EVENT_EXEC.to_ne_bytes());
+        d.extend_from_slice(&1u32.to_ne_bytes()); // cpu
+        d.extend_from_slice(&123_456u64.to_ne_bytes());
+        d.extend_from_slice(&4001u32.to_ne_bytes()); // thread
+        d.extend_from_slice(&4000u32.to_ne_bytes()); // process
+        assert_eq!(parse_exec(&d), Some((4000, 123_456)));
+        // Cut short: nothing.
+        assert_eq!(parse_exec(&d[..d.len() - 2]), None);
+        // A fork event (what = 1).
+        let mut fork = d.clone();
+        fork[NLMSG_HDR + CN_MSG_HDR..NLMSG_HDR + CN_MSG_HDR + 4]
+            .copy_from_slice(&1u32.to_ne_bytes());
+        assert_eq!(parse_exec(&fork), None);
+        // The subscription message is one whole nlmsghdr + cn_msg + op.
+        let m = listen_message();
+        assert_eq!(m.len(), NLMSG_HDR + CN_MSG_HDR + 4);
+        assert_eq!(
+            u32::from_ne_bytes(m[0..4].try_into().unwrap()) as usize,
+            m.len()
+        );
+    }
+
+    #[test]
+    fn an_exec_is_heard_with_its_command_line_before_the_program_exits() {
+        // Safety: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            // The kernel sends process events to CAP_NET_ADMIN only.
+            assert!(
+                std::env::var_os("CI").is_none(),
+                "CI runs as root: process events must be heard"
+            );
+            return;
+        }
+        let watch = ExecWatch::start().expect("subscribing to process events");
+        // The child execs and then waits for its stdin to close, so its
+        // command line stays readable until the watch has heard it.
+        let mut child = std::process::Command::new("sh")
+            .args([
+                "-c",
+                "read line; exit 0",
+                "lrnprof-execwatch-test",
+                "marker-arg",
+            ])
+            .stdin(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let pid = child.id();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        let found = loop {
+            let heard = watch.heard.lock().unwrap();
+            if let Some(seen) = heard.execs.iter().find(|e| e.pid == pid) {
+                break Some(seen.clone());
+            }
+            drop(heard);
+            if std::time::Instant::now() > deadline {
+                break None;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        };
+        drop(child.stdin.take());
+        let _ = child.wait();
+        let seen = found.expect("the child's exec was not heard within 60 s");
+        assert!(
+            seen.command.iter().any(|a| a == "marker-arg"),
+            "{:?}",
+            seen.command
+        );
+        // The executable is the shell's (sh is a link to it).
+        assert!(seen.executable.is_some(), "{seen:?}");
+        // The converter finds it by process and time.
+        assert_eq!(watch.take(pid, seen.time + 1_000), Some(seen));
+    }
+}
