@@ -22,6 +22,7 @@
 
 #![deny(missing_docs)]
 
+pub mod cli;
 mod compare;
 mod error;
 mod folded;

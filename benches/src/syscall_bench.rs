@@ -7,6 +7,7 @@
 //! what each tracer adds to the program's wall time, as a ratio to what
 //! strace adds.
 
+use crate::cli::build_c_program;
 use crate::error::BenchError;
 use crate::measure::{measure, Measured};
 use crate::stats::median;
@@ -76,19 +77,7 @@ pub fn run_syscalls(options: &SyscallBenchOptions) -> Result<SyscallComparison, 
         .map_err(|e| BenchError::io(format!("create {}", options.work_dir.display()), e))?;
     let exe = options.work_dir.join("write_loop");
     let source = options.repo.join("benches/workloads/write_loop.c");
-    let built = Command::new("cc")
-        .args(["-O2", "-o"])
-        .arg(&exe)
-        .arg(&source)
-        .status()
-        .map_err(|e| BenchError::io("run cc", e))?;
-    if !built.success() {
-        return Err(BenchError::CommandFailed {
-            command: format!("cc -O2 {}", source.display()),
-            status: built.to_string(),
-            stderr: String::new(),
-        });
-    }
+    build_c_program(&source, &exe)?;
     let trace = options.work_dir.join("t.lpt");
     let calls = options.calls.to_string();
     let rec = |extra: &[&str]| {

@@ -20,6 +20,7 @@
 //! burns 5 ms of CPU under its own name, `sl-001` ... `sl-200`) while the
 //! profiler records, and the profile's process names are counted.
 
+use crate::cli::build_c_program;
 use crate::compare::{lrnprof_facts, output_of, perf_facts, TraceFacts};
 use crate::error::BenchError;
 use crate::measure::{command_line, measure, wait_measured, Measured};
@@ -458,21 +459,8 @@ fn stop_profiler(o: &SystemBenchOptions, r: Running) -> Result<Measured, BenchEr
 
 /// Build `short_burn` and link it under `o.short_programs` names.
 fn build_short_programs(o: &SystemBenchOptions) -> Result<PathBuf, BenchError> {
-    let source = o.repo.join("benches/workloads/short_burn.c");
     let exe = o.work_dir.join("short_burn");
-    let built = Command::new(std::env::var_os("CC").unwrap_or_else(|| "cc".into()))
-        .args(["-O2", "-o"])
-        .arg(&exe)
-        .arg(&source)
-        .status()
-        .map_err(|e| BenchError::io("run cc", e))?;
-    if !built.success() {
-        return Err(BenchError::CommandFailed {
-            command: format!("cc -O2 {}", source.display()),
-            status: built.to_string(),
-            stderr: String::new(),
-        });
-    }
+    build_c_program(&o.repo.join("benches/workloads/short_burn.c"), &exe)?;
     let dir = o.work_dir.join("short");
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir)

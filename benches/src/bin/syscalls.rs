@@ -7,6 +7,7 @@
 //! ```
 
 use clap::Parser;
+use lrnprof_benches::cli::{beside_this_program, emit_markdown, repo_root};
 use lrnprof_benches::{run_syscalls, syscall_markdown, SyscallBenchOptions};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -40,16 +41,10 @@ struct Args {
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    let repo = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .map(PathBuf::from)
-        .unwrap_or_default();
-    let rec = args.rec.unwrap_or_else(|| {
-        std::env::current_exe()
-            .ok()
-            .and_then(|e| e.parent().map(|d| d.join("lrnprof-rec")))
-            .unwrap_or_else(|| PathBuf::from("lrnprof-rec"))
-    });
+    let repo = repo_root();
+    let rec = args
+        .rec
+        .unwrap_or_else(|| beside_this_program("lrnprof-rec"));
     if !rec.exists() {
         eprintln!(
             "syscalls: {} not found: cargo build --release -p lrnprof-recorder",
@@ -71,18 +66,10 @@ fn main() -> ExitCode {
     };
     let result = run_syscalls(&options);
     let _ = std::fs::remove_dir_all(&work_dir);
-    match result {
-        Ok(c) => {
-            let md = syscall_markdown(&c, &repo);
-            print!("{md}");
-            if let Some(path) = args.markdown {
-                if let Err(e) = std::fs::write(&path, &md) {
-                    eprintln!("syscalls: cannot write {}: {e}", path.display());
-                    return ExitCode::FAILURE;
-                }
-            }
-            ExitCode::SUCCESS
-        }
+    let written =
+        result.and_then(|c| emit_markdown(&syscall_markdown(&c, &repo), args.markdown.as_deref()));
+    match written {
+        Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("syscalls: error: {e}");
             ExitCode::FAILURE

@@ -7,6 +7,7 @@
 //! ```
 
 use clap::Parser;
+use lrnprof_benches::cli::{beside_this_program, emit_markdown, repo_root};
 use lrnprof_benches::{run_system, system_markdown, SystemBenchOptions};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -50,18 +51,12 @@ struct Args {
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    let repo = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .map(PathBuf::from)
-        .unwrap_or_default();
-    let beside = |name: &str| {
-        std::env::current_exe()
-            .ok()
-            .and_then(|e| e.parent().map(|d| d.join(name)))
-            .unwrap_or_else(|| PathBuf::from(name))
-    };
-    let rec = args.rec.unwrap_or_else(|| beside("lrnprof-rec"));
-    let analyze = args.analyze.unwrap_or_else(|| beside("lrnprof-analyze"));
+    let rec = args
+        .rec
+        .unwrap_or_else(|| beside_this_program("lrnprof-rec"));
+    let analyze = args
+        .analyze
+        .unwrap_or_else(|| beside_this_program("lrnprof-analyze"));
     for (tool, package) in [(&rec, "lrnprof-recorder"), (&analyze, "lrnprof-analyzer")] {
         if !tool.exists() {
             eprintln!(
@@ -74,7 +69,7 @@ fn main() -> ExitCode {
     let work_dir =
         std::env::temp_dir().join(format!("lrnprof-system-bench-{}", std::process::id()));
     let options = SystemBenchOptions {
-        repo,
+        repo: repo_root(),
         work_dir: work_dir.clone(),
         runs: args.runs,
         scale: args.scale,
@@ -88,18 +83,8 @@ fn main() -> ExitCode {
     };
     let result = run_system(&options);
     let _ = std::fs::remove_dir_all(&work_dir);
-    match result {
-        Ok(c) => {
-            let md = system_markdown(&c);
-            print!("{md}");
-            if let Some(path) = args.markdown {
-                if let Err(e) = std::fs::write(&path, &md) {
-                    eprintln!("system: cannot write {}: {e}", path.display());
-                    return ExitCode::FAILURE;
-                }
-            }
-            ExitCode::SUCCESS
-        }
+    match result.and_then(|c| emit_markdown(&system_markdown(&c), args.markdown.as_deref())) {
+        Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("system: error: {e}");
             ExitCode::FAILURE
