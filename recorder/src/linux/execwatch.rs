@@ -10,12 +10,16 @@
 //! then, and the converter takes them when it handles the matching perf
 //! record (same process, nearest time: both carry `CLOCK_MONOTONIC`).
 //!
+//! The connector tells of every process on the machine; when one process
+//! tree is recorded, the thread follows that tree through the fork and
+//! exit events and reads only its processes' command lines.
+//!
 //! Listening needs `CAP_NET_ADMIN` (root); without it, or on a kernel
 //! without the connector, nothing is heard and the converter reads `/proc`
 //! itself as before.
 
 use super::procfs;
-use std::collections::VecDeque;
+use std::collections::{HashSet, VecDeque};
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -30,8 +34,10 @@ const CN_IDX_PROC: u32 = 1;
 const CN_VAL_PROC: u32 = 1;
 /// `PROC_CN_MCAST_LISTEN`.
 const PROC_CN_MCAST_LISTEN: u32 = 1;
-/// `PROC_EVENT_EXEC`.
+/// `PROC_EVENT_FORK`, `PROC_EVENT_EXEC`, `PROC_EVENT_EXIT`.
+const PROC_EVENT_FORK: u32 = 1;
 const PROC_EVENT_EXEC: u32 = 2;
+const PROC_EVENT_EXIT: u32 = 0x8000_0000;
 /// `NLMSG_DONE`, the type of every connector message.
 const NLMSG_DONE: u16 = 3;
 /// Bytes of `struct nlmsghdr` and `struct cn_msg`.
@@ -106,12 +112,14 @@ pub(crate) struct ExecWatch {
 }
 
 impl ExecWatch {
-    /// Subscribe to the kernel's process events and start listening.
-    /// Fails when the connector is missing or the socket cannot be made;
-    /// a subscription the kernel refuses for want of `CAP_NET_ADMIN`
-    /// starts too, and hears nothing.
-    pub fn start() -> io::Result<ExecWatch> {
+    /// Subscribe to the kernel's process events and start listening, to
+    /// the process tree of `root` (its descendants from now on), or to
+    /// every process with `None`. Fails when the connector is missing or
+    /// the socket cannot be made; a subscription the kernel refuses for
+    /// want of `CAP_NET_ADMIN` starts too, and hears nothing.
+    pub fn start(root: Option<u32>) -> io::Result<ExecWatch> {
         let socket = subscribe()?;
+        let scope = Scope::new(root);
         let heard = Arc::new(Mutex::new(Heard::default()));
         let stop = Arc::new(AtomicBool::new(false));
         let thread = {
@@ -119,7 +127,7 @@ impl ExecWatch {
             let stop = Arc::clone(&stop);
             std::thread::Builder::new()
                 .name("lrnprof-execs".into())
-                .spawn(move || listen(&socket, &heard, &stop))?
+                .spawn(move || listen(&socket, scope, &heard, &stop))?
         };
         Ok(ExecWatch {
             heard,
@@ -242,28 +250,88 @@ fn listen_message() -> Vec<u8> {
     m
 }
 
-/// The process and time of an exec event in one received datagram
-/// (`nlmsghdr`, `cn_msg`, `proc_event`); `None` for other events and
-/// anything malformed.
-fn parse_exec(datagram: &[u8]) -> Option<(u32, u64)> {
+/// What the kernel told, as far as the watch cares.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Event {
+    /// Process `parent` made `child` (a process or, with the same id, a
+    /// thread).
+    Fork { parent: u32, child: u32 },
+    /// Process `pid` exec'd at `time` (`CLOCK_MONOTONIC` ns).
+    Exec { pid: u32, time: u64 },
+    /// Thread `tid` of process `pid` exited.
+    Exit { pid: u32, tid: u32 },
+}
+
+/// The event in one received datagram (`nlmsghdr`, `cn_msg`,
+/// `proc_event`); `None` for other events and anything malformed.
+fn parse_event(datagram: &[u8]) -> Option<Event> {
     let u32_at = |at: usize| -> Option<u32> {
         Some(u32::from_ne_bytes(
             datagram.get(at..at + 4)?.try_into().ok()?,
         ))
     };
     let event = NLMSG_HDR + CN_MSG_HDR;
-    // proc_event: what (u32), cpu (u32), timestamp_ns (u64), then for
-    // exec: process_pid (the thread), process_tgid (the process).
-    if u32_at(event)? != PROC_EVENT_EXEC {
-        return None;
+    // proc_event: what (u32), cpu (u32), timestamp_ns (u64), then the
+    // event's data: for fork parent_pid, parent_tgid, child_pid,
+    // child_tgid; for exec and exit process_pid (the thread),
+    // process_tgid (the process), ...
+    let data = event + 16;
+    match u32_at(event)? {
+        PROC_EVENT_FORK => Some(Event::Fork {
+            parent: u32_at(data + 4)?,
+            child: u32_at(data + 12)?,
+        }),
+        PROC_EVENT_EXEC => Some(Event::Exec {
+            pid: u32_at(data + 4)?,
+            time: u64::from_ne_bytes(datagram.get(event + 8..event + 16)?.try_into().ok()?),
+        }),
+        PROC_EVENT_EXIT => Some(Event::Exit {
+            pid: u32_at(data + 4)?,
+            tid: u32_at(data)?,
+        }),
+        _ => None,
     }
-    let time = u64::from_ne_bytes(datagram.get(event + 8..event + 16)?.try_into().ok()?);
-    let tgid = u32_at(event + 20)?;
-    Some((tgid, time))
+}
+
+/// The processes whose execs are read.
+#[derive(Debug)]
+struct Scope {
+    /// `None`: all of them.
+    tree: Option<HashSet<u32>>,
+}
+
+impl Scope {
+    fn new(root: Option<u32>) -> Scope {
+        Scope {
+            tree: root.map(|r| HashSet::from([r])),
+        }
+    }
+
+    /// Follow `event`; whether it is an exec to read.
+    fn follow(&mut self, event: Event) -> bool {
+        let Some(tree) = &mut self.tree else {
+            return matches!(event, Event::Exec { .. });
+        };
+        match event {
+            Event::Fork { parent, child } => {
+                if tree.contains(&parent) {
+                    tree.insert(child);
+                }
+                false
+            }
+            Event::Exec { pid, .. } => tree.contains(&pid),
+            Event::Exit { pid, tid } => {
+                if pid == tid {
+                    tree.remove(&pid);
+                }
+                false
+            }
+        }
+    }
 }
 
 /// Receive events until `stop`; read the command line of each exec.
-fn listen(socket: &OwnedFd, heard: &Mutex<Heard>, stop: &AtomicBool) {
+fn listen(socket: &OwnedFd, mut scope: Scope, heard: &Mutex<Heard>, stop: &AtomicBool) {
     let mut buf = vec![0u8; 4096];
     while !stop.load(Ordering::Relaxed) {
         // Safety: buf is a live buffer of its length.
@@ -277,9 +345,16 @@ fn listen(socket: &OwnedFd, heard: &Mutex<Heard>, stop: &AtomicBool) {
                 _ => return,
             }
         }
-        let Some((pid, time)) = parse_exec(&buf[..n as usize]) else {
+        let Some(event) = parse_event(&buf[..n as usize]) else {
             continue;
         };
+        let Event::Exec { pid, time } = event else {
+            scope.follow(event);
+            continue;
+        };
+        if !scope.follow(event) {
+            continue;
+        }
         let seen = ExecSeen {
             pid,
             time,
@@ -335,22 +410,42 @@ mod tests {
         assert_eq!(h.execs.len(), MAX_PENDING);
     }
 
-    #[test]
-    fn exec_events_are_parsed_and_others_ignored() {
+    /// A datagram holding the event `what` with data words `data`.
+    fn datagram(what: u32, time: u64, data: &[u32]) -> Vec<u8> {
         let mut d = vec![0u8; NLMSG_HDR + CN_MSG_HDR];
-        d.extend_from_slice(&PROC_EVENT_EXEC.to_ne_bytes());
+        d.extend_from_slice(&what.to_ne_bytes());
         d.extend_from_slice(&1u32.to_ne_bytes()); // cpu
-        d.extend_from_slice(&123_456u64.to_ne_bytes());
-        d.extend_from_slice(&4001u32.to_ne_bytes()); // thread
-        d.extend_from_slice(&4000u32.to_ne_bytes()); // process
-        assert_eq!(parse_exec(&d), Some((4000, 123_456)));
+        d.extend_from_slice(&time.to_ne_bytes());
+        for w in data {
+            d.extend_from_slice(&w.to_ne_bytes());
+        }
+        d
+    }
+
+    #[test]
+    fn events_are_parsed_and_others_ignored() {
+        let exec = datagram(PROC_EVENT_EXEC, 123_456, &[4001, 4000]);
+        assert_eq!(
+            parse_event(&exec),
+            Some(Event::Exec {
+                pid: 4000,
+                time: 123_456
+            })
+        );
         // Cut short: nothing.
-        assert_eq!(parse_exec(&d[..d.len() - 2]), None);
-        // A fork event (what = 1).
-        let mut fork = d.clone();
-        fork[NLMSG_HDR + CN_MSG_HDR..NLMSG_HDR + CN_MSG_HDR + 4]
-            .copy_from_slice(&1u32.to_ne_bytes());
-        assert_eq!(parse_exec(&fork), None);
+        assert_eq!(parse_event(&exec[..exec.len() - 2]), None);
+        let fork = datagram(PROC_EVENT_FORK, 1, &[10, 10, 11, 11]);
+        assert_eq!(
+            parse_event(&fork),
+            Some(Event::Fork {
+                parent: 10,
+                child: 11
+            })
+        );
+        let exit = datagram(PROC_EVENT_EXIT, 1, &[12, 11, 0, 0]);
+        assert_eq!(parse_event(&exit), Some(Event::Exit { pid: 11, tid: 12 }));
+        // A uid change (what = 4).
+        assert_eq!(parse_event(&datagram(4, 1, &[1, 1, 0, 0])), None);
         // The subscription message is one whole nlmsghdr + cn_msg + op.
         let m = listen_message();
         assert_eq!(m.len(), NLMSG_HDR + CN_MSG_HDR + 4);
@@ -358,6 +453,35 @@ mod tests {
             u32::from_ne_bytes(m[0..4].try_into().unwrap()) as usize,
             m.len()
         );
+    }
+
+    #[test]
+    fn a_process_tree_is_followed_through_forks_and_exits() {
+        let exec = |pid| Event::Exec { pid, time: 0 };
+        let mut all = Scope::new(None);
+        assert!(all.follow(exec(99)));
+        let mut tree = Scope::new(Some(10));
+        assert!(tree.follow(exec(10)));
+        assert!(!tree.follow(exec(20)), "not in the tree");
+        tree.follow(Event::Fork {
+            parent: 10,
+            child: 11,
+        });
+        tree.follow(Event::Fork {
+            parent: 11,
+            child: 12,
+        });
+        tree.follow(Event::Fork {
+            parent: 20,
+            child: 21,
+        });
+        assert!(tree.follow(exec(12)), "a grandchild");
+        assert!(!tree.follow(exec(21)));
+        // A thread of 12 exits: 12 stays; then 12 itself.
+        tree.follow(Event::Exit { pid: 12, tid: 13 });
+        assert!(tree.follow(exec(12)));
+        tree.follow(Event::Exit { pid: 12, tid: 12 });
+        assert!(!tree.follow(exec(12)), "gone, its pid may be reused");
     }
 
     #[test]
@@ -371,7 +495,9 @@ mod tests {
             );
             return;
         }
-        let watch = ExecWatch::start().expect("subscribing to process events");
+        // Listening to our own tree: the child is forked from us.
+        let watch =
+            ExecWatch::start(Some(std::process::id())).expect("subscribing to process events");
         // The child execs and then waits for its stdin to close, so its
         // command line stays readable until the watch has heard it.
         let mut child = std::process::Command::new("sh")

@@ -291,7 +291,7 @@ pub(crate) fn record(
     // Best effort: without the kernel's process events (no CAP_NET_ADMIN,
     // no connector), command lines are read from /proc when an exec is
     // handled, as before.
-    if let Ok(watch) = execwatch::ExecWatch::start() {
+    if let Ok(watch) = execwatch::ExecWatch::start(pid) {
         converter = converter.with_exec_watch(watch);
     }
     let sink = Sink::start(out, &header, converter, CHANNEL_CAPACITY)?;
