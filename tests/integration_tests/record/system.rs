@@ -153,6 +153,13 @@ fn every_process_is_recorded_with_complete_stacks() {
     assert!(process(alpha.id(), |e| *e == ProcessEvent::Existing));
     assert!(process(exec_pid, |e| *e == ProcessEvent::Fork));
     assert!(process(exec_pid, |e| *e == ProcessEvent::Exec));
+    // The exec carries the new command line (read as the process exec'd).
+    assert!(
+        records.iter().any(|r| matches!(r,
+            Record::Process(p) if p.pid == Pid(exec_pid) && p.event == ProcessEvent::Exec
+                && p.command.iter().any(|a| a == "after"))),
+        "no exec record of {exec_pid} with its new command line"
+    );
     assert!(process(short_pid, |e| *e == ProcessEvent::Fork));
     assert!(records.iter().any(|r| matches!(r,
         Record::Thread(t) if t.pid == Pid(short_pid) && t.event == ThreadEvent::Rename
