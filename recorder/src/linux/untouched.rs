@@ -168,7 +168,7 @@ impl UntouchedPages {
         }
     }
 
-    /// The thread exited, or its process exec'd: forget it.
+    /// The thread exited: forget it.
     pub fn thread_exited(&mut self, pid: u32, tid: u32) {
         self.last_read.remove(&(pid, tid));
     }
