@@ -2,7 +2,8 @@
 //! (`rec_untouched.c`, `rec_untouched.rs`): a thread running in a function
 //! with a 32 KiB buffer written only at its ends. The kernel's copy stops at
 //! the first untouched page; the recorder reads those pages once, so later
-//! copies reach the callers and the thread's samples unwind to its root.
+//! copies reach the callers and the thread's samples unwind to its root. A
+//! second, deeper gap is read as soon as a copy stops in it.
 
 use super::*;
 use lrnprof_analyzer::{analyze, AnalyzeOptions, NoProgress, Profile};
@@ -125,6 +126,22 @@ fn c_threads_with_untouched_stack_pages_reach_their_root() {
     );
     let i = info(&trace, &[]);
     assert_eq!(json_number(&i, "cut_short_samples") as u64, cut, "{i}");
+    remove_scratch_dir(&dir);
+}
+
+#[test]
+fn c_a_second_deeper_gap_is_read_at_once() {
+    // Each thread's copies stop first in an outer function's buffer, and
+    // 50 ms later in a deeper one's that the first read did not cover: that
+    // gap must be read at once, not after a pause (a 250 ms pause per thread
+    // once cut ~230 samples of each thread here).
+    require_perf!();
+    let dir = scratch_dir("an-untouched-nested");
+    let exe = build_c(&["rec_untouched.c"], NO_FP, &dir, "rec_untouched");
+    let (trace, said) = record_saying(&dir, &exe, &[RUN_MS, "nested"]);
+    let p = profile(&trace);
+    assert_thread_reaches_root(&p, "rec_untouched", &trace, &said);
+    assert_thread_reaches_root(&p, "untouched-2", &trace, &said);
     remove_scratch_dir(&dir);
 }
 
