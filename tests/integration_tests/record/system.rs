@@ -9,7 +9,7 @@ use super::support::{
     load, perf_event_paranoid, rec_command, recorder_for_nobody, refused_for_nobody, samples, NO_FP,
 };
 use lrnprof_analyzer::{analyze, AnalyzeOptions, NoProgress, OutputFormat, SampleFilter};
-use lrnprof_format::{Pid, ProcessEvent, Record, Target, ThreadEvent};
+use lrnprof_format::{BlobKind, ImageKind, Pid, ProcessEvent, Record, Target, ThreadEvent};
 use lrnprof_tests::{
     build_c, has_program, is_root, remove_scratch_dir, require_perf, scratch_dir, skip, wait_until,
 };
@@ -206,6 +206,87 @@ fn every_process_is_recorded_with_complete_stacks() {
         "{by_name}"
     );
     assert!(by_name.contains("alpha_inner") && by_name.contains("short_work"));
+    remove_scratch_dir(&dir);
+}
+
+#[test]
+fn processes_started_while_recording_keep_their_vdso_and_jit_maps() {
+    require_perf!();
+    if let Some(why) = system_refused() {
+        skip!("{why}");
+    }
+    let dir = scratch_dir("rec-system-new");
+    let program = build(&dir);
+    let jit = build_c(&["rec_jit.c"], &["-O2", "-g"], &dir, "rec_jit");
+    let trace = dir.join("new.lpt");
+    let recorder = rec_command(&trace)
+        .arg("--all")
+        .stdin(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Something to sample until the events are on.
+    let mut busy = start(&program, &["alpha"]);
+    super::support::wait_for_a_readable_sample(&trace);
+    let _ = busy.kill();
+    let _ = busy.wait();
+    // Both start after the recorder read /proc: only the kernel's records
+    // tell of their images.
+    let mut vdso = start(&program, &["vdso", "300"]);
+    let vdso_pid = vdso.id();
+    assert!(vdso.wait().unwrap().success());
+    let mut jit = start(&jit, &["200"]);
+    let jit_pid = jit.id();
+    assert!(jit.wait().unwrap().success());
+    // Safety: kill sends a signal to our child, which has not been reaped.
+    unsafe { libc::kill(recorder.id() as i32, libc::SIGINT) };
+    let out = recorder.wait_with_output().unwrap();
+    let map_file = PathBuf::from(format!("/tmp/perf-{jit_pid}.map"));
+    let map_text = std::fs::read_to_string(&map_file);
+    let _ = std::fs::remove_file(&map_file);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let map_text = map_text.expect("rec_jit wrote its perf map");
+
+    let (_, records) = load(&trace);
+    let mapped = |pid: u32, kind: ImageKind| {
+        records
+            .iter()
+            .filter_map(|r| match r {
+                Record::ImageMap(m) if m.pid == Pid(pid) && m.kind == kind => Some(m),
+                _ => None,
+            })
+            .collect::<Vec<_>>()
+    };
+    assert!(
+        !mapped(vdso_pid, ImageKind::Vdso).is_empty(),
+        "no vDSO of {vdso_pid}"
+    );
+    let jit_start = u64::from_str_radix(map_text.split(' ').next().unwrap(), 16).unwrap();
+    assert!(
+        mapped(jit_pid, ImageKind::Anonymous)
+            .iter()
+            .any(|m| (m.start..m.end).contains(&jit_start)),
+        "the JIT's anonymous executable region"
+    );
+    let embedded = records.iter().find_map(|r| match r {
+        Record::Blob(b) if b.kind == BlobKind::JitMap { pid: Pid(jit_pid) } => Some(&b.data),
+        _ => None,
+    });
+    assert_eq!(
+        embedded,
+        Some(&map_text.into_bytes()),
+        "the perf map embedded"
+    );
+    // The vDSO's frames are named offline, from its bytes in the trace.
+    let all = folded(&trace, SampleFilter::default());
+    let in_vdso = count(&all, vdso_pid, "vdso_loop;");
+    let named = count_both(&all, vdso_pid, "vdso_loop;", "__vdso_clock_gettime");
+    assert!(in_vdso > 0, "no samples of {vdso_pid} in vdso_loop:\n{all}");
+    assert!(named > 0, "no named vDSO frame under vdso_loop:\n{all}");
     remove_scratch_dir(&dir);
 }
 
