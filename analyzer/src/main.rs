@@ -565,7 +565,31 @@ fn open_result(path: &Path, format: OutputFormat) {
     }
 }
 
+/// Keep glibc from handing memory back to the kernel between blocks.
+///
+/// By default glibc serves allocations above 128 KiB with their own
+/// `mmap` and returns the free top of every thread's arena to the kernel
+/// past 128 KiB. The workers decode and unwind a block at a time into
+/// buffers of that size, freed on the thread that aggregates them: with
+/// two or more jobs every block's buffers were mapped and faulted in
+/// again, a third more CPU time, most of it in the kernel (deep-stack
+/// trace, 447,000 samples, `--jobs 2`: 0.22 s of system time, wall 0.56 s;
+/// with these settings 0.05 s and 0.44 s, for 12 MiB more peak memory).
+/// Process-wide, so it is done here in the binary, not in the library.
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+fn keep_freed_memory() {
+    // glibc's largest mmap threshold on 64-bit hosts is 32 MiB; both calls
+    // only tune, so a refusal (0) changes nothing and is not an error.
+    // Safety: mallopt takes two integers and has no other precondition.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 32 << 20);
+        libc::mallopt(libc::M_TRIM_THRESHOLD, 64 << 20);
+    }
+}
+
 fn main() -> ExitCode {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    keep_freed_memory();
     let cli = Cli::parse();
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
