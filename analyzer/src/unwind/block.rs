@@ -104,6 +104,12 @@ impl<'c, 'p, A: UnwindArch> BlockUnwinder<'c, 'p, A> {
                 RecordRef::Record(_) => {}
             }
         }
+        A::spare_arenas().with(|spare| {
+            for (_, walks) in self.threads.drain() {
+                spare.give(walks.arena);
+                spare.give(walks.spare);
+            }
+        });
         self.out
     }
 
@@ -206,9 +212,9 @@ impl<'c, 'p, A: UnwindArch> BlockUnwinder<'c, 'p, A> {
                 (pid, tid),
                 ThreadWalks {
                     thread,
-                    arena: Vec::new(),
+                    arena: A::spare_arenas().with(|s| s.take()),
                     recent: VecDeque::new(),
-                    spare: Vec::new(),
+                    spare: A::spare_arenas().with(|s| s.take()),
                     moved: Vec::new(),
                 },
             );
