@@ -13,6 +13,7 @@ use super::images::Images;
 use super::parse::{self, Layouts, Mmap2Record, PerfRecord, SampleRecord};
 use super::procfs::{self, MapsEntry};
 use super::regs::ArchRegs;
+use super::ring::ChunkPool;
 use super::touched::SampleRefs;
 use super::tracefs::SyscallPayloads;
 use super::untouched::{self, UntouchedPages};
@@ -120,6 +121,8 @@ pub(crate) struct Converter {
     /// Command lines read the moment processes exec'd, when the kernel
     /// tells (see `execwatch`).
     execs: Option<ExecWatch>,
+    /// Where converted chunks go back to the draining thread.
+    chunks: Option<ChunkPool>,
 }
 
 /// How a system-wide recording's records are converted.
@@ -208,6 +211,7 @@ impl Converter {
             untouched: UntouchedPages::new(page_size),
             system: None,
             execs: None,
+            chunks: None,
         }
     }
     /// Most bytes of stack the kernel copies per sample of `role`.
@@ -238,6 +242,12 @@ impl Converter {
     /// programs).
     pub fn with_exec_watch(mut self, watch: ExecWatch) -> Converter {
         self.execs = Some(watch);
+        self
+    }
+
+    /// Hand converted chunks back to `pool` for the draining thread.
+    pub fn with_chunk_pool(mut self, pool: ChunkPool) -> Converter {
+        self.chunks = Some(pool);
         self
     }
 
@@ -812,6 +822,9 @@ impl Convert for Converter {
                 // A switch record follows its sample in the same buffer:
                 // what did not come by the end of the drain never will.
                 self.flush_all_switched_out();
+                if let Some(pool) = &self.chunks {
+                    pool.give(bytes);
+                }
             }
             RawMsg::Round(time) => {
                 let before = self.released_before;

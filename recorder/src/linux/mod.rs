@@ -294,6 +294,8 @@ pub(crate) fn record(
     if let Ok(watch) = execwatch::ExecWatch::start(pid) {
         converter = converter.with_exec_watch(watch);
     }
+    let chunk_pool = ring::ChunkPool::default();
+    converter = converter.with_chunk_pool(chunk_pool.clone());
     let sink = Sink::start(out, &header, converter, CHANNEL_CAPACITY)?;
     let sender = sink.sender();
     let command = match &header.target {
@@ -320,7 +322,10 @@ pub(crate) fn record(
         sample_loop(
             &mut events,
             &layouts,
-            &sender,
+            Outlet {
+                sender: &sender,
+                pool: &chunk_pool,
+            },
             &mut control,
             heap.as_mut(),
             pid,
@@ -334,7 +339,11 @@ pub(crate) fn record(
     if let Some(h) = &heap {
         h.stop();
     }
-    let drained = drain_all(&mut events, &layouts, &sender, heap.as_mut(), true);
+    let outlet = Outlet {
+        sender: &sender,
+        pool: &chunk_pool,
+    };
+    let drained = drain_all(&mut events, &layouts, &outlet, heap.as_mut(), true);
     drop(priority);
     let end = sys::monotonic_ns();
     drop(sender);
@@ -574,29 +583,49 @@ fn attach_all_threads(events: &mut Events, pid: u32) -> Result<(), RecordError> 
     Ok(())
 }
 
+/// Where drained records go: the writer thread, and the chunk buffers it
+/// hands back.
+#[derive(Clone, Copy)]
+struct Outlet<'a> {
+    sender: &'a SinkSender<RawMsg>,
+    pool: &'a ring::ChunkPool,
+}
+
 /// Drain every ring buffer once, and the allocation sampler's ring;
 /// `last`: the recording is over. Returns whether anything was drained.
 fn drain_all(
     events: &mut Events,
     layouts: &Layouts,
-    sender: &SinkSender<RawMsg>,
+    outlet: &Outlet<'_>,
     heap: Option<&mut HeapSession>,
     last: bool,
 ) -> Result<bool, RecordError> {
+    let Outlet { sender, pool } = *outlet;
     let round = sys::monotonic_ns();
     let mut any = false;
-    let mut scratch = Vec::new();
+    // Records are compacted straight from the ring into chunks of about
+    // MAX_CHUNK bytes: each live byte is copied once here.
+    let mut wrapped = Vec::new();
+    let mut chunk = Vec::new();
+    let mut sent = Ok(());
     for ring in events.rings() {
-        scratch.clear();
-        if ring.drain(&mut scratch) > 0 {
-            let mut pos = 0;
-            while pos < scratch.len() {
-                let mut chunk = Vec::with_capacity((scratch.len() - pos).min(MAX_CHUNK));
-                pos += ring::compact_samples(layouts, &scratch[pos..], &mut chunk, MAX_CHUNK);
-                sender.send(RawMsg::Chunk(chunk))?;
+        // Room for what is there (stack copies before compaction: more
+        // than enough), or one chunk.
+        let room = ring.pending().min(MAX_CHUNK);
+        let drained = ring.drain_records(&mut wrapped, |rec| {
+            if chunk.capacity() == 0 {
+                chunk = pool.take(room + rec.len());
             }
-            any = true;
+            ring::compact_record(layouts, rec, &mut chunk);
+            if chunk.len() >= MAX_CHUNK && sent.is_ok() {
+                sent = sender.send(RawMsg::Chunk(std::mem::take(&mut chunk)));
+            }
+        });
+        std::mem::replace(&mut sent, Ok(()))?;
+        if !chunk.is_empty() {
+            sender.send(RawMsg::Chunk(std::mem::take(&mut chunk)))?;
         }
+        any |= drained > 0;
     }
     let mut round = Some(round);
     if let Some(heap) = heap {
@@ -647,12 +676,13 @@ struct Control<'a> {
 fn sample_loop(
     events: &mut Events,
     layouts: &Layouts,
-    sender: &SinkSender<RawMsg>,
+    outlet: Outlet<'_>,
     control: &mut Control<'_>,
     mut heap: Option<&mut HeapSession>,
     pid: Option<u32>,
     child: Option<u32>,
 ) -> Result<(StopReason, Option<TargetExit>), RecordError> {
+    let sender = outlet.sender;
     let poll_interval = if heap.is_some() {
         HEAP_POLL_INTERVAL
     } else {
@@ -662,7 +692,7 @@ fn sample_loop(
     let wake_index = fds.len();
     fds.push(control.wake.as_raw_fd());
     loop {
-        drain_all(events, layouts, sender, heap.as_deref_mut(), false)?;
+        drain_all(events, layouts, &outlet, heap.as_deref_mut(), false)?;
         control.ticker.tick(control.reporter);
         if let Some(child) = child {
             if let Some(status) = sys::try_wait(child).map_err(|e| RecordError::Sys {

@@ -1,10 +1,50 @@
 //! Copying records out of a perf ring buffer.
 
 use super::parse::{kind, sample, split_records, Layout, Layouts};
+use std::sync::{Arc, Mutex};
+
+/// Chunk buffers handed back by the writer thread once converted, for the
+/// draining thread's next chunks: memory already faulted in, instead of
+/// fresh pages mapped for every chunk (which cost the recorder more
+/// system time than the copies they hold).
+#[derive(Clone, Default)]
+pub(crate) struct ChunkPool(Arc<Mutex<Vec<Vec<u8>>>>);
+
+/// Buffers kept at most, and the largest kept (bytes).
+const POOL_BUFFERS: usize = 8;
+const POOL_BUFFER_BYTES: usize = 4 << 20;
+
+impl ChunkPool {
+    /// An empty buffer with room for at least `capacity` bytes.
+    pub fn take(&self, capacity: usize) -> Vec<u8> {
+        let mut v = self
+            .0
+            .lock()
+            .ok()
+            .and_then(|mut pool| pool.pop())
+            .unwrap_or_default();
+        v.reserve(capacity);
+        v
+    }
+
+    /// Keep `v` for a later chunk, unless enough are kept.
+    pub fn give(&self, mut v: Vec<u8>) {
+        if v.capacity() > POOL_BUFFER_BYTES {
+            return;
+        }
+        if let Ok(mut pool) = self.0.lock() {
+            if pool.len() < POOL_BUFFERS {
+                v.clear();
+                pool.push(v);
+            }
+        }
+    }
+}
 
 /// Append `data[tail..head)` (positions modulo `data.len()`, a power of
 /// two) to `out`; returns the number of bytes appended. `head` and `tail`
 /// are the kernel's free-running byte counters.
+#[cfg(test)]
 pub(crate) fn copy_wrapped(data: &[u8], tail: u64, head: u64, out: &mut Vec<u8>) -> usize {
     let size = data.len() as u64;
     if size == 0 || head <= tail {
@@ -18,6 +58,59 @@ pub(crate) fn copy_wrapped(data: &[u8], tail: u64, head: u64, out: &mut Vec<u8>)
     out.extend_from_slice(&data[start..start + first]);
     out.extend_from_slice(&data[..len as usize - first]);
     len as usize
+}
+
+/// Call `each` with every whole record of `data[tail..head)` (positions
+/// modulo `data.len()`, a power of two; `head` and `tail` are the
+/// kernel's free-running byte counters), in order, read where it lies: a
+/// record that runs across the end of `data` is first put together in
+/// `wrapped`, the only copy made here. Stops at a malformed header (a
+/// size under 8, or past `head`): nothing after it can be split into
+/// records. Returns the bytes of the range, at most one buffer.
+pub(crate) fn for_each_record(
+    data: &[u8],
+    tail: u64,
+    head: u64,
+    wrapped: &mut Vec<u8>,
+    mut each: impl FnMut(&[u8]),
+) -> usize {
+    let size = data.len();
+    if size == 0 || head <= tail {
+        return 0;
+    }
+    let len = (head - tail).min(size as u64) as usize;
+    let start = (tail % size as u64) as usize;
+    // The range as offsets from `start`, read through `at`.
+    let piece = |from: usize, n: usize, into: &mut Vec<u8>| {
+        into.clear();
+        let at = (start + from) % size;
+        let first = n.min(size - at);
+        into.extend_from_slice(&data[at..at + first]);
+        into.extend_from_slice(&data[..n - first]);
+    };
+    let mut pos = 0;
+    while pos + 8 <= len {
+        let at = (start + pos) % size;
+        let mut header = [0u8; 8];
+        if at + 8 <= size {
+            header.copy_from_slice(&data[at..at + 8]);
+        } else {
+            piece(pos, 8, wrapped);
+            header.copy_from_slice(wrapped);
+        }
+        let rec_len = u16::from_ne_bytes([header[6], header[7]]) as usize;
+        if rec_len < 8 || pos + rec_len > len {
+            break;
+        }
+        if at + rec_len <= size {
+            each(&data[at..at + rec_len]);
+        } else {
+            piece(pos, rec_len, wrapped);
+            each(wrapped);
+        }
+        pos += rec_len;
+    }
+    len
 }
 
 /// Append the records of `src` to `out`, dropping the dead part of each
@@ -37,34 +130,42 @@ pub(crate) fn compact_samples(
     let max = max.max(1);
     let mut consumed = 0;
     let start_len = out.len();
-    for (k, _misc, rec) in split_records(src) {
+    for (_, _, rec) in split_records(src) {
         if out.len() - start_len >= max {
             break;
         }
         consumed += rec.len();
-        match (k == kind::SAMPLE)
-            .then(|| stack_field(layouts.of_sample(rec)?.1, rec))
-            .flatten()
-        {
-            Some((at, size, dyn_size)) if dyn_size < size => {
-                let start = out.len();
-                out.extend_from_slice(&rec[..at]);
-                out.extend_from_slice(&dyn_size.to_ne_bytes());
-                if dyn_size > 0 {
-                    out.extend_from_slice(&rec[at + 8..at + 8 + dyn_size as usize]);
-                    out.extend_from_slice(&dyn_size.to_ne_bytes());
-                }
-                let new_len = (out.len() - start) as u16;
-                out[start + 6..start + 8].copy_from_slice(&new_len.to_ne_bytes());
-            }
-            _ => out.extend_from_slice(rec),
-        }
+        compact_record(layouts, rec, out);
     }
     if consumed < src.len() && out.len() - start_len < max {
         // A malformed header: nothing after it can be split into records.
         consumed = src.len();
     }
     consumed
+}
+
+/// Append the record `rec` (whole, with its header) to `out`, without the
+/// dead part of its stack copy if it is a sample (see
+/// [`compact_samples`]).
+pub(crate) fn compact_record(layouts: &Layouts, rec: &[u8], out: &mut Vec<u8>) {
+    let is_sample = rec.get(0..4) == Some(&kind::SAMPLE.to_ne_bytes()[..]);
+    match is_sample
+        .then(|| stack_field(layouts.of_sample(rec)?.1, rec))
+        .flatten()
+    {
+        Some((at, size, dyn_size)) if dyn_size < size => {
+            let start = out.len();
+            out.extend_from_slice(&rec[..at]);
+            out.extend_from_slice(&dyn_size.to_ne_bytes());
+            if dyn_size > 0 {
+                out.extend_from_slice(&rec[at + 8..at + 8 + dyn_size as usize]);
+                out.extend_from_slice(&dyn_size.to_ne_bytes());
+            }
+            let new_len = (out.len() - start) as u16;
+            out[start + 6..start + 8].copy_from_slice(&new_len.to_ne_bytes());
+        }
+        _ => out.extend_from_slice(rec),
+    }
 }
 
 /// Offset of a sample's `STACK_USER` size field in `rec`, the size and
@@ -263,6 +364,101 @@ mod tests {
                 for (k, misc, rec) in split_records(&out) {
                     let _ = parse_record(layout, k, misc, rec);
                 }
+            }
+        }
+    }
+
+    /// Records laid out in a ring of `size` bytes from `tail` on, as the
+    /// kernel writes them: `(kind, body length)` each, 8-aligned.
+    fn ring_with(size: usize, tail: u64, records: &[(u32, usize)]) -> (Vec<u8>, u64) {
+        let mut data = vec![0u8; size];
+        let mut pos = tail;
+        for (n, &(kind, body)) in records.iter().enumerate() {
+            let mut rec = kind.to_ne_bytes().to_vec();
+            rec.extend(0u16.to_ne_bytes());
+            rec.extend(((body + 8) as u16).to_ne_bytes());
+            rec.extend((0..body).map(|i| (n * 31 + i) as u8));
+            for b in rec {
+                data[(pos % size as u64) as usize] = b;
+                pos += 1;
+            }
+        }
+        (data, pos)
+    }
+
+    #[test]
+    fn records_are_read_in_place_and_wrapped_ones_put_together() {
+        // Three records from offset 40 of a 64-byte ring: the second runs
+        // across the end, the third starts after it.
+        let (data, head) = ring_with(64, 40, &[(9, 8), (9, 16), (9, 0)]);
+        let mut wrapped = Vec::new();
+        let mut seen = Vec::new();
+        let n = for_each_record(&data, 40, head, &mut wrapped, |r| seen.push(r.to_vec()));
+        assert_eq!(n, 48);
+        assert_eq!(seen.len(), 3);
+        let mut copied = Vec::new();
+        copy_wrapped(&data, 40, head, &mut copied);
+        assert_eq!(seen.concat(), copied);
+        // Nothing new: no record.
+        assert_eq!(
+            for_each_record(&data, head, head, &mut wrapped, |_| panic!()),
+            0
+        );
+    }
+
+    #[test]
+    fn a_malformed_header_ends_the_walk() {
+        let (mut data, head) = ring_with(64, 0, &[(9, 8), (9, 8)]);
+        // The second record claims 4 bytes.
+        data[16 + 6..16 + 8].copy_from_slice(&4u16.to_ne_bytes());
+        let mut seen = 0;
+        let n = for_each_record(&data, 0, head, &mut Vec::new(), |_| seen += 1);
+        assert_eq!((n, seen), (32, 1));
+        // One claiming more than was written.
+        let (mut data, head) = ring_with(64, 0, &[(9, 8)]);
+        data[6..8].copy_from_slice(&40u16.to_ne_bytes());
+        let mut seen = 0;
+        for_each_record(&data, 0, head, &mut Vec::new(), |_| seen += 1);
+        assert_eq!(seen, 0);
+    }
+
+    #[test]
+    fn draining_in_place_compacts_as_copying_first_did() {
+        use crate::linux::parse::tests;
+        let (single, multi) = (tests::single(), tests::multi());
+        let mut seed = 0x2545_f491_4f6c_dd1du64;
+        let mut next = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        for _ in 0..2_000 {
+            let size = 256usize;
+            let mut data: Vec<u8> = (0..size).map(|_| next() as u8).collect();
+            let tail = next() % 10_000 / 8 * 8;
+            // Plausible headers at 8-aligned places, as the kernel writes.
+            let mut pos = tail;
+            let head = tail + next() % 250 / 8 * 8;
+            while pos + 8 <= head {
+                let len = (8 + next() % 64 / 8 * 8).min(head - pos) as u16;
+                let at = (pos % size as u64) as usize;
+                let kind = [9u32, 9, 3, 10][(next() % 4) as usize];
+                data[at..at + 4].copy_from_slice(&kind.to_ne_bytes());
+                data[at + 6..at + 8].copy_from_slice(&len.to_ne_bytes());
+                pos += u64::from(len.max(8));
+            }
+            for layout in [&single, &multi] {
+                let mut copied = Vec::new();
+                copy_wrapped(&data, tail, head, &mut copied);
+                let mut before = Vec::new();
+                compact_samples(layout, &copied, &mut before, usize::MAX);
+                let mut after = Vec::new();
+                let mut wrapped = Vec::new();
+                for_each_record(&data, tail, head, &mut wrapped, |r| {
+                    compact_record(layout, r, &mut after)
+                });
+                assert_eq!(after, before);
             }
         }
     }

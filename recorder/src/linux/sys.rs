@@ -176,16 +176,26 @@ impl RingMap {
         unsafe { &*(self.base.add(offset) as *const AtomicU64) }
     }
 
-    /// Copy all complete records out of the buffer, append them to `out`
-    /// and release the space to the kernel. Returns the bytes copied.
-    pub fn drain(&mut self, out: &mut Vec<u8>) -> usize {
+    /// Bytes the kernel has written and not been released yet.
+    pub fn pending(&self) -> usize {
+        let head = self.meta(DATA_HEAD).load(Ordering::Acquire);
+        let tail = self.meta(DATA_TAIL).load(Ordering::Relaxed);
+        (head.saturating_sub(tail) as usize).min(self.data_size)
+    }
+
+    /// Call `each` with every complete record in the buffer, read in
+    /// place (a record that wraps around the end is put together in
+    /// `wrapped` first), then release the space to the kernel. Returns the
+    /// bytes released.
+    pub fn drain_records(&mut self, wrapped: &mut Vec<u8>, each: impl FnMut(&[u8])) -> usize {
         let head = self.meta(DATA_HEAD).load(Ordering::Acquire);
         let tail = self.meta(DATA_TAIL).load(Ordering::Relaxed);
         // Safety: the data area is mapped for data_size bytes and only the
-        // kernel writes it, outside [tail, head) until we move the tail.
+        // kernel writes it, outside [tail, head) until we move the tail,
+        // which happens after the last use of these bytes below.
         let data =
             unsafe { std::slice::from_raw_parts(self.base.add(self.data_offset), self.data_size) };
-        let n = super::ring::copy_wrapped(data, tail, head, out);
+        let n = super::ring::for_each_record(data, tail, head, wrapped, each);
         self.meta(DATA_TAIL).store(head, Ordering::Release);
         n
     }
