@@ -5,11 +5,13 @@
 //! at a sampling rate that gives thousands of samples per site.
 //!
 //! Submodules: `sites` (C: every allocator function, threads, constructors,
-//! estimates, memory in use at exit, pprof), `languages` (C++ `new`, Rust
-//! with the system allocator), `processes` (fork and exec, abort, a static
-//! program, `--pid`, the recorder installed alone).
+//! estimates, memory in use at exit, pprof), `phases` (memory in use at a
+//! chosen time, `--to`), `languages` (C++ `new`, Rust with the system
+//! allocator), `processes` (fork and exec, abort, a static program, `--pid`,
+//! the recorder installed alone).
 
 mod languages;
+mod phases;
 mod processes;
 mod sites;
 
@@ -61,15 +63,21 @@ struct Folded {
 
 /// `lrnprof-analyze TRACE --format folded --value VALUE`.
 fn folded(trace: &Path, value: &str) -> Vec<Folded> {
+    folded_with(trace, value, &[])
+}
+
+/// `lrnprof-analyze TRACE --format folded --value VALUE EXTRA...`.
+fn folded_with(trace: &Path, value: &str, extra: &[&str]) -> Vec<Folded> {
     let out = Command::new(lrnprof_analyze())
         .arg(trace)
         .args(["--format", "folded", "-o", "-", "--value", value])
+        .args(extra)
         .stdin(Stdio::null())
         .output()
         .expect("running lrnprof-analyze");
     assert!(
         out.status.success(),
-        "lrnprof-analyze --value {value}: {}",
+        "lrnprof-analyze --value {value} {extra:?}: {}",
         String::from_utf8_lossy(&out.stderr)
     );
     String::from_utf8(out.stdout)
