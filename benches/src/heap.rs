@@ -85,6 +85,11 @@ pub struct HeapRun {
     /// The program's own CPU time (user + system), in seconds, as it
     /// reported it.
     pub program_cpu_s: f64,
+    /// The program's voluntary context switches: it never blocks by
+    /// itself, so these are waits a profiler made it do.
+    pub program_waits: u64,
+    /// The program's involuntary context switches (preempted).
+    pub program_preempted: u64,
     /// The whole command: program and profiler.
     pub measured: Measured,
     /// Bytes of the profiler's output file.
@@ -112,6 +117,16 @@ pub fn parse_program_cpu(stderr: &str) -> Option<f64> {
         .lines()
         .find_map(|l| l.strip_prefix("cpu_seconds "))
         .and_then(|v| v.trim().parse().ok())
+}
+
+/// The `context_switches VOLUNTARY INVOLUNTARY` line the program prints to
+/// standard error.
+pub fn parse_program_switches(stderr: &str) -> Option<(u64, u64)> {
+    let line = stderr
+        .lines()
+        .find_map(|l| l.strip_prefix("context_switches "))?;
+    let mut words = line.split_whitespace().map(|w| w.parse().ok());
+    Some((words.next()??, words.next()??))
 }
 
 /// Run the heap comparison, printing progress to `progress`.
@@ -155,8 +170,10 @@ pub fn run_heap(
             let outcome = run_one(options, &program, rounds, setup);
             let line = match &outcome {
                 Ok(r) => format!(
-                    "program {:.2} s CPU, all {:.2} s CPU, {:.2} s wall",
+                    "program {:.2} s CPU ({} waits, {} preempted), all {:.2} s CPU, {:.2} s wall",
                     r.program_cpu_s,
+                    r.program_waits,
+                    r.program_preempted,
                     r.measured.cpu_s(),
                     r.measured.wall_s
                 ),
@@ -250,6 +267,11 @@ fn run_one(
         tool: "alloc_heavy",
         message: "no `cpu_seconds` line on its standard error".into(),
     })?;
+    let (program_waits, program_preempted) =
+        parse_program_switches(&stderr).ok_or_else(|| BenchError::BadOutput {
+            tool: "alloc_heavy",
+            message: "no `context_switches` line on its standard error".into(),
+        })?;
     let (output_bytes, allocation_samples) = match setup {
         HeapSetup::Alone => (0, 0),
         HeapSetup::Heaptrack => (heaptrack_bytes(&output), 0),
@@ -257,6 +279,8 @@ fn run_one(
     };
     Ok(HeapRun {
         program_cpu_s,
+        program_waits,
+        program_preempted,
         measured,
         output_bytes,
         allocation_samples,
@@ -329,9 +353,9 @@ pub fn heap_markdown(c: &HeapComparison) -> String {
     );
     let _ = writeln!(
         out,
-        "| setup | program CPU | × alone | all CPU (program + profiler) | × alone | wall | × alone | output | allocation samples |"
+        "| setup | program CPU | × alone | all CPU (program + profiler) | × alone | wall | × alone | output | allocation samples | program waits / preempted |"
     );
-    let _ = writeln!(out, "|---|---|---|---|---|---|---|---|---|");
+    let _ = writeln!(out, "|---|---|---|---|---|---|---|---|---|---|");
     for setup in HeapSetup::ALL {
         if !c.runs.contains_key(&setup) {
             continue;
@@ -353,9 +377,16 @@ pub fn heap_markdown(c: &HeapComparison) -> String {
         let samples = m(|r| r.allocation_samples as f64)
             .filter(|&n| n > 0.0)
             .map_or("—".into(), |n| format!("{n:.0}"));
+        let switches = match (
+            m(|r| r.program_waits as f64),
+            m(|r| r.program_preempted as f64),
+        ) {
+            (Some(w), Some(p)) => format!("{w:.0} / {p:.0}"),
+            _ => "—".into(),
+        };
         let _ = writeln!(
             out,
-            "| {} | {} | {} | {} | {} | {} | {} | {output} | {samples} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {output} | {samples} | {switches} |",
             setup.name(),
             secs(m(|r| r.program_cpu_s)),
             x(|r| r.program_cpu_s),
@@ -365,6 +396,12 @@ pub fn heap_markdown(c: &HeapComparison) -> String {
             x(|r| r.measured.wall_s),
         );
     }
+    let _ = writeln!(
+        out,
+        "\nProgram waits and preempted: the program's voluntary and involuntary context \
+         switches (medians). It never blocks by itself, so a voluntary switch is a wait a \
+         profiler made it do (lrnprof's sampler sleeping on a full ring)."
+    );
     for n in &c.notes {
         let _ = writeln!(out, "\nNote: {n}");
     }
@@ -382,9 +419,19 @@ mod tests {
         assert_eq!(parse_program_cpu("nothing\n"), None);
     }
 
+    #[test]
+    fn the_programs_switches_are_found() {
+        let stderr = "cpu_seconds 1.25\ncontext_switches 3 170\n";
+        assert_eq!(parse_program_switches(stderr), Some((3, 170)));
+        assert_eq!(parse_program_switches("context_switches 3\n"), None);
+        assert_eq!(parse_program_switches("nothing\n"), None);
+    }
+
     fn run(program: f64, all: f64) -> Option<HeapRun> {
         Some(HeapRun {
             program_cpu_s: program,
+            program_waits: 1,
+            program_preempted: 100,
             measured: Measured {
                 user_s: all,
                 sys_s: 0.0,
@@ -429,6 +476,7 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("| heaptrack | 6.00 s | 3.00 |"), "{text}");
+        assert!(text.contains("| 100 | 1 / 100 |"), "{text}");
         assert!(!text.contains("--no-cpu"), "{text}");
         assert!(text.contains("Note: heaptrack: failed once"), "{text}");
     }
