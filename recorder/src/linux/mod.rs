@@ -68,7 +68,13 @@ const MAX_CHUNK: usize = 1 << 20;
 const POLL_INTERVAL: Duration = Duration::from_millis(20);
 /// Longest wait between drains with allocation sampling: its ring is
 /// polled, not waited on, and a full ring makes allocating threads wait.
-const HEAP_POLL_INTERVAL: Duration = Duration::from_millis(10);
+/// Not shorter than [`POLL_INTERVAL`]: every drain wakes the recorder's
+/// threads, which on a busy machine run on the program's core and evict
+/// its caches (at 10 ms the program was preempted a fifth more often and
+/// its CPU time grew by about 2%, docs/benchmarks.md). The 2 MiB ring
+/// holds about 50 ms of benches' alloc_heavy, the busiest allocator we
+/// measured, which never waited at 20 ms.
+const HEAP_POLL_INTERVAL: Duration = Duration::from_millis(20);
 /// Drains of the allocation sampler's ring per round at most, so a
 /// program that allocates without pause cannot hold the loop.
 const HEAP_DRAINS_PER_ROUND: usize = 4;
