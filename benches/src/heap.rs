@@ -34,6 +34,9 @@ pub struct HeapCompareOptions {
     pub rec: PathBuf,
     /// The `heaptrack` script.
     pub heaptrack: PathBuf,
+    /// Another `lrnprof-rec` whose `--heap` runs in the same rounds (a
+    /// before/after comparison), if any.
+    pub baseline_rec: Option<PathBuf>,
     /// CPU sampling rate of the lrnprof setups that sample the CPU, Hz.
     pub freq: u32,
     /// Longest a single command may run.
@@ -55,12 +58,15 @@ pub enum HeapSetup {
     LrnprofCpuOnly,
     /// `heaptrack`: every allocation, unwound in the process.
     Heaptrack,
+    /// `--heap` (with CPU samples) of the baseline `lrnprof-rec`.
+    BaselineHeap,
 }
 
 impl HeapSetup {
     /// Every setup, in table order.
-    pub const ALL: [HeapSetup; 5] = [
+    pub const ALL: [HeapSetup; 6] = [
         HeapSetup::Alone,
+        HeapSetup::BaselineHeap,
         HeapSetup::LrnprofHeap,
         HeapSetup::LrnprofHeapOnly,
         HeapSetup::LrnprofCpuOnly,
@@ -75,6 +81,7 @@ impl HeapSetup {
             HeapSetup::LrnprofHeapOnly => "lrnprof-rec --heap --no-cpu",
             HeapSetup::LrnprofCpuOnly => "lrnprof-rec (CPU only)",
             HeapSetup::Heaptrack => "heaptrack",
+            HeapSetup::BaselineHeap => "baseline lrnprof-rec --heap",
         }
     }
 }
@@ -152,6 +159,14 @@ pub fn run_heap(
              lrnprof-recorder`; its rows are left out",
             options.rec.display()
         ));
+    }
+    match &options.baseline_rec {
+        Some(rec) if rec.is_file() => setups.push(HeapSetup::BaselineHeap),
+        Some(rec) => notes.push(format!(
+            "baseline lrnprof-rec not found at {}; its row is left out",
+            rec.display()
+        )),
+        None => {}
     }
     if options.heaptrack.is_file() {
         setups.push(HeapSetup::Heaptrack);
@@ -231,11 +246,12 @@ fn run_one(
         HeapSetup::LrnprofHeapOnly => "heap-only.lpt",
         HeapSetup::LrnprofCpuOnly => "cpu-only.lpt",
         HeapSetup::Heaptrack => "heaptrack",
+        HeapSetup::BaselineHeap => "baseline-heap.lpt",
     });
     let rounds = rounds.to_string();
     let freq = o.freq.to_string();
-    let lrnprof = |extra: &[&str]| {
-        let mut c = Command::new(&o.rec);
+    let lrnprof_with = |rec: &Path, extra: &[&str]| {
+        let mut c = Command::new(rec);
         c.args(extra)
             .args(["--freq", &freq, "--out"])
             .arg(&output)
@@ -244,6 +260,7 @@ fn run_one(
             .arg(&rounds);
         c
     };
+    let lrnprof = |extra: &[&str]| lrnprof_with(&o.rec, extra);
     let mut cmd = match setup {
         HeapSetup::Alone => {
             let mut c = Command::new(program);
@@ -253,6 +270,9 @@ fn run_one(
         HeapSetup::LrnprofHeap => lrnprof(&["--heap"]),
         HeapSetup::LrnprofHeapOnly => lrnprof(&["--heap", "--no-cpu"]),
         HeapSetup::LrnprofCpuOnly => lrnprof(&[]),
+        HeapSetup::BaselineHeap => {
+            lrnprof_with(o.baseline_rec.as_deref().unwrap_or(&o.rec), &["--heap"])
+        }
         HeapSetup::Heaptrack => {
             let mut c = Command::new(&o.heaptrack);
             c.arg("-o").arg(&output).arg(program).arg(&rounds);
@@ -453,6 +473,7 @@ mod tests {
                 scale: 1.0,
                 rec: PathBuf::new(),
                 heaptrack: PathBuf::new(),
+                baseline_rec: None,
                 freq: 1000,
                 timeout: Duration::from_secs(1),
             },

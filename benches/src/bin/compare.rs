@@ -63,6 +63,10 @@ struct Args {
     /// The heaptrack script (for --heap).
     #[arg(long, default_value = "/usr/bin/heaptrack")]
     heaptrack: PathBuf,
+    /// Another lrnprof-rec (say, built from an earlier commit) whose --heap
+    /// runs in the same rounds, for a before/after comparison (for --heap).
+    #[arg(long, value_name = "REC")]
+    heap_baseline: Option<PathBuf>,
 }
 
 fn main() -> ExitCode {
@@ -104,6 +108,7 @@ fn run(args: Args) -> anyhow::Result<()> {
             scale,
             rec,
             heaptrack: args.heaptrack,
+            baseline_rec: args.heap_baseline,
             freq: args.freq,
             timeout: Duration::from_secs(600),
         };
