@@ -70,10 +70,10 @@ const POLL_INTERVAL: Duration = Duration::from_millis(20);
 /// polled, not waited on, and a full ring makes allocating threads wait.
 /// Not shorter than [`POLL_INTERVAL`]: every drain wakes the recorder's
 /// threads, which on a busy machine run on the program's core and evict
-/// its caches (at 10 ms the program was preempted a fifth more often and
-/// its CPU time grew by about 2%, docs/benchmarks.md). The 2 MiB ring
-/// holds about 50 ms of benches' alloc_heavy, the busiest allocator we
-/// measured, which never waited at 20 ms.
+/// its caches (at 10 ms benches' alloc_heavy was preempted 15-20% more
+/// often, docs/benchmarks.md). The 2 MiB ring holds about 50 ms of that
+/// program's records, the busiest allocator we measured, which never
+/// waited for room at 20 ms.
 const HEAP_POLL_INTERVAL: Duration = Duration::from_millis(20);
 /// Drains of the allocation sampler's ring per round at most, so a
 /// program that allocates without pause cannot hold the loop.
