@@ -39,6 +39,17 @@ const EMBED_NONE: &[&str] = &["--embed", "none"];
 
 /// Record `program args` into `dir/name.lpt`.
 fn record(dir: &Path, name: &str, extra: &[&str], program: &Path, args: &[&str]) -> PathBuf {
+    record_output(dir, name, extra, program, args).0
+}
+
+/// [`record`], also returning what lrnprof-rec printed.
+fn record_output(
+    dir: &Path,
+    name: &str,
+    extra: &[&str],
+    program: &Path,
+    args: &[&str],
+) -> (PathBuf, Output) {
     let trace = dir.join(format!("{name}.lpt"));
     let out = Command::new(lrnprof_rec())
         // Fixtures that know it (rec_threads) then run for CPU time, not
@@ -58,7 +69,7 @@ fn record(dir: &Path, name: &str, extra: &[&str], program: &Path, args: &[&str])
         "lrnprof-rec wrote no trace: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    trace
+    (trace, out)
 }
 
 fn analyze(args: &[&str]) -> Output {

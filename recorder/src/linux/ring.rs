@@ -64,7 +64,9 @@ pub(crate) fn copy_wrapped(data: &[u8], tail: u64, head: u64, out: &mut Vec<u8>)
 /// modulo `data.len()`, a power of two; `head` and `tail` are the
 /// kernel's free-running byte counters), in order, read where it lies: a
 /// record that runs across the end of `data` is first put together in
-/// `wrapped`, the only copy made here. Stops at a malformed header (a
+/// `wrapped`, the only copy made here. `each` also gets the bytes of the
+/// range walked up to the end of that record, which its caller may give
+/// back to the kernel once done with it. Stops at a malformed header (a
 /// size under 8, or past `head`): nothing after it can be split into
 /// records. Returns the bytes of the range, at most one buffer.
 pub(crate) fn for_each_record(
@@ -72,7 +74,7 @@ pub(crate) fn for_each_record(
     tail: u64,
     head: u64,
     wrapped: &mut Vec<u8>,
-    mut each: impl FnMut(&[u8]),
+    mut each: impl FnMut(&[u8], usize),
 ) -> usize {
     let size = data.len();
     if size == 0 || head <= tail {
@@ -102,13 +104,14 @@ pub(crate) fn for_each_record(
         if rec_len < 8 || pos + rec_len > len {
             break;
         }
+        let done = pos + rec_len;
         if at + rec_len <= size {
-            each(&data[at..at + rec_len]);
+            each(&data[at..at + rec_len], done);
         } else {
             piece(pos, rec_len, wrapped);
-            each(wrapped);
+            each(wrapped, done);
         }
-        pos += rec_len;
+        pos = done;
     }
     len
 }
@@ -393,7 +396,12 @@ mod tests {
         let (data, head) = ring_with(64, 40, &[(9, 8), (9, 16), (9, 0)]);
         let mut wrapped = Vec::new();
         let mut seen = Vec::new();
-        let n = for_each_record(&data, 40, head, &mut wrapped, |r| seen.push(r.to_vec()));
+        let mut ends = Vec::new();
+        let n = for_each_record(&data, 40, head, &mut wrapped, |r, done| {
+            seen.push(r.to_vec());
+            ends.push(done);
+        });
+        assert_eq!(ends, [16, 40, 48]);
         assert_eq!(n, 48);
         assert_eq!(seen.len(), 3);
         let mut copied = Vec::new();
@@ -401,7 +409,7 @@ mod tests {
         assert_eq!(seen.concat(), copied);
         // Nothing new: no record.
         assert_eq!(
-            for_each_record(&data, head, head, &mut wrapped, |_| panic!()),
+            for_each_record(&data, head, head, &mut wrapped, |_, _| panic!()),
             0
         );
     }
@@ -412,13 +420,13 @@ mod tests {
         // The second record claims 4 bytes.
         data[16 + 6..16 + 8].copy_from_slice(&4u16.to_ne_bytes());
         let mut seen = 0;
-        let n = for_each_record(&data, 0, head, &mut Vec::new(), |_| seen += 1);
+        let n = for_each_record(&data, 0, head, &mut Vec::new(), |_, _| seen += 1);
         assert_eq!((n, seen), (32, 1));
         // One claiming more than was written.
         let (mut data, head) = ring_with(64, 0, &[(9, 8)]);
         data[6..8].copy_from_slice(&40u16.to_ne_bytes());
         let mut seen = 0;
-        for_each_record(&data, 0, head, &mut Vec::new(), |_| seen += 1);
+        for_each_record(&data, 0, head, &mut Vec::new(), |_, _| seen += 1);
         assert_eq!(seen, 0);
     }
 
@@ -455,7 +463,7 @@ mod tests {
                 compact_samples(layout, &copied, &mut before, usize::MAX);
                 let mut after = Vec::new();
                 let mut wrapped = Vec::new();
-                for_each_record(&data, tail, head, &mut wrapped, |r| {
+                for_each_record(&data, tail, head, &mut wrapped, |r, _| {
                     compact_record(layout, r, &mut after)
                 });
                 assert_eq!(after, before);

@@ -185,18 +185,26 @@ impl RingMap {
 
     /// Call `each` with every complete record in the buffer, read in
     /// place (a record that wraps around the end is put together in
-    /// `wrapped` first), then release the space to the kernel. Returns the
-    /// bytes released.
-    pub fn drain_records(&mut self, wrapped: &mut Vec<u8>, each: impl FnMut(&[u8])) -> usize {
+    /// `wrapped` first), giving each record's space back to the kernel as
+    /// soon as `each` returns, so a caller that blocks in `each` (on a
+    /// full channel to the writer) holds no ring space. Returns the bytes
+    /// released.
+    pub fn drain_records(&mut self, wrapped: &mut Vec<u8>, mut each: impl FnMut(&[u8])) -> usize {
         let head = self.meta(DATA_HEAD).load(Ordering::Acquire);
         let tail = self.meta(DATA_TAIL).load(Ordering::Relaxed);
         // Safety: the data area is mapped for data_size bytes and only the
-        // kernel writes it, outside [tail, head) until we move the tail,
-        // which happens after the last use of these bytes below.
+        // kernel writes it, outside [tail, head) until we move the tail;
+        // the tail moves past a record only after `each` is done with it.
         let data =
             unsafe { std::slice::from_raw_parts(self.base.add(self.data_offset), self.data_size) };
-        let n = super::ring::for_each_record(data, tail, head, wrapped, each);
-        self.meta(DATA_TAIL).store(head, Ordering::Release);
+        let release = self.meta(DATA_TAIL);
+        let n = super::ring::for_each_record(data, tail, head, wrapped, |rec, done| {
+            each(rec);
+            release.store(tail + done as u64, Ordering::Release);
+        });
+        // What could not be split into records (a malformed header) is
+        // given back too.
+        release.store(head, Ordering::Release);
         n
     }
 }

@@ -25,16 +25,7 @@ fn profile(trace: &Path) -> Profile {
 
 /// Records `program` like [`record`], keeping what the recorder said.
 fn record_saying(dir: &Path, program: &Path, args: &[&str]) -> (PathBuf, String) {
-    let trace = dir.join("u.lpt");
-    let out = Command::new(lrnprof_rec())
-        .arg("--out")
-        .arg(&trace)
-        .arg("--")
-        .arg(program)
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .expect("running lrnprof-rec");
+    let (trace, out) = record_output(dir, "u", &[], program, args);
     let said = String::from_utf8_lossy(&out.stderr).into_owned();
     assert!(out.status.success(), "lrnprof-rec failed: {said}");
     (trace, said)

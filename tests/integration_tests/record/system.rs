@@ -30,6 +30,23 @@ fn start(program: &Path, args: &[&str]) -> Child {
         .expect("starting the fixture")
 }
 
+/// `lrnprof-rec --all` writing `trace`, its stderr kept.
+fn record_all(trace: &Path) -> Child {
+    rec_command(trace)
+        .arg("--all")
+        .stdin(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+/// Stop `recorder` as Ctrl-C would, and wait for it.
+fn interrupt(recorder: Child) -> std::process::Output {
+    // Safety: kill sends a signal to our child, which has not been reaped.
+    unsafe { libc::kill(recorder.id() as i32, libc::SIGINT) };
+    recorder.wait_with_output().unwrap()
+}
+
 /// Whether system-wide recording is refused here (not root, paranoid).
 fn system_refused() -> Option<String> {
     let paranoid = perf_event_paranoid();
@@ -97,12 +114,7 @@ fn every_process_is_recorded_with_complete_stacks() {
     // Two unrelated processes running before the recording starts.
     let mut alpha = start(&program, &["alpha"]);
     let mut beta = start(&program, &["beta"]);
-    let recorder = rec_command(&trace)
-        .arg("--all")
-        .stdin(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let recorder = record_all(&trace);
     // The trace holds a sample once the events are enabled and drained.
     super::support::wait_for_a_readable_sample(&trace);
     // Started, exec'd and exited while recorded.
@@ -128,9 +140,7 @@ fn every_process_is_recorded_with_complete_stacks() {
     });
     let recorder_pid = recorder.id();
     // Ctrl-C.
-    // Safety: kill sends a signal to our child, which has not been reaped.
-    unsafe { libc::kill(recorder.id() as i32, libc::SIGINT) };
-    let out = recorder.wait_with_output().unwrap();
+    let out = interrupt(recorder);
     let _ = alpha.kill();
     let _ = beta.kill();
     let _ = (alpha.wait(), beta.wait());
@@ -219,12 +229,7 @@ fn processes_started_while_recording_keep_their_vdso_and_jit_maps() {
     let program = build(&dir);
     let jit = build_c(&["rec_jit.c"], &["-O2", "-g"], &dir, "rec_jit");
     let trace = dir.join("new.lpt");
-    let recorder = rec_command(&trace)
-        .arg("--all")
-        .stdin(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let recorder = record_all(&trace);
     // Something to sample until the events are on.
     let mut busy = start(&program, &["alpha"]);
     super::support::wait_for_a_readable_sample(&trace);
@@ -238,9 +243,7 @@ fn processes_started_while_recording_keep_their_vdso_and_jit_maps() {
     let mut jit = start(&jit, &["200"]);
     let jit_pid = jit.id();
     assert!(jit.wait().unwrap().success());
-    // Safety: kill sends a signal to our child, which has not been reaped.
-    unsafe { libc::kill(recorder.id() as i32, libc::SIGINT) };
-    let out = recorder.wait_with_output().unwrap();
+    let out = interrupt(recorder);
     let map_file = PathBuf::from(format!("/tmp/perf-{jit_pid}.map"));
     let map_text = std::fs::read_to_string(&map_file);
     let _ = std::fs::remove_file(&map_file);
