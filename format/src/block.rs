@@ -126,6 +126,38 @@ impl BlockBuilder {
     /// Append a record. Fails if it alone would exceed the block size limit;
     /// the caller should then start a new block (see [`TraceWriter`](crate::TraceWriter)).
     pub fn push(&mut self, record: &Record) -> Result<(), FormatError> {
+        self.append(record)?;
+        if let Record::Sample(s) = record {
+            self.recent(s.pid, s.tid)
+                .push(s.stack.start, &s.stack.bytes);
+        }
+        Ok(())
+    }
+
+    /// [`push`](Self::push), taking a sample's stack bytes out of `record`
+    /// (left with an empty stack) as the base of the thread's next deltas
+    /// instead of copying them. On failure `record` is as it was.
+    pub fn push_taking_stack(&mut self, record: &mut Record) -> Result<(), FormatError> {
+        self.append(record)?;
+        if let Record::Sample(s) = record {
+            let stack = std::mem::take(&mut s.stack);
+            self.recent(s.pid, s.tid).push_owned(stack);
+        }
+        Ok(())
+    }
+
+    /// The thread's recent snapshots, bounding how many threads are kept.
+    fn recent(&mut self, pid: Pid, tid: Tid) -> &mut RecentStacks {
+        let key = (pid, tid);
+        if self.prev_stacks.len() >= MAX_TRACKED_STACKS && !self.prev_stacks.contains_key(&key) {
+            self.prev_stacks.clear();
+        }
+        self.prev_stacks.entry(key).or_default()
+    }
+
+    /// Serialize a record into the block; its stack, if any, is not yet
+    /// remembered for later deltas.
+    fn append(&mut self, record: &Record) -> Result<(), FormatError> {
         let before = self.raw.len();
         let result = match record {
             Record::Sample(s) => self.push_sample(s),
@@ -186,15 +218,7 @@ impl BlockBuilder {
         };
         bincode_options()
             .serialize_into(&mut self.raw, &WireRecordRef::Sample(&wire))
-            .map_err(|e| FormatError::Encode(e.to_string()))?;
-        if self.prev_stacks.len() >= MAX_TRACKED_STACKS && !self.prev_stacks.contains_key(&key) {
-            self.prev_stacks.clear();
-        }
-        self.prev_stacks
-            .entry(key)
-            .or_default()
-            .push(s.stack.start, &s.stack.bytes);
-        Ok(())
+            .map_err(|e| FormatError::Encode(e.to_string()))
     }
 
     /// Compress the block at zstd `level` and reset the builder for the next one.

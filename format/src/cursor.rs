@@ -604,6 +604,39 @@ mod tests {
             .collect()
     }
 
+    /// Records given away (`write_owned`) are stored exactly as records
+    /// lent (`write`): the kept stack is the same, only not copied.
+    #[test]
+    fn owned_and_borrowed_writes_give_the_same_file() {
+        let mut records = Vec::new();
+        for i in 0..200u64 {
+            let mut bytes = pattern(3000 + (i as usize % 7) * 64, 5);
+            bytes[(i as usize * 37) % 3000] ^= i as u8;
+            records.push(sample(i, 1 + (i % 3) as u32, 0x20000 - (i % 7) * 64, bytes));
+        }
+        let write = |owned: bool| {
+            let mut file = Vec::new();
+            let options = WriterOptions {
+                block_size: 16 << 10,
+                ..WriterOptions::default()
+            };
+            let mut w = TraceWriter::new(&mut file, &TraceHeader::example(), options).unwrap();
+            for r in &records {
+                if owned {
+                    w.write_owned(r.clone()).unwrap();
+                } else {
+                    w.write(r).unwrap();
+                }
+            }
+            w.finish().unwrap();
+            file
+        };
+        let (lent, given) = (write(false), write(true));
+        assert_eq!(lent, given);
+        let reader = TraceReader::new(&lent[..]).unwrap();
+        assert!(reader.blocks().len() > 2, "several blocks");
+    }
+
     /// Thread 1 deepens its stack by 64 bytes, thread 2 interleaves, then
     /// thread 1 changes one word in the middle.
     #[test]

@@ -90,6 +90,24 @@ impl<W: Write> TraceWriter<W> {
             }
             other => other?,
         }
+        self.flush_if_full()
+    }
+
+    /// [`write`](Self::write) a record that is not needed afterwards: a
+    /// sample's stack bytes are kept as the base of the thread's next
+    /// deltas instead of being copied.
+    pub fn write_owned(&mut self, mut record: Record) -> Result<(), FormatError> {
+        match self.builder.push_taking_stack(&mut record) {
+            Err(FormatError::RecordTooLarge { .. }) if !self.builder.is_empty() => {
+                self.flush_block()?;
+                self.builder.push_taking_stack(&mut record)?;
+            }
+            other => other?,
+        }
+        self.flush_if_full()
+    }
+
+    fn flush_if_full(&mut self) -> Result<(), FormatError> {
         if self.builder.raw_len() >= self.options.block_size
             || self.builder.decoded_len() >= crate::block::BLOCK_DECODED_TARGET
         {

@@ -308,7 +308,7 @@ fn run<C: Convert>(
         }
         for r in records.drain(..) {
             counter.count(&r);
-            writer.write(&r)?;
+            writer.write_owned(r)?;
         }
         // A recorder killed with SIGKILL keeps what is in whole blocks:
         // write one at least every second, however few records it holds.
@@ -333,7 +333,7 @@ fn run<C: Convert>(
             blobs_start = Some(writer.bytes_written());
         }
         counter.count(&r);
-        writer.write(&r)?;
+        writer.write_owned(r)?;
     }
     writer.flush_block()?;
     let blob_file_bytes = blobs_start.map_or(0, |s| writer.bytes_written() - s);

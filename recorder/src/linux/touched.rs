@@ -4,8 +4,9 @@
 //! instruction pointer, and every callchain entry, link register and stack
 //! word that points into an executable mapping of an image, as a return
 //! address would. Runs on the writer thread, for every sample: only the
-//! stack words that changed since the thread's previous copy are looked
-//! at, and each lookup is a bounds test and a binary search.
+//! stack words that differ from what the thread's earlier copies held at
+//! the same address are looked at, and each lookup is a bounds test and a
+//! binary search.
 
 use lrnprof_format::{BuildId, ImageMapRecord};
 use std::collections::{HashMap, HashSet};
@@ -14,9 +15,23 @@ use std::collections::{HashMap, HashSet};
 /// each); past it new ones are counted as left out.
 pub(crate) const MAX_ADDRESSES: usize = 1 << 20;
 
-/// Keep at most this many threads' previous stack copies (64 KiB each at
-/// most); past it they are forgotten and the next copies scanned whole.
-const MAX_PREV_STACKS: usize = 4096;
+/// Keep at most this many threads' seen stacks (see [`SeenStack`]); past
+/// it they are forgotten and the next copies scanned whole.
+const MAX_SEEN_STACKS: usize = 4096;
+
+/// Widest address range a [`SeenStack`] covers: a whole copy (just under
+/// 64 KiB) and room to grow. A copy that would widen it further starts it
+/// afresh.
+const MAX_SEEN_SPAN: u64 = (64 + 4) << 10;
+
+/// How far a [`SeenStack`] grows downwards at least, so that a thread
+/// whose stack deepens sample by sample does not move the bytes each time.
+const SEEN_GROW: u64 = 4 << 10;
+
+/// Bytes compared at once before looking at single words: most of a
+/// thread's stack is unchanged from one copy to the next, and comparing
+/// long runs is what the C library's `memcmp` does fastest.
+const SEEN_CHUNK: usize = 256;
 
 /// An executable mapping of an image with a build id, in one process.
 struct TouchRange {
@@ -72,9 +87,11 @@ pub(crate) struct Touched {
     pub images: Vec<TouchedImage>,
     image_ids: HashMap<BuildId, usize>,
     addresses: usize,
-    /// Each thread's previous stack copy (start AVMA, bytes), so only the
-    /// words that changed are looked up.
-    prev_stacks: HashMap<(u32, u32), (u64, Vec<u8>)>,
+    /// What each thread's stack copies held, so only the words that
+    /// changed are looked up.
+    seen_stacks: HashMap<(u32, u32), SeenStack>,
+    /// The changed words of the sample at hand (kept for its allocation).
+    words: Vec<u64>,
 }
 
 /// What one sample refers to.
@@ -115,33 +132,35 @@ impl Touched {
     pub fn sample(&mut self, maps: &HashMap<u32, Vec<ImageMapRecord>>, s: &SampleRefs<'_>) {
         let (pid, tid) = (s.pid, s.tid);
         if self.dirty.contains(&pid) {
-            self.prev_stacks.retain(|&(p, _), _| p != pid);
+            self.seen_stacks.retain(|&(p, _), _| p != pid);
         }
-        let prev = self.prev_stacks.remove(&(pid, tid));
+        if !self.seen_stacks.contains_key(&(pid, tid)) && self.seen_stacks.len() >= MAX_SEEN_STACKS
+        {
+            self.seen_stacks.clear();
+        }
+        let mut seen = self.seen_stacks.remove(&(pid, tid)).unwrap_or_default();
         // Return addresses are looked up one byte back, inside their call.
         // The callchain starts with the instruction pointer itself.
         let chain = match s.callchain.split_first() {
             Some((&first, rest)) if first == s.ip => rest,
             _ => s.callchain,
         };
+        let mut words = std::mem::take(&mut self.words);
+        words.clear();
+        seen.update(s.sp, s.stack, |w| words.push(w));
         let returns = chain
             .iter()
             .copied()
             .chain(s.lr)
-            .chain(changed_words(s.sp, s.stack, prev.as_ref()))
+            .chain(words.iter().copied())
             .map(|a| a.wrapping_sub(1));
         self.touch(
             maps,
             pid,
             std::iter::once((s.ip, true)).chain(returns.map(|a| (a, false))),
         );
-        let mut bytes = prev.map(|(_, b)| b).unwrap_or_default();
-        bytes.clear();
-        bytes.extend_from_slice(s.stack);
-        if self.prev_stacks.len() >= MAX_PREV_STACKS {
-            self.prev_stacks.clear();
-        }
-        self.prev_stacks.insert((pid, tid), (s.sp, bytes));
+        self.words = words;
+        self.seen_stacks.insert((pid, tid), seen);
     }
 
     /// Note that process `pid` refers to each of `lookups` (AVMA, whether
@@ -249,24 +268,69 @@ impl Touched {
     }
 }
 
-/// The words of `stack` (starting at AVMA `sp`) that differ from the
-/// previous copy `prev` at the same address, as native-endian values.
-fn changed_words<'a>(
-    sp: u64,
-    stack: &'a [u8],
-    prev: Option<&'a (u64, Vec<u8>)>,
-) -> impl Iterator<Item = u64> + 'a {
-    stack.chunks_exact(8).enumerate().filter_map(move |(i, w)| {
-        let addr = sp.wrapping_add(8 * i as u64);
-        let same = prev.is_some_and(|(start, bytes)| {
-            addr.checked_sub(*start)
-                .filter(|off| off.is_multiple_of(8))
-                .and_then(|off| usize::try_from(off).ok())
-                .and_then(|off| bytes.get(off..off + 8))
-                .is_some_and(|p| p == w)
-        });
-        (!same).then(|| u64::from_ne_bytes(w.try_into().expect("8 bytes")))
-    })
+/// What a thread's stack copies held, by address: each copy is written
+/// over it, so a word equal to what it holds at the same address was
+/// looked up when it first appeared, in this copy or an earlier one. Bytes
+/// no copy has held yet are zero, and a zero word is no code address.
+#[derive(Default)]
+struct SeenStack {
+    /// AVMA of `bytes[0]`.
+    start: u64,
+    bytes: Vec<u8>,
+}
+
+impl SeenStack {
+    /// Call `changed` with each aligned word of `stack` (starting at AVMA
+    /// `sp`) that differs from what is held at its address, as a
+    /// native-endian value (zero, no code address, left out), and hold
+    /// `stack` from now on.
+    fn update(&mut self, sp: u64, stack: &[u8], mut changed: impl FnMut(u64)) {
+        self.cover(sp, stack.len() as u64);
+        let off = (sp - self.start) as usize;
+        let held = &mut self.bytes[off..off + stack.len()];
+        for (new, old) in stack.chunks(SEEN_CHUNK).zip(held.chunks_mut(SEEN_CHUNK)) {
+            if new == old {
+                continue;
+            }
+            for (n, o) in new.chunks_exact(8).zip(old.chunks_exact(8)) {
+                let word = u64::from_ne_bytes(n.try_into().expect("8 bytes"));
+                if n != o && word != 0 {
+                    changed(word);
+                }
+            }
+            old.copy_from_slice(new);
+        }
+    }
+
+    /// Widen the range held to cover `len` bytes at `sp`, with word
+    /// boundaries where `sp`'s are; start afresh when that cannot be.
+    fn cover(&mut self, sp: u64, len: u64) {
+        let end = self.start + self.bytes.len() as u64;
+        let (lo, hi) = (self.start.min(sp), end.max(sp.saturating_add(len)));
+        if self.bytes.is_empty()
+            || !(sp.wrapping_sub(self.start)).is_multiple_of(8)
+            || hi - lo > MAX_SEEN_SPAN
+        {
+            self.start = sp;
+            self.bytes.clear();
+            self.bytes.resize(len as usize, 0);
+            return;
+        }
+        if lo < self.start {
+            // Grow downwards with room to spare (within the span, above
+            // address zero, whole words), so that a stack deepening copy
+            // by copy does not move the bytes each time.
+            let spare = MAX_SEEN_SPAN - (hi - lo);
+            let grow = self.start - lo + (SEEN_GROW.min(spare).min(lo) & !7);
+            self.bytes
+                .splice(0..0, std::iter::repeat_n(0, grow as usize));
+            self.start -= grow;
+        }
+        let need = (hi - self.start) as usize;
+        if need > self.bytes.len() {
+            self.bytes.resize(need, 0);
+        }
+    }
 }
 
 #[cfg(test)]
@@ -386,11 +450,51 @@ mod tests {
         assert_eq!(touched(&t), [1, 2]);
         sample(&mut t, &list, 0x7ff8, &[0xb010, 0x1234, 0x9999]);
         assert_eq!(touched(&t), [1, 2, 3]);
-        // changed_words itself: only the differing, aligned words.
-        let prev = (0x100u64, words(&[1, 2, 3]));
-        let changed: Vec<u64> = changed_words(0xf8, &words(&[9, 1, 5, 3]), Some(&prev)).collect();
-        assert_eq!(changed, vec![9, 5]);
-        let misaligned: Vec<u64> = changed_words(0x104, &words(&[1, 2]), Some(&prev)).collect();
-        assert_eq!(misaligned, vec![1, 2]);
+        // SeenStack itself: only the differing, aligned words.
+        let update = |seen: &mut SeenStack, sp: u64, w: &[u64]| {
+            let mut changed = Vec::new();
+            seen.update(sp, &words(w), |w| changed.push(w));
+            changed
+        };
+        let mut seen = SeenStack::default();
+        assert_eq!(update(&mut seen, 0x100, &[1, 2, 3]), [1, 2, 3]);
+        assert_eq!(update(&mut seen, 0xf8, &[9, 1, 5, 3]), [9, 5]);
+        // Misaligned with what is held: everything is new again.
+        assert_eq!(update(&mut seen, 0x104, &[1, 2]), [1, 2]);
+    }
+
+    #[test]
+    fn words_held_by_any_earlier_copy_are_not_looked_up_again() {
+        let words = |w: &[u64]| w.iter().flat_map(|x| x.to_ne_bytes()).collect::<Vec<u8>>();
+        let update = |seen: &mut SeenStack, sp: u64, w: &[u64]| {
+            let mut changed = Vec::new();
+            seen.update(sp, &words(w), |w| changed.push(w));
+            changed
+        };
+        let mut seen = SeenStack::default();
+        let top = 0x7fff_0000u64;
+        // A deep copy, a shallow one, then the deep one again: its lower
+        // words are still held from the first.
+        let deep: Vec<u64> = (1..=2000).collect();
+        assert_eq!(update(&mut seen, top - 16000, &deep).len(), 2000);
+        assert_eq!(
+            update(&mut seen, top - 80, &deep[1990..]),
+            Vec::<u64>::new()
+        );
+        assert_eq!(update(&mut seen, top - 16000, &deep), Vec::<u64>::new());
+        // Deepening word by word: new words only, whatever the growth.
+        for i in 1..=600u64 {
+            // Each copy: `i` words below the deep one, the lowest new.
+            let mut fresh = vec![0u64; i as usize - 1];
+            fresh.insert(0, 100_000 + i);
+            fresh.extend_from_slice(&deep);
+            let changed = update(&mut seen, top - 16000 - 8 * i, &fresh);
+            assert_eq!(changed, [100_000 + i], "step {i}");
+        }
+        // Zero words are never reported (bytes not yet held are zero).
+        let mut seen = SeenStack::default();
+        assert_eq!(update(&mut seen, 0x1000, &[0, 7, 0]), [7]);
+        // A copy too far from what is held starts afresh.
+        assert_eq!(update(&mut seen, 0x1000 + MAX_SEEN_SPAN, &[7]), [7]);
     }
 }
