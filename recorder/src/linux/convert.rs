@@ -13,7 +13,7 @@ use super::images::Images;
 use super::parse::{self, Layouts, Mmap2Record, PerfRecord, SampleRecord};
 use super::procfs::{self, MapsEntry};
 use super::regs::ArchRegs;
-use super::ring::ChunkPool;
+use super::ring::{Chunk, ChunkPool};
 use super::touched::SampleRefs;
 use super::tracefs::SyscallPayloads;
 use super::untouched::{self, UntouchedPages};
@@ -26,6 +26,7 @@ use lrnprof_format::{
     ThreadEvent, ThreadRecord, Tid, Timestamp,
 };
 use lrnprof_image::EmbedLevel;
+use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
@@ -35,7 +36,7 @@ pub(crate) enum RawMsg {
     /// What existed when recording started. Sent before any chunk.
     Initial(Initial),
     /// Whole perf records drained from one ring buffer.
-    Chunk(Vec<u8>),
+    Chunk(Chunk),
     /// Every ring buffer has been drained up to at least this time (ns).
     Round(u64),
     /// Events of the allocation sampler, in the order it wrote them.
@@ -123,6 +124,8 @@ pub(crate) struct Converter {
     execs: Option<ExecWatch>,
     /// Where converted chunks go back to the draining thread.
     chunks: Option<ChunkPool>,
+    /// The stack copy taken out of the record at hand (see [`Chunk`]).
+    detached: Option<Vec<u8>>,
 }
 
 /// How a system-wide recording's records are converted.
@@ -212,6 +215,7 @@ impl Converter {
             system: None,
             execs: None,
             chunks: None,
+            detached: None,
         }
     }
     /// Most bytes of stack the kernel copies per sample of `role`.
@@ -606,15 +610,12 @@ impl Converter {
             stack_size: self.stack_size(s.role),
             stack_offset: s.stack_offset,
         };
-        let sample = self.sample_with_stack(
-            s.time,
-            s.pid,
-            s.tid,
-            regs,
-            s.stack,
-            &s.callchain,
-            Some(room),
-        );
+        let stack = match self.detached.take() {
+            Some(bytes) => Cow::Owned(bytes),
+            None => Cow::Borrowed(s.stack),
+        };
+        let sample =
+            self.sample_with_stack(s.time, s.pid, s.tid, regs, stack, &s.callchain, Some(room));
         let sample = Sample {
             cpu: s.cpu,
             kind,
@@ -645,12 +646,12 @@ impl Converter {
         pid: u32,
         tid: u32,
         regs: Regs,
-        stack: &[u8],
+        stack: Cow<'_, [u8]>,
         callchain: &[u64],
         kernel: Option<KernelCopy>,
     ) -> Sample {
         let sp = regs.sp();
-        let mut live = stack;
+        let mut live = &stack[..];
         let mut flags = SampleFlags::default();
         if let Some(end) = self.stack_end(pid, sp) {
             let keep = end.saturating_sub(sp).min(live.len() as u64) as usize;
@@ -689,6 +690,14 @@ impl Converter {
                 stack: live,
             });
         }
+        let keep = live.len();
+        let bytes = match stack {
+            Cow::Borrowed(b) => b[..keep].to_vec(),
+            Cow::Owned(mut v) => {
+                v.truncate(keep);
+                v
+            }
+        };
         Sample {
             time: Timestamp(time),
             pid: Pid(pid),
@@ -697,10 +706,7 @@ impl Converter {
             kind: self.sample_kind,
             weight: 0,
             regs,
-            stack: StackSnapshot {
-                start: sp,
-                bytes: live.to_vec(),
-            },
+            stack: StackSnapshot { start: sp, bytes },
             kernel_callchain: Vec::new(),
             frames: Vec::new(),
             kernel_frames: Vec::new(),
@@ -727,7 +733,8 @@ impl Converter {
                 stats.allocations += 1;
                 let time = stats.place(pid, tid, time, released);
                 let regs = super::regs::from_sampler(self.regs.arch, regs);
-                let sample = self.sample_with_stack(time, pid, tid, regs, &stack, &[], None);
+                let stack = Cow::Owned(stack);
+                let sample = self.sample_with_stack(time, pid, tid, regs, stack, &[], None);
                 self.push(
                     time,
                     Record::Sample(Sample {
@@ -812,12 +819,17 @@ impl Convert for Converter {
     fn convert(&mut self, raw: RawMsg, out: &mut Vec<Record>) -> Result<(), RecordError> {
         match raw {
             RawMsg::Initial(init) => self.initial(init),
-            RawMsg::Chunk(bytes) => {
+            RawMsg::Chunk(Chunk { bytes, stacks, .. }) => {
+                let mut stacks = stacks.into_iter().peekable();
                 for (kind, misc, rec) in parse::split_records(&bytes) {
+                    // A stack taken out of this record comes with it.
+                    let at = rec.as_ptr() as usize - bytes.as_ptr() as usize;
+                    self.detached = stacks.next_if(|d| d.at == at).map(|d| d.bytes);
                     match parse::parse_record(&self.layouts, kind, misc, rec) {
                         Ok(r) => self.perf_record(r),
                         Err(_) => self.malformed += 1,
                     }
+                    self.detached = None;
                 }
                 // A switch record follows its sample in the same buffer:
                 // what did not come by the end of the drain never will.
@@ -937,7 +949,7 @@ mod tests {
         rec.extend([5u32.to_ne_bytes(), 6u32.to_ne_bytes()].concat()); // sample_id pid, tid
         rec.extend(900u64.to_ne_bytes());           // sample_id time
         let mut out = Vec::new();
-        c.convert(RawMsg::Chunk(rec), &mut out).unwrap();
+        c.convert(RawMsg::Chunk(Chunk::plain(rec)), &mut out).unwrap();
         let mut warnings = Vec::new();
         c.finish(&mut out, &mut warnings).unwrap();
         assert_eq!(
@@ -956,7 +968,7 @@ mod tests {
         rec.extend(16u16.to_ne_bytes());            // size: too short for a LOST record
         rec.extend(1u64.to_ne_bytes());             // id, then nothing
         let mut out = Vec::new();
-        c.convert(RawMsg::Chunk(rec), &mut out).unwrap();
+        c.convert(RawMsg::Chunk(Chunk::plain(rec)), &mut out).unwrap();
         let mut warnings = Vec::new();
         c.finish(&mut out, &mut warnings).unwrap();
         assert!(out.is_empty());
@@ -1015,7 +1027,7 @@ mod tests {
         chunk.extend(perf_record(parse::kind::SWITCH, out_preempt, &ids(4, 8001, false)));
         chunk.extend(perf_record(parse::kind::SWITCH, 0, &ids(4, 9000, false)));
         let mut out = Vec::new();
-        c.convert(RawMsg::Chunk(chunk), &mut out).unwrap();
+        c.convert(RawMsg::Chunk(Chunk::plain(chunk)), &mut out).unwrap();
         let mut warnings = Vec::new();
         c.finish(&mut out, &mut warnings).unwrap();
         assert!(warnings.is_empty(), "{warnings:?}");
@@ -1033,6 +1045,43 @@ mod tests {
         assert_eq!(out[3], Record::SwitchIn(SwitchInRecord {
             time: Timestamp(9000), pid: Pid(10), tid: Tid(11),
         }));
+    }
+
+    /// A stack the draining thread took out of its record (see `Chunk`)
+    /// makes the same sample as one left in it.
+    #[rustfmt::skip]
+    #[test]
+    fn stacks_taken_out_of_their_records_convert_the_same() {
+        let layouts = || Layouts::single(Role::Cpu, parse::Layout {
+            sample_type: parse::sample::TID | parse::sample::TIME
+                | parse::sample::REGS_USER | parse::sample::STACK_USER,
+            user_regs: 3,
+        });
+        let mut body = u64s(&[(11 << 32) | 10, 500]);         // pid 10, tid 11, time
+        body.extend(u64s(&[2, 0x7ff0, 0x7000, 0x401000]));    // regs: bp sp ip
+        body.extend(u64s(&[8192]));                           // stack size
+        body.extend(u64s(&(0..1024).map(|i| 0x5000 + i).collect::<Vec<u64>>()));
+        body.extend(u64s(&[4096]));                           // dyn_size
+        let rec = perf_record(parse::kind::SAMPLE, 0, &body);
+        let convert = |chunk: Chunk| {
+            let mut c = Converter::new(ConvertSettings { layouts: layouts(), ..settings() });
+            let mut out = Vec::new();
+            c.convert(RawMsg::Chunk(chunk), &mut out).unwrap();
+            c.finish(&mut out, &mut Vec::new()).unwrap();
+            out
+        };
+        let mut detached = Chunk::default();
+        detached.push_record(&layouts(), &rec);
+        assert_eq!(detached.stacks.len(), 1);
+        let mut compacted = Vec::new();
+        super::super::ring::compact_record(&layouts(), &rec, &mut compacted);
+        let (given, copied) = (convert(detached), convert(Chunk::plain(compacted)));
+        assert_eq!(given, copied);
+        let Some(Record::Sample(s)) = given.iter().find(|r| matches!(r, Record::Sample(_))) else {
+            panic!("{given:?}")
+        };
+        assert_eq!((s.stack.start, s.stack.bytes.len()), (0x7000, 4096));
+        assert_eq!(s.stack.bytes[..8], 0x5000u64.to_ne_bytes());
     }
 
     #[test]

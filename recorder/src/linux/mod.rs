@@ -612,17 +612,17 @@ fn drain_all(
     // Records are compacted straight from the ring into chunks of about
     // MAX_CHUNK bytes: each live byte is copied once here.
     let mut wrapped = Vec::new();
-    let mut chunk = Vec::new();
+    let mut chunk = ring::Chunk::default();
     let mut sent = Ok(());
     for ring in events.rings() {
         // Room for what is there (stack copies before compaction: more
         // than enough), or one chunk.
         let room = ring.pending().min(MAX_CHUNK);
         let drained = ring.drain_records(&mut wrapped, |rec| {
-            if chunk.capacity() == 0 {
-                chunk = pool.take(room + rec.len());
+            if chunk.bytes.capacity() == 0 {
+                chunk.bytes = pool.take(room + rec.len());
             }
-            ring::compact_record(layouts, rec, &mut chunk);
+            chunk.push_record(layouts, rec);
             if chunk.len() >= MAX_CHUNK && sent.is_ok() {
                 sent = sender.send(RawMsg::Chunk(std::mem::take(&mut chunk)));
             }

@@ -171,6 +171,78 @@ pub(crate) fn compact_record(layouts: &Layouts, rec: &[u8], out: &mut Vec<u8>) {
     }
 }
 
+/// Stack copies at least this long leave the ring in buffers of their own
+/// (see [`Chunk`]); shorter ones stay in the chunk.
+pub(crate) const DETACH_STACK_MIN: u64 = 2048;
+
+/// Records drained from one ring buffer, on their way to the writer
+/// thread: perf records as [`compact_record`] leaves them, and the long
+/// stack copies taken out of them, each in a buffer the sample keeps, so
+/// its bytes are copied once on their way from the ring to the trace.
+#[derive(Debug, Default)]
+pub(crate) struct Chunk {
+    pub bytes: Vec<u8>,
+    /// In the order of their records.
+    pub stacks: Vec<DetachedStack>,
+    /// Bytes in `stacks`.
+    detached_len: usize,
+}
+
+impl Chunk {
+    /// A chunk of `bytes` with no stack taken out.
+    #[cfg(test)]
+    pub fn plain(bytes: Vec<u8>) -> Chunk {
+        Chunk {
+            bytes,
+            ..Chunk::default()
+        }
+    }
+
+    /// Nothing in it.
+    pub fn is_empty(&self) -> bool {
+        self.bytes.is_empty()
+    }
+
+    /// Bytes held, the stacks taken out included.
+    pub fn len(&self) -> usize {
+        self.bytes.len() + self.detached_len
+    }
+
+    /// Append record `rec` like [`compact_record`], but a sample's live
+    /// stack of [`DETACH_STACK_MIN`] bytes or more goes to a buffer of its
+    /// own: the record left in `bytes` has a stack size of 0.
+    pub fn push_record(&mut self, layouts: &Layouts, rec: &[u8]) {
+        let is_sample = rec.get(0..4) == Some(&kind::SAMPLE.to_ne_bytes()[..]);
+        match is_sample
+            .then(|| stack_field(layouts.of_sample(rec)?.1, rec))
+            .flatten()
+        {
+            Some((at, _, dyn_size)) if dyn_size >= DETACH_STACK_MIN => {
+                let start = self.bytes.len();
+                self.bytes.extend_from_slice(&rec[..at]);
+                self.bytes.extend_from_slice(&0u64.to_ne_bytes());
+                let new_len = (self.bytes.len() - start) as u16;
+                self.bytes[start + 6..start + 8].copy_from_slice(&new_len.to_ne_bytes());
+                self.detached_len += dyn_size as usize;
+                self.stacks.push(DetachedStack {
+                    at: start,
+                    bytes: rec[at + 8..at + 8 + dyn_size as usize].to_vec(),
+                });
+            }
+            _ => compact_record(layouts, rec, &mut self.bytes),
+        }
+    }
+}
+
+/// A sample's stack copy taken out of its record.
+#[derive(Debug)]
+pub(crate) struct DetachedStack {
+    /// Offset of the record in [`Chunk::bytes`].
+    pub at: usize,
+    /// The live bytes.
+    pub bytes: Vec<u8>,
+}
+
 /// Offset of a sample's `STACK_USER` size field in `rec`, the size and
 /// `dyn_size`; `None` if the record has no stack or is malformed.
 fn stack_field(layout: &Layout, rec: &[u8]) -> Option<(usize, u64, u64)> {
@@ -324,6 +396,60 @@ mod tests {
         let mut second = Vec::new();
         assert_eq!(compact_samples(&layout, &src[n..], &mut second, 1), other.len());
         assert_eq!(second, other);
+    }
+
+    /// Long live stacks leave their record for a buffer of their own;
+    /// short ones and other records are compacted as before.
+    #[rustfmt::skip]
+    #[test]
+    fn long_stacks_are_taken_out_of_their_records() {
+        let layout = Layout {
+            sample_type: sample::TID | sample::TIME | sample::REGS_USER | sample::STACK_USER,
+            user_regs: 3,
+        };
+        let sample_rec = |size: u64, live: u64| {
+            let mut body: Vec<u8> = Vec::new();
+            let mut u64s = |v: &[u64]| body.extend(v.iter().flat_map(|x| x.to_ne_bytes()));
+            u64s(&[(11u64 << 32) | 10]);      // pid 10, tid 11
+            u64s(&[500]);                     // time
+            u64s(&[2, 1, 2, 3]);              // regs abi 64-bit, bp sp ip
+            u64s(&[size]);                    // stack size
+            let words: Vec<u64> = (0..size / 8).map(|i| 0x1000 + i).collect();
+            u64s(&words);                     // stack bytes
+            u64s(&[live]);                    // dyn_size
+            let mut rec = (kind::SAMPLE).to_ne_bytes().to_vec();
+            rec.extend(0u16.to_ne_bytes());
+            rec.extend(((body.len() + 8) as u16).to_ne_bytes());
+            rec.extend(&body);
+            rec
+        };
+        let layouts = Layouts::single(Role::Cpu, layout);
+        let long = sample_rec(8192, DETACH_STACK_MIN + 8);
+        let short = sample_rec(8192, DETACH_STACK_MIN - 8);
+        let mut chunk = Chunk::default();
+        for rec in [&short, &long, &short] {
+            chunk.push_record(&layouts, rec);
+        }
+        // The short ones as compact_record leaves them, the long one
+        // without its stack, which comes beside it.
+        let mut compacted = Vec::new();
+        compact_record(&layouts, &short, &mut compacted);
+        let recs: Vec<_> = split_records(&chunk.bytes).collect();
+        assert_eq!(recs.len(), 3);
+        assert_eq!((recs[0].2, recs[2].2), (&compacted[..], &compacted[..]));
+        assert_eq!(chunk.stacks.len(), 1);
+        assert_eq!(chunk.stacks[0].at, compacted.len());
+        let live = (DETACH_STACK_MIN + 8) as usize;
+        assert_eq!(chunk.stacks[0].bytes, long[8 + 48 + 8..8 + 48 + 8 + live]);
+        assert_eq!(chunk.len(), chunk.bytes.len() + live);
+        let (k, misc, r) = recs[1];
+        let PerfRecord::Sample(s) = parse_record(&layouts, k, misc, r).unwrap() else { panic!() };
+        assert_eq!((s.pid, s.tid, s.time), (10, 11, 500));
+        assert_eq!(s.regs, [1, 2, 3]);
+        assert!(s.stack.is_empty());
+        // The size field sits where it did in the kernel's record.
+        let PerfRecord::Sample(orig) = parse_record(&layouts, k, misc, &long).unwrap() else { panic!() };
+        assert_eq!(s.stack_offset, orig.stack_offset);
     }
 
     /// Garbage in the buffer (which the kernel never writes, but a bug
