@@ -27,7 +27,7 @@ use lrnprof_format::{
 };
 use lrnprof_image::EmbedLevel;
 use std::borrow::Cow;
-use std::collections::{HashMap, HashSet};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::time::{Duration, Instant};
 
 /// What the sampling side sends to the writer thread.
@@ -66,11 +66,56 @@ pub(crate) struct Initial {
     pub launched: Option<Vec<String>>,
 }
 
-/// A record waiting to be released in time order.
-struct Pending {
-    time: u64,
-    seq: u64,
-    record: Record,
+/// Records waiting to be released in time order. They stay where they
+/// arrived; only their (time, arrival number) keys are sorted, so holding
+/// many records back (the allocation sampler's are held for
+/// `HEAP_HOLD_NS`) costs no moving of records at every release.
+#[derive(Default)]
+struct Held {
+    /// By arrival number minus `first`; `None` once released.
+    records: VecDeque<Option<Record>>,
+    /// Arrival number of `records[0]`.
+    first: u64,
+    /// (time, arrival number) of each record held, in order when
+    /// `sorted`.
+    keys: VecDeque<(u64, u64)>,
+    sorted: bool,
+}
+
+impl Held {
+    fn push(&mut self, time: u64, record: Record) {
+        let seq = self.first + self.records.len() as u64;
+        self.records.push_back(Some(record));
+        if self.keys.is_empty() {
+            self.sorted = true;
+        } else if self.keys.back().is_some_and(|&last| last > (time, seq)) {
+            self.sorted = false;
+        }
+        self.keys.push_back((time, seq));
+    }
+
+    /// Move the records older than `before` to `out`, oldest first (and,
+    /// for equal times, in arrival order).
+    fn release(&mut self, before: u64, out: &mut Vec<Record>) {
+        if !self.sorted {
+            // A stable sort merges the runs there are (what was left
+            // sorted, one per drained buffer) with few moves.
+            self.keys.make_contiguous().sort();
+            self.sorted = true;
+        }
+        while let Some(&(time, seq)) = self.keys.front() {
+            if time >= before {
+                break;
+            }
+            self.keys.pop_front();
+            let slot = &mut self.records[(seq - self.first) as usize];
+            out.extend(slot.take());
+        }
+        while let Some(None) = self.records.front() {
+            self.records.pop_front();
+            self.first += 1;
+        }
+    }
 }
 
 /// Writable memory ranges of a process, to trim stack copies at the end
@@ -94,11 +139,8 @@ pub(crate) struct Converter {
     /// Per thread: its switch-out sample, until the `PERF_RECORD_SWITCH`
     /// written right after it says whether the thread was preempted.
     switched_out: HashMap<u32, Sample>,
-    /// Records not released yet: runs in time order (what is left sorted,
-    /// then one run per drained buffer), which a stable sort merges with
-    /// few moves.
-    pending: Vec<Pending>,
-    seq: u64,
+    /// Records not released yet.
+    pending: Held,
     /// Records older than this may be released.
     released_before: u64,
     /// Records older than this have been released.
@@ -197,8 +239,7 @@ impl Converter {
             sample_kind,
             payloads,
             switched_out: HashMap::new(),
-            pending: Vec::new(),
-            seq: 0,
+            pending: Held::default(),
             released_before: 0,
             released_upto: 0,
             heap: None,
@@ -262,23 +303,11 @@ impl Converter {
 
     fn push(&mut self, time: u64, record: Record) {
         self.last_time = self.last_time.max(time);
-        self.seq += 1;
-        self.pending.push(Pending {
-            time,
-            seq: self.seq,
-            record,
-        });
+        self.pending.push(time, record);
     }
 
     fn release(&mut self, before: u64, out: &mut Vec<Record>) {
-        let key = |p: &Pending| (p.time, p.seq);
-        // Records of one buffer come in order: often there is nothing to sort.
-        if !self.pending.is_sorted_by_key(key) {
-            self.pending.sort_by_key(key);
-        }
-        let n = self.pending.partition_point(|p| p.time < before);
-        out.reserve(n);
-        out.extend(self.pending.drain(..n).map(|p| p.record));
+        self.pending.release(before, out);
     }
 
     fn initial(&mut self, init: Initial) {
@@ -1082,6 +1111,62 @@ mod tests {
         };
         assert_eq!((s.stack.start, s.stack.bytes.len()), (0x7000, 4096));
         assert_eq!(s.stack.bytes[..8], 0x5000u64.to_ne_bytes());
+    }
+
+    /// Held records come out as a stable sort by time would give them,
+    /// whatever runs they arrive in and wherever releases cut.
+    #[test]
+    fn held_records_are_released_in_time_then_arrival_order() {
+        let mut seed = 0x2545_f491_4f6c_dd1du64;
+        let mut next = move |n: u64| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed % n
+        };
+        let lost = |time: u64, count: u64| {
+            Record::Lost(LostRecord {
+                time: Timestamp(time),
+                pid: None,
+                tid: None,
+                count,
+                source: LostSource::Kernel,
+            })
+        };
+        for _ in 0..200 {
+            let mut held = Held::default();
+            // The model: what is held, in arrival order.
+            let mut model: Vec<(u64, u64)> = Vec::new();
+            let mut released_before = 0;
+            let mut id = 0;
+            let mut release = |held: &mut Held, model: &mut Vec<(u64, u64)>, before: u64| {
+                let mut out = Vec::new();
+                held.release(before, &mut out);
+                // A stable sort by time of what is older than `before`.
+                let mut expected: Vec<(u64, u64)> =
+                    model.iter().copied().filter(|&(t, _)| t < before).collect();
+                expected.sort_by_key(|&(t, _)| t);
+                model.retain(|&(t, _)| t >= before);
+                let expected: Vec<Record> = expected.iter().map(|&(t, id)| lost(t, id)).collect();
+                assert_eq!(out, expected);
+            };
+            for _ in 0..(1 + next(8)) {
+                // A few runs in order, from about where the last cut was.
+                for _ in 0..next(4) {
+                    let mut t = released_before + next(50);
+                    for _ in 0..next(30) {
+                        t += next(3);
+                        id += 1;
+                        held.push(t, lost(t, id));
+                        model.push((t, id));
+                    }
+                }
+                released_before += next(60);
+                release(&mut held, &mut model, released_before);
+            }
+            release(&mut held, &mut model, u64::MAX);
+            assert!(held.records.is_empty() && held.keys.is_empty());
+        }
     }
 
     #[test]
