@@ -198,6 +198,9 @@ fn run(args: Args) -> Result<ExitCode> {
     drop(terminal);
     let summary = recorded?;
     eprintln!("{summary}");
+    if let Some(cpu) = own_cpu() {
+        eprintln!("{}", cpu_line(cpu, summary.samples));
+    }
     if summary.samples > 0 {
         eprintln!(
             "lrnprof-rec: to see the profile: {}",
@@ -208,6 +211,36 @@ fn run(args: Args) -> Result<ExitCode> {
         Some(exit) => ExitCode::from(exit.shell_code().clamp(0, 255) as u8),
         None => ExitCode::SUCCESS,
     })
+}
+
+/// CPU time this process has used (every recorder thread; not the
+/// recorded command, a child).
+fn own_cpu() -> Option<Duration> {
+    // SAFETY: getrusage fills the struct it is given.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) } != 0 {
+        return None;
+    }
+    let time = |t: libc::timeval| {
+        Duration::from_secs(t.tv_sec.max(0) as u64) + Duration::from_micros(t.tv_usec.max(0) as u64)
+    };
+    Some(time(usage.ru_utime) + time(usage.ru_stime))
+}
+
+/// What recording cost the recorder itself, start and end included.
+fn cpu_line(cpu: Duration, samples: u64) -> String {
+    let per_sample = (samples > 0)
+        .then(|| {
+            format!(
+                ", {:.1} µs per sample",
+                cpu.as_secs_f64() * 1e6 / samples as f64
+            )
+        })
+        .unwrap_or_default();
+    format!(
+        "lrnprof-rec: recorder CPU {:.3} s{per_sample}",
+        cpu.as_secs_f64()
+    )
 }
 
 /// `4096`, `512K`, `1M`, `2G` (powers of 1024), at least 1.
@@ -281,6 +314,19 @@ fn raise_open_file_limit() {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_recorder_cpu_line_gives_time_per_sample() {
+        assert_eq!(
+            cpu_line(Duration::from_millis(650), 25_000),
+            "lrnprof-rec: recorder CPU 0.650 s, 26.0 µs per sample"
+        );
+        assert_eq!(
+            cpu_line(Duration::from_millis(20), 0),
+            "lrnprof-rec: recorder CPU 0.020 s"
+        );
+        assert!(own_cpu().is_some());
+    }
 
     #[test]
     fn byte_counts_take_binary_suffixes() {
