@@ -117,6 +117,9 @@ pub struct RunFacts {
     pub measured: Measured,
     /// Its trace, for profiled runs.
     pub trace: Option<TraceFacts>,
+    /// The recorder's own CPU time, in seconds, as lrnprof-rec reports it
+    /// (its process alone, not the program it recorded).
+    pub recorder_cpu_s: Option<f64>,
 }
 
 /// Who analyzes a trace, and how.
@@ -306,7 +309,15 @@ fn setups(w: &Workload, o: &CompareOptions, perf: bool, lrnprof: bool) -> Vec<Se
                 Profiler::LrnprofNoEmbed,
             ][..],
         ),
-        (o.high_freq, &[Profiler::PerfDwarf, Profiler::Lrnprof][..]),
+        (
+            o.high_freq,
+            &[
+                Profiler::PerfFp,
+                Profiler::PerfDwarf,
+                Profiler::Lrnprof,
+                Profiler::LrnprofNoEmbed,
+            ][..],
+        ),
     ] {
         for &profiler in profilers {
             let usable = match profiler {
@@ -505,7 +516,26 @@ fn run_one(
         Profiler::PerfFp | Profiler::PerfDwarf => Some(perf_facts(&o.perf, &trace)?),
         Profiler::Lrnprof | Profiler::LrnprofNoEmbed => Some(lrnprof_facts(&trace)?),
     };
-    Ok(RunFacts { measured, trace })
+    let recorder_cpu_s = match setup.profiler {
+        Profiler::Lrnprof | Profiler::LrnprofNoEmbed => std::fs::read_to_string(log)
+            .ok()
+            .and_then(|text| recorder_cpu(&text)),
+        _ => None,
+    };
+    Ok(RunFacts {
+        measured,
+        trace,
+        recorder_cpu_s,
+    })
+}
+
+/// The recorder's own CPU seconds from lrnprof-rec's summary line
+/// `lrnprof-rec: recorder CPU 0.650 s, ...`.
+pub fn recorder_cpu(stderr: &str) -> Option<f64> {
+    stderr.lines().find_map(|line| {
+        let rest = line.strip_prefix("lrnprof-rec: recorder CPU ")?;
+        rest.split_whitespace().next()?.parse().ok()
+    })
 }
 
 /// Run a command that must succeed and return its standard output.
@@ -664,4 +694,17 @@ fn analyze_once(
     };
     cmd.stdin(Stdio::null()).stdout(Stdio::null());
     measure(&mut cmd, log, o.timeout, &[0])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn recorder_cpu_is_read_from_the_summary() {
+        let stderr = "lrnprof-rec: recorded 4.0 s (target exited): 10 samples\n\
+                      lrnprof-rec: recorder CPU 0.650 s, 65000.0 µs per sample\n";
+        assert_eq!(recorder_cpu(stderr), Some(0.65));
+        assert_eq!(recorder_cpu("lrnprof-rec: wrote t.lpt"), None);
+    }
 }

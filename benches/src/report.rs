@@ -114,8 +114,10 @@ fn overhead_table(out: &mut String, c: &Comparison, net: bool) {
             &format!("lrnprof @ {lo}"),
             "lrnprof − perf -g",
             &format!("lrnprof --embed none @ {lo}"),
+            &format!("perf -g @ {hi}"),
             &format!("perf dwarf @ {hi}"),
             &format!("lrnprof @ {hi}"),
+            &format!("lrnprof --embed none @ {hi}"),
         ],
     );
     for r in c.workloads.iter().filter(|r| r.workload.fixed_work) {
@@ -135,8 +137,10 @@ fn overhead_table(out: &mut String, c: &Comparison, net: bool) {
                 cell(lr, pct_signed),
                 cell(lr.zip(fp).map(|(a, b)| a - b), |v| format!("{v:+.1} pp")),
                 cell(o(Profiler::LrnprofNoEmbed, lo), pct_signed),
+                cell(o(Profiler::PerfFp, hi), pct_signed),
                 cell(o(Profiler::PerfDwarf, hi), pct_signed),
                 cell(o(Profiler::Lrnprof, hi), pct_signed),
+                cell(o(Profiler::LrnprofNoEmbed, hi), pct_signed),
             ],
         );
     }
@@ -172,6 +176,24 @@ fn analysis_rate(r: &WorkloadResult, a: Analysis) -> Option<f64> {
     let samples = r.analysis.get(&a)?.0 as f64;
     let cpu = analysis_median(r, a, Measured::cpu_s)?;
     (cpu > 0.0).then(|| samples / cpu)
+}
+
+/// Median over rounds of the recorder's own CPU per sample, in µs.
+fn recorder_us_per_sample(r: &WorkloadResult, setup: Setup) -> Option<f64> {
+    let v: Vec<f64> = runs(r, setup)
+        .iter()
+        .filter_map(|x| {
+            let x = x.as_ref()?;
+            let samples = x.trace.as_ref()?.samples;
+            let cpu = x.recorder_cpu_s?;
+            (samples > 0).then(|| cpu * 1e6 / samples as f64)
+        })
+        .collect();
+    median(&v)
+}
+
+fn us(v: f64) -> String {
+    format!("{v:.1} µs")
 }
 
 fn cell(v: Option<f64>, f: impl Fn(f64) -> String) -> String {
@@ -259,6 +281,34 @@ pub fn markdown(c: &Comparison) -> String {
         "\n### CPU overhead net of fixed costs (each profiled run minus its profiler's fixed cost above)\n"
     );
     overhead_table(&mut out, c, true);
+
+    let _ = writeln!(
+        out,
+        "\n### The recorder's own CPU per sample (lrnprof-rec's process alone, start and embedding included, over the samples in its trace)\n"
+    );
+    header(
+        &mut out,
+        &[
+            "workload",
+            &format!("lrnprof @ {lo}"),
+            &format!("lrnprof --embed none @ {lo}"),
+            &format!("lrnprof @ {hi}"),
+            &format!("lrnprof --embed none @ {hi}"),
+        ],
+    );
+    for r in &c.workloads {
+        let per_sample = |p, f| recorder_us_per_sample(r, s(p, f));
+        row(
+            &mut out,
+            &[
+                format!("`{}`", r.workload.name),
+                cell(per_sample(Profiler::Lrnprof, lo), us),
+                cell(per_sample(Profiler::LrnprofNoEmbed, lo), us),
+                cell(per_sample(Profiler::Lrnprof, hi), us),
+                cell(per_sample(Profiler::LrnprofNoEmbed, hi), us),
+            ],
+        );
+    }
 
     let _ = writeln!(out, "\n### Trace size (bytes per sample, at {lo} Hz)\n");
     header(
@@ -591,6 +641,7 @@ mod tests {
         Some(RunFacts {
             measured: m(cpu),
             trace,
+            recorder_cpu_s: None,
         })
     }
 
@@ -620,11 +671,17 @@ mod tests {
                 run(4.8, Some(facts(8_000_000, 1000, 10))),
             ],
         );
+        let with_recorder_cpu = |r: Option<RunFacts>, cpu| {
+            r.map(|r| RunFacts {
+                recorder_cpu_s: Some(cpu),
+                ..r
+            })
+        };
         runs.insert(
             s(Profiler::Lrnprof, 1000),
             vec![
-                run(2.04, Some(facts(100_000, 1000, 0))),
-                run(4.08, Some(facts(100_000, 1000, 0))),
+                with_recorder_cpu(run(2.04, Some(facts(100_000, 1000, 0))), 0.02),
+                with_recorder_cpu(run(4.08, Some(facts(100_000, 1000, 0))), 0.04),
             ],
         );
         let mut fixed_cost = BTreeMap::new();
@@ -688,7 +745,9 @@ mod tests {
     fn markdown_has_the_figures_and_the_verdicts() {
         let text = markdown(&comparison());
         for needle in [
-            "| `busy` | 3.00 s | +10.0 % | +20.0 % | +2.0 % | -8.0 pp | — | — | — |",
+            "| `busy` | 3.00 s | +10.0 % | +20.0 % | +2.0 % | -8.0 pp | — | — | — | — | — |",
+            // The recorder's CPU per sample: 20 and 40 µs, median 30.
+            "| `busy` | 30.0 µs | — | — | — |",
             "| 8000 | 100 | 100 | 1/80.0 |",
             "| `busy` | — | 30.0 % | 99.5 % | 99.5 % |",
             "0.50 %",

@@ -229,14 +229,14 @@ fn own_cpu() -> Option<Duration> {
 
 /// What recording cost the recorder itself, start and end included.
 fn cpu_line(cpu: Duration, samples: u64) -> String {
-    let per_sample = (samples > 0)
-        .then(|| {
-            format!(
-                ", {:.1} µs per sample",
-                cpu.as_secs_f64() * 1e6 / samples as f64
-            )
-        })
-        .unwrap_or_default();
+    let per_sample = if samples > 0 {
+        format!(
+            ", {:.1} µs per sample",
+            cpu.as_secs_f64() * 1e6 / samples as f64
+        )
+    } else {
+        String::new()
+    };
     format!(
         "lrnprof-rec: recorder CPU {:.3} s{per_sample}",
         cpu.as_secs_f64()
