@@ -1139,7 +1139,7 @@ mod tests {
             let mut model: Vec<(u64, u64)> = Vec::new();
             let mut released_before = 0;
             let mut id = 0;
-            let mut release = |held: &mut Held, model: &mut Vec<(u64, u64)>, before: u64| {
+            let release = |held: &mut Held, model: &mut Vec<(u64, u64)>, before: u64| {
                 let mut out = Vec::new();
                 held.release(before, &mut out);
                 // A stable sort by time of what is older than `before`.
