@@ -6,6 +6,7 @@
 
 mod jitmap;
 mod resolve;
+mod units;
 
 pub(crate) use jitmap::JitMap;
 pub use lrnprof_image::FrameLine;
@@ -52,8 +53,10 @@ pub(crate) struct DwarfSections {
 }
 
 impl DwarfSections {
-    /// `None` if the image has no DWARF.
-    pub fn new(data: &ImageData) -> Option<DwarfSections> {
+    /// The image's DWARF as the lookups of `svmas` (sorted; `None`: any
+    /// address) need it: only the units that hold one of them are
+    /// parsed (see [`units`]). `None` if the image has no DWARF.
+    pub fn for_addresses(data: &ImageData, svmas: Option<&[u64]>) -> Option<DwarfSections> {
         if !data.has_dwarf() {
             return None;
         }
@@ -70,6 +73,31 @@ impl DwarfSections {
             }
             gimli::EndianSlice::new(&[][..], endian)
         });
+        if let Some(svmas) = svmas {
+            let get = |name: &str| {
+                sections
+                    .iter()
+                    .find(|(n, _)| *n == name)
+                    .map_or(&[][..], |(_, b)| &b[..])
+            };
+            let info = get(".debug_info");
+            let patched = units::units_to_hide(
+                info,
+                get(".debug_abbrev"),
+                get(".debug_aranges"),
+                endian,
+                svmas,
+            )
+            .and_then(|hide| units::hide_units(info, &hide));
+            if let Some(patched) = patched {
+                for (name, bytes) in sections.iter_mut() {
+                    if *name == ".debug_info" {
+                        *bytes = SectionBytes::whole(Arc::new(patched));
+                        break;
+                    }
+                }
+            }
+        }
         Some(DwarfSections { sections, endian })
     }
 }
