@@ -57,12 +57,59 @@ impl std::fmt::Debug for SectionBytes {
     }
 }
 
-/// A section: its SVMA and bytes (empty bytes when only the range is known).
+/// A section: its SVMA and bytes (empty bytes when only the range is
+/// known, or while the section is `deflated`).
 #[derive(Debug, Clone)]
 pub(crate) struct Section {
     pub svma: u64,
     pub size: u64,
     pub bytes: SectionBytes,
+    /// A zlib-compressed debug section, inflated only when its image's
+    /// DWARF is read: images no sample falls in are never inflated.
+    pub deflated: Option<Deflated>,
+}
+
+impl Section {
+    /// A section whose bytes are `bytes`.
+    pub fn plain(svma: u64, size: u64, bytes: SectionBytes) -> Section {
+        Section {
+            svma,
+            size,
+            bytes,
+            deflated: None,
+        }
+    }
+
+    /// Whether the section has bytes (possibly not inflated yet).
+    pub fn has_bytes(&self) -> bool {
+        !self.bytes.is_empty() || self.deflated.is_some()
+    }
+}
+
+/// The zlib stream of a compressed section, inside its file's bytes.
+#[derive(Clone)]
+pub(crate) struct Deflated {
+    pub stream: SectionBytes,
+    /// Bytes once inflated (checked against the stream's length).
+    pub size: usize,
+}
+
+impl Deflated {
+    /// The inflated bytes; `None` if the stream is corrupt.
+    pub fn inflate(&self) -> Option<Vec<u8>> {
+        let mut out = Vec::new();
+        out.try_reserve_exact(self.size).ok()?;
+        out.resize(self.size, 0);
+        let (done, rc) =
+            zlib_rs::decompress_slice(&mut out, &self.stream, zlib_rs::InflateConfig::default());
+        (rc == zlib_rs::ReturnCode::Ok && done.len() == self.size).then_some(out)
+    }
+}
+
+impl std::fmt::Debug for Deflated {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Deflated({} -> {} bytes)", self.stream.len(), self.size)
+    }
 }
 
 /// A loadable segment: which file bytes land at which SVMA.
@@ -125,13 +172,13 @@ impl ImageData {
     pub fn has_unwind_data(&self) -> bool {
         [".eh_frame", ".debug_frame", "__unwind_info"]
             .iter()
-            .any(|n| self.sections.get(*n).is_some_and(|s| !s.bytes.is_empty()))
+            .any(|n| self.sections.get(*n).is_some_and(Section::has_bytes))
     }
 
     pub fn has_dwarf(&self) -> bool {
         self.sections
             .get(".debug_info")
-            .is_some_and(|s| !s.bytes.is_empty())
+            .is_some_and(Section::has_bytes)
     }
 
     /// Whether file and line information and inline frames are known:
@@ -254,11 +301,7 @@ mod tests {
         }
         d.sections.insert(
             ".text".into(),
-            Section {
-                svma: 0x103b4,
-                size: 0x74,
-                bytes: SectionBytes::whole(Arc::new(Vec::new())),
-            },
+            Section::plain(0x103b4, 0x74, SectionBytes::whole(Arc::new(Vec::new()))),
         );
         assert_eq!(d.bias(&text), slide);
     }

@@ -17,6 +17,7 @@ use crate::image::{ImageData, SectionBytes};
 use gimli::EndianReader;
 use gimli::RunTimeEndian;
 use lrnprof_image::{load_dwarf, project_inline, Resolver};
+use rayon::prelude::*;
 use std::sync::Arc;
 
 /// DWARF is read in place, from the image's shared buffers.
@@ -65,40 +66,79 @@ impl DwarfSections {
         } else {
             RunTimeEndian::Big
         };
-        let mut sections = Vec::new();
+        let mut wanted = Vec::new();
         // The DWARF loader asks for each section it knows once: record them.
         let _ = load_dwarf(|name| {
             if let Some(s) = data.section(name).filter(|_| !unused_dwarf(name)) {
-                sections.push((name, s.bytes.clone()));
+                wanted.push((name, s));
             }
             gimli::EndianSlice::new(&[][..], endian)
         });
+        // Compressed sections are inflated now, in parallel (a corrupt one
+        // reads as empty).
+        let mut sections: Vec<(&'static str, Bytes)> = wanted
+            .into_par_iter()
+            .map(|(name, s)| {
+                let bytes = match &s.deflated {
+                    Some(d) => Bytes::Owned(d.inflate().unwrap_or_default()),
+                    None => Bytes::Shared(s.bytes.clone()),
+                };
+                (name, bytes)
+            })
+            .collect();
         if let Some(svmas) = svmas {
             let get = |name: &str| {
                 sections
                     .iter()
                     .find(|(n, _)| *n == name)
-                    .map_or(&[][..], |(_, b)| &b[..])
+                    .map_or(&[][..], |(_, b)| b.as_slice())
             };
-            let info = get(".debug_info");
-            let patched = units::units_to_hide(
-                info,
+            let hide = units::units_to_hide(
+                get(".debug_info"),
                 get(".debug_abbrev"),
                 get(".debug_aranges"),
                 endian,
                 svmas,
-            )
-            .and_then(|hide| units::hide_units(info, &hide));
-            if let Some(patched) = patched {
-                for (name, bytes) in sections.iter_mut() {
-                    if *name == ".debug_info" {
-                        *bytes = SectionBytes::whole(Arc::new(patched));
-                        break;
-                    }
+            );
+            if let (Some(hide), Some((_, info))) =
+                (hide, sections.iter_mut().find(|(n, _)| *n == ".debug_info"))
+            {
+                // Patched in place when inflated here, else in a copy.
+                if let Bytes::Shared(shared) = info {
+                    *info = Bytes::Owned(shared.to_vec());
+                }
+                if let Bytes::Owned(bytes) = info {
+                    units::hide_units(bytes, &hide);
                 }
             }
         }
+        let sections = sections
+            .into_iter()
+            .map(|(name, b)| {
+                let bytes = match b {
+                    Bytes::Shared(s) => s,
+                    Bytes::Owned(v) => SectionBytes::whole(Arc::new(v)),
+                };
+                (name, bytes)
+            })
+            .collect();
         Some(DwarfSections { sections, endian })
+    }
+}
+
+/// A DWARF section's bytes while [`DwarfSections`] is built: the image's,
+/// or inflated (or copied to be patched) here.
+enum Bytes {
+    Shared(SectionBytes),
+    Owned(Vec<u8>),
+}
+
+impl Bytes {
+    fn as_slice(&self) -> &[u8] {
+        match self {
+            Bytes::Shared(s) => s,
+            Bytes::Owned(v) => v,
+        }
     }
 }
 

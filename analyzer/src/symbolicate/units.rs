@@ -145,35 +145,44 @@ fn refers_outside(
     scan(&mut r).unwrap_or(true)
 }
 
-/// A copy of `debug_info` in which the units at `hide` (offsets of unit
-/// headers) point their abbreviations past the end of any `.debug_abbrev`,
-/// so that addr2line skips them. `None` if a header is not where `hide`
-/// says.
-pub(super) fn hide_units(debug_info: &[u8], hide: &[usize]) -> Option<Vec<u8>> {
-    let mut out = debug_info.to_vec();
-    for &at in hide {
-        let word = |o: usize| -> Option<[u8; 4]> { out.get(at + o..at + o + 4)?.try_into().ok() };
-        // 32-bit DWARF: a 4-byte length; 64-bit: 0xffffffff then 8 bytes.
-        let (offset_size, after_length) = if word(0)? == [0xff; 4] {
-            (8, 12)
-        } else {
-            (4, 4)
-        };
-        let version_bytes: [u8; 2] = out
-            .get(at + after_length..at + after_length + 2)?
-            .try_into()
-            .ok()?;
-        // Either byte order: versions are 2 to 5.
-        let version = version_bytes[0].max(version_bytes[1]);
-        let abbrev_at = match version {
-            2..=4 => at + after_length + 2,
-            // DWARF 5: unit type and address size come first.
-            5 => at + after_length + 4,
-            _ => return None,
-        };
-        out.get_mut(abbrev_at..abbrev_at + offset_size)?.fill(0xff);
+/// Make the units of `debug_info` at `hide` (offsets of unit headers)
+/// point their abbreviations past the end of any `.debug_abbrev`, so that
+/// addr2line skips them. Returns `false`, with `debug_info` unchanged, if
+/// a header is not where `hide` says.
+pub(super) fn hide_units(debug_info: &mut [u8], hide: &[usize]) -> bool {
+    let fields: Option<Vec<(usize, usize)>> = hide
+        .iter()
+        .map(|&at| abbrev_offset_field(debug_info, at))
+        .collect();
+    let Some(fields) = fields else {
+        return false;
+    };
+    for (at, len) in fields {
+        debug_info[at..at + len].fill(0xff);
     }
-    Some(out)
+    true
+}
+
+/// Where the abbreviation offset of the unit header at `at` is, and its
+/// length in bytes.
+fn abbrev_offset_field(debug_info: &[u8], at: usize) -> Option<(usize, usize)> {
+    let bytes = |o: usize, n: usize| debug_info.get(at.checked_add(o)?..at.checked_add(o + n)?);
+    // 32-bit DWARF: a 4-byte length; 64-bit: 0xffffffff then 8 bytes.
+    let (offset_size, after_length) = if bytes(0, 4)? == [0xff; 4] {
+        (8, 12)
+    } else {
+        (4, 4)
+    };
+    let version = bytes(after_length, 2)?;
+    // Either byte order: versions are 2 to 5.
+    let field = match version[0].max(version[1]) {
+        2..=4 => after_length + 2,
+        // DWARF 5: unit type and address size come first.
+        5 => after_length + 4,
+        _ => return None,
+    };
+    bytes(field, offset_size)?;
+    Some((at + field, offset_size))
 }
 
 #[cfg(test)]
@@ -265,7 +274,8 @@ mod tests {
     #[test]
     fn hidden_units_cannot_be_parsed_and_the_others_are_unchanged() {
         let (info, abbrev) = two_units();
-        let patched = hide_units(&info, &[12]).unwrap();
+        let mut patched = info.clone();
+        assert!(hide_units(&mut patched, &[12]));
         assert_eq!(patched[..12], info[..12]);
         let mut units = gimli::DebugInfo::new(&patched[..], LE).units();
         let abbrevs = gimli::DebugAbbrev::new(&abbrev[..], LE);
@@ -274,7 +284,9 @@ mod tests {
         let second = units.next().unwrap().unwrap();
         assert!(second.abbreviations(&abbrevs).is_err());
         assert!(units.next().unwrap().is_none());
-        // A header that is not there.
-        assert!(hide_units(&info, &[20]).is_none());
+        // A header that is not there: nothing changes.
+        let mut unchanged = info.clone();
+        assert!(!hide_units(&mut unchanged, &[0, 20]));
+        assert_eq!(unchanged, info);
     }
 }
