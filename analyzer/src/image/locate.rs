@@ -2,8 +2,10 @@
 //! the usual debug-file places and data embedded in the trace. A local file
 //! is used only if its build id matches the one recorded.
 
-use super::parse::{parse_file, ParsedFile};
-use super::{short_name, ImageData, LoadedImage, Section, SectionBytes, Segment, Source, Symbol};
+use super::parse::{parse_bytes, parse_file, ParsedFile};
+use super::{
+    short_name, FileBytes, ImageData, LoadedImage, Section, SectionBytes, Segment, Source, Symbol,
+};
 use crate::blobs::BlobStore;
 use crate::timeline::ImageKey;
 use lrnprof_format::{BuildId, ImageKind};
@@ -49,7 +51,7 @@ fn read_candidate(path: &Path, want: Option<&BuildId>) -> Option<ParsedFile> {
     if !meta.is_file() {
         return None;
     }
-    let bytes = std::fs::read(path).ok()?;
+    let bytes = FileBytes::open(path).ok()?;
     match universal_slices(&bytes).ok()? {
         // A universal binary: the slice with the recorded UUID (or the
         // first one, which the build-id check will then refuse).
@@ -66,7 +68,7 @@ fn read_candidate(path: &Path, want: Option<&BuildId>) -> Option<ParsedFile> {
             }
             first
         }
-        None => parse_file(Arc::new(bytes)).ok(),
+        None => parse_bytes(Arc::new(bytes)).ok(),
     }
 }
 

@@ -16,11 +16,46 @@ use std::ops::{Deref, Range};
 use std::path::PathBuf;
 use std::sync::Arc;
 
+/// An image file's bytes: mapped, so that only the pages the analysis
+/// reads (unwind tables, symbols, debug sections) are read from disk and
+/// nothing is copied; or bytes held in memory (embedded in the trace, or
+/// a file that could not be mapped).
+pub(crate) enum FileBytes {
+    Shared(Arc<Vec<u8>>),
+    Mapped(memmap2::Mmap),
+}
+
+impl FileBytes {
+    /// The file at `path`, mapped if possible.
+    pub fn open(path: &std::path::Path) -> std::io::Result<FileBytes> {
+        let file = std::fs::File::open(path)?;
+        // Safety: the map is read-only and lives as long as the section
+        // bytes that point into it. Should another process truncate the
+        // file while it is mapped, reading the lost pages faults (SIGBUS):
+        // an analysis needs the images it reads to stay as they are, as
+        // it needs the trace to (see `TraceBytes`).
+        match unsafe { memmap2::Mmap::map(&file) } {
+            Ok(map) => Ok(FileBytes::Mapped(map)),
+            Err(_) => Ok(FileBytes::Shared(Arc::new(std::fs::read(path)?))),
+        }
+    }
+}
+
+impl Deref for FileBytes {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            FileBytes::Shared(v) => v,
+            FileBytes::Mapped(m) => m,
+        }
+    }
+}
+
 /// A byte range of shared, immutable data: cheap to clone, usable by
 /// framehop from any worker thread.
 #[derive(Clone)]
 pub(crate) struct SectionBytes {
-    data: Arc<Vec<u8>>,
+    data: Arc<FileBytes>,
     range: Range<usize>,
 }
 
@@ -28,13 +63,13 @@ impl SectionBytes {
     pub fn whole(data: Arc<Vec<u8>>) -> SectionBytes {
         let len = data.len();
         SectionBytes {
-            data,
+            data: Arc::new(FileBytes::Shared(data)),
             range: 0..len,
         }
     }
 
     /// `None` if the range is not inside `data`.
-    pub fn slice(data: &Arc<Vec<u8>>, offset: u64, len: u64) -> Option<SectionBytes> {
+    pub fn slice(data: &Arc<FileBytes>, offset: u64, len: u64) -> Option<SectionBytes> {
         let start = usize::try_from(offset).ok()?;
         let end = start.checked_add(usize::try_from(len).ok()?)?;
         (end <= data.len()).then(|| SectionBytes {

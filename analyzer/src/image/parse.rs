@@ -1,6 +1,6 @@
 //! Reading an image file (ELF or Mach-O) through `object`.
 
-use super::{Deflated, ImageData, Section, SectionBytes, Segment};
+use super::{Deflated, FileBytes, ImageData, Section, SectionBytes, Segment};
 use lrnprof_image::{canonical_section_name, section_role, symbols_of_object, SectionRole};
 use object::read::macho::MachHeader as _;
 use object::{Object, ObjectSection, ObjectSegment};
@@ -34,7 +34,7 @@ const MAX_INFLATE_RATIO: u64 = 1032;
 /// every analysis that reads it, and zlib-rs does it in about half the
 /// time of the miniz_oxide path `object` takes. Other formats (zstd) are
 /// decompressed now, through `object`.
-fn compressed<'d, S: ObjectSection<'d>>(sec: &S, file: &Arc<Vec<u8>>) -> Option<Section> {
+fn compressed<'d, S: ObjectSection<'d>>(sec: &S, file: &Arc<FileBytes>) -> Option<Section> {
     let c = sec.compressed_data().ok()?;
     let section = |bytes, deflated| Section {
         svma: sec.address(),
@@ -65,6 +65,11 @@ fn compressed<'d, S: ObjectSection<'d>>(sec: &S, file: &Arc<Vec<u8>>) -> Option<
 /// Parse `bytes` as an ELF or Mach-O image. Section bytes point into
 /// `bytes` (compressed debug sections are decompressed into new buffers).
 pub(crate) fn parse_file(bytes: Arc<Vec<u8>>) -> Result<ParsedFile, String> {
+    parse_bytes(Arc::new(FileBytes::Shared(bytes)))
+}
+
+/// [`parse_file`] of a file's bytes however they are held.
+pub(crate) fn parse_bytes(bytes: Arc<FileBytes>) -> Result<ParsedFile, String> {
     let obj = object::File::parse(&bytes[..]).map_err(|e| format!("not a usable image: {e}"))?;
     let macho = matches!(obj.format(), object::BinaryFormat::MachO);
     // A dSYM companion (Mach-O file type MH_DSYM) keeps the section table of

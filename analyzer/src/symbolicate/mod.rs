@@ -23,9 +23,9 @@ use std::sync::Arc;
 /// DWARF is read in place, from the image's shared buffers.
 type Reader = EndianReader<RunTimeEndian, SectionBytes>;
 
-// Safety: a `SectionBytes` derefs to a range of a `Vec` inside an `Arc`,
-// whose heap buffer never moves while any clone of the `Arc` lives, and
-// clones deref to the same bytes.
+// Safety: a `SectionBytes` derefs to a range of a `Vec`'s heap buffer or
+// of a file mapping, inside an `Arc`: neither moves while any clone of the
+// `Arc` lives, and clones deref to the same bytes.
 unsafe impl stable_deref_trait::StableDeref for SectionBytes {}
 // Safety: as above; a clone shares the `Arc` and the range.
 unsafe impl stable_deref_trait::CloneStableDeref for SectionBytes {}
