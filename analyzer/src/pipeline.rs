@@ -12,6 +12,7 @@ use crate::timeline::{
 };
 use crate::unwind::{
     continue_with_callchain, ArchCache, ArchUnwinder, ModuleCache, Unwound, MAX_FRAMES,
+    MAX_UNWINDERS_SHARING_CACHE,
 };
 use lrnprof_format::{
     Arch, BlockInfo, Endian, ImageKind, Pid, Record, Regs, Sample, SampleKind, Tid, Timestamp,
@@ -174,6 +175,7 @@ pub(crate) struct Prepared {
     little_endian: bool,
     /// Per image: whether it is lrnprof's allocation sampler.
     sampler_images: Vec<bool>,
+    unwinders_share_cache: bool,
 }
 
 /// File names of lrnprof's allocation sampler, which `lrnprof-rec --heap`
@@ -232,7 +234,7 @@ pub(crate) fn prepare_keeping<D: AsRef<[u8]> + Sync>(
 
     let arch = timeline.header.arch;
     let module_cache = ModuleCache::default();
-    let unwinders = timeline
+    let unwinders: HashMap<Pid, ProcessUnwind> = timeline
         .processes
         .iter()
         .map(|(pid, p)| {
@@ -274,6 +276,11 @@ pub(crate) fn prepare_keeping<D: AsRef<[u8]> + Sync>(
         .iter()
         .map(|k| is_sampler(&k.path))
         .collect();
+    let unwinders_share_cache = unwinders
+        .values()
+        .map(|p: &ProcessUnwind| p.unwinders.len())
+        .sum::<usize>()
+        < MAX_UNWINDERS_SHARING_CACHE;
     Prepared {
         timeline,
         images,
@@ -284,6 +291,7 @@ pub(crate) fn prepare_keeping<D: AsRef<[u8]> + Sync>(
         arch,
         little_endian,
         sampler_images,
+        unwinders_share_cache,
     }
 }
 
@@ -390,6 +398,12 @@ impl Prepared {
             biases: p.biases.get(index)?,
             unwinder: p.unwinders.get(index)?,
         })
+    }
+
+    /// Whether one framehop cache may serve every unwinder of the
+    /// analysis, so that workers keep theirs from block to block.
+    pub fn unwinders_share_cache(&self) -> bool {
+        self.unwinders_share_cache
     }
 
     /// Whether the trace's stacks are little endian.
