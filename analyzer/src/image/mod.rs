@@ -296,6 +296,44 @@ mod tests {
     }
 
     #[test]
+    fn deflated_sections_inflate_when_read_and_corrupt_ones_do_not() {
+        use std::io::Write;
+        let plain: Vec<u8> = (0..10_000u32)
+            .flat_map(|i| (i % 251).to_le_bytes())
+            .collect();
+        let mut z = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::default());
+        z.write_all(&plain).unwrap();
+        let stream = Arc::new(z.finish().unwrap());
+        let d = Deflated {
+            stream: SectionBytes::whole(stream.clone()),
+            size: plain.len(),
+        };
+        let section = Section {
+            svma: 0,
+            size: plain.len() as u64,
+            bytes: SectionBytes::whole(Arc::new(Vec::new())),
+            deflated: Some(d.clone()),
+        };
+        assert!(section.has_bytes());
+        assert_eq!(d.inflate().as_deref(), Some(&plain[..]));
+        // A size the stream does not match, or a damaged stream.
+        let wrong = Deflated {
+            size: plain.len() + 1,
+            ..d.clone()
+        };
+        assert_eq!(wrong.inflate(), None);
+        let mut bad = (*stream).clone();
+        let mid = bad.len() / 2;
+        bad[mid] ^= 0xff;
+        bad.truncate(mid + 1);
+        let bad = Deflated {
+            stream: SectionBytes::whole(Arc::new(bad)),
+            ..d
+        };
+        assert_eq!(bad.inflate(), None);
+    }
+
+    #[test]
     fn bias_of_gnu_ld_layout() {
         // Text at file offset 0x1000, SVMA 0x1000, mapped from offset 0x1000.
         let d = ImageData {
