@@ -97,9 +97,7 @@ pub(super) fn units_to_hide(
             // addr2line gives up on the whole section here too.
             Err(_) => return None,
         };
-        let Some(offset) = header.debug_info_offset() else {
-            return None;
-        };
+        let offset = header.debug_info_offset()?;
         if hidden_unit(offset.0) {
             hide.push(offset.0);
         } else if refers_outside(debug_abbrev, header.debug_abbrev_offset(), endian) {
