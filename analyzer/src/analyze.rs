@@ -7,14 +7,19 @@ use crate::error::AnalyzeError;
 #[cfg(test)]
 use crate::options::SampleFilter;
 use crate::options::{AnalyzeOptions, Progress};
-use crate::pipeline::{open, pool, prepare, TraceBytes};
+use crate::pipeline::{open, pool, prepare_keeping, TraceBytes};
 use crate::profile::{kinds_of, HeapScale, Profile, ProfileBuilder, UnwoundBlock};
 use crate::symbolicate::symbolicate;
-use crate::timeline::chunk_blocks;
+use crate::timeline::{chunk_blocks, KeptBlocks};
 use crate::unwind::{unwind_block, BlockContext};
-use lrnprof_format::{BlockInfo, Timestamp, TraceReader};
+use lrnprof_format::{BlockInfo, RawBlock, Timestamp, TraceReader};
 use rayon::prelude::*;
 use std::path::Path;
+
+/// Decompressed bytes of blocks the first pass keeps for the second
+/// (bytes): a trace whose blocks fit is decompressed once, and memory
+/// stays bounded for longer ones.
+const KEPT_BLOCKS_BUDGET: u64 = 32 << 20;
 
 /// Analyze the trace at `path`.
 pub fn analyze(
@@ -59,7 +64,14 @@ fn run(
             });
         }
     }
-    let prepared = prepare(reader, options, progress, &|b| reader_release(reader, b));
+    let mut kept = KeptBlocks::with_budget(KEPT_BLOCKS_BUDGET);
+    let prepared = prepare_keeping(
+        reader,
+        options,
+        progress,
+        &|b| reader_release(reader, b),
+        &mut kept,
+    );
     let mut builder = ProfileBuilder::new(
         prepared.timeline.threads.len(),
         options.keep_sequences,
@@ -94,16 +106,19 @@ fn run(
     // takes a chunk's blocks in order while the next chunk is unwound.
     let mut pending: Vec<UnwoundBlock> = Vec::new();
     for chunk in blocks.chunks(chunk_blocks()) {
+        let raws: Vec<Option<RawBlock>> =
+            (first..first + chunk.len()).map(|i| kept.take(i)).collect();
         let (unwound, ()) = rayon::join(
             || {
                 chunk
                     .par_iter()
+                    .zip(raws)
                     .enumerate()
-                    .map(|(i, b)| {
+                    .map(|(i, (b, raw))| {
                         if prepared.timeline.bad_blocks.contains(&(first + i)) {
                             return UnwoundBlock::default();
                         }
-                        match reader.raw_block(b) {
+                        match raw.map_or_else(|| reader.raw_block(b), Ok) {
                             Ok(raw) => unwind_block(&cx, &raw),
                             Err(_) => UnwoundBlock::default(),
                         }

@@ -94,7 +94,7 @@ impl BenchTrace {
         let Some(data) = self.prepared.images[image as usize].data.as_ref() else {
             return 0;
         };
-        let dwarf = DwarfSections::new(data);
+        let dwarf = DwarfSections::for_addresses(data, Some(&[svma.0]));
         Symbolizer::new(data, dwarf.as_ref())
             .lookup(svma, true)
             .len()
@@ -114,7 +114,14 @@ impl BenchTrace {
             .into_iter()
             .filter_map(|img| {
                 let data = self.prepared.images[img as usize].data.as_ref()?;
-                Some((img, DwarfSections::new(data)))
+                let mut svmas: Vec<u64> = self
+                    .frames
+                    .iter()
+                    .filter(|&&(i, _)| i == img)
+                    .map(|&(_, svma)| svma.0)
+                    .collect();
+                svmas.sort_unstable();
+                Some((img, DwarfSections::for_addresses(data, Some(&svmas))))
             })
             .collect();
         let symbolizers: HashMap<u32, Symbolizer<'_>> = dwarf

@@ -7,9 +7,12 @@ use crate::error::AnalyzeError;
 use crate::image::{load_image, ImageData, LoadedImage, LocateOptions};
 use crate::options::{AnalyzeOptions, Progress, SampleFilter};
 use crate::symbolicate::JitMap;
-use crate::timeline::{chunk_blocks, generation_index, scan, Generation, Mapping, Timeline};
+use crate::timeline::{
+    chunk_blocks, generation_index, scan, Generation, KeptBlocks, Mapping, Timeline,
+};
 use crate::unwind::{
     continue_with_callchain, ArchCache, ArchUnwinder, ModuleCache, Unwound, MAX_FRAMES,
+    MAX_UNWINDERS_SHARING_CACHE,
 };
 use lrnprof_format::{
     Arch, BlockInfo, Endian, ImageKind, Pid, Record, Regs, Sample, SampleKind, Tid, Timestamp,
@@ -172,6 +175,7 @@ pub(crate) struct Prepared {
     little_endian: bool,
     /// Per image: whether it is lrnprof's allocation sampler.
     sampler_images: Vec<bool>,
+    unwinders_share_cache: bool,
 }
 
 /// File names of lrnprof's allocation sampler, which `lrnprof-rec --heap`
@@ -193,8 +197,26 @@ pub(crate) fn prepare<D: AsRef<[u8]> + Sync>(
     progress: &dyn Progress,
     release: &(dyn Fn(&[BlockInfo]) + Sync),
 ) -> Prepared {
+    prepare_keeping(
+        reader,
+        options,
+        progress,
+        release,
+        &mut KeptBlocks::default(),
+    )
+}
+
+/// [`prepare`], keeping the decompressed blocks that fit in `kept`'s
+/// budget for the second pass.
+pub(crate) fn prepare_keeping<D: AsRef<[u8]> + Sync>(
+    reader: &TraceReader<D>,
+    options: &AnalyzeOptions,
+    progress: &dyn Progress,
+    release: &(dyn Fn(&[BlockInfo]) + Sync),
+    kept: &mut KeptBlocks,
+) -> Prepared {
     let mut warnings = report_warnings(reader);
-    let mut timeline = scan(reader, progress, release);
+    let mut timeline = scan(reader, progress, release, kept);
     timeline.blobs.finish();
     warnings.append(&mut timeline.warnings);
     warnings.extend(timeline.blobs.problems.iter().cloned());
@@ -212,7 +234,7 @@ pub(crate) fn prepare<D: AsRef<[u8]> + Sync>(
 
     let arch = timeline.header.arch;
     let module_cache = ModuleCache::default();
-    let unwinders = timeline
+    let unwinders: HashMap<Pid, ProcessUnwind> = timeline
         .processes
         .iter()
         .map(|(pid, p)| {
@@ -254,6 +276,11 @@ pub(crate) fn prepare<D: AsRef<[u8]> + Sync>(
         .iter()
         .map(|k| is_sampler(&k.path))
         .collect();
+    let unwinders_share_cache = unwinders
+        .values()
+        .map(|p: &ProcessUnwind| p.unwinders.len())
+        .sum::<usize>()
+        < MAX_UNWINDERS_SHARING_CACHE;
     Prepared {
         timeline,
         images,
@@ -264,6 +291,7 @@ pub(crate) fn prepare<D: AsRef<[u8]> + Sync>(
         arch,
         little_endian,
         sampler_images,
+        unwinders_share_cache,
     }
 }
 
@@ -370,6 +398,12 @@ impl Prepared {
             biases: p.biases.get(index)?,
             unwinder: p.unwinders.get(index)?,
         })
+    }
+
+    /// Whether one framehop cache may serve every unwinder of the
+    /// analysis, so that workers keep theirs from block to block.
+    pub fn unwinders_share_cache(&self) -> bool {
+        self.unwinders_share_cache
     }
 
     /// Whether the trace's stacks are little endian.

@@ -6,8 +6,9 @@ use crate::blobs::BlobStore;
 use crate::options::Progress;
 use crate::outcomes::Outcomes;
 use lrnprof_format::{
-    BlockInfo, BuildId, FormatError, ImageKind, LostSource, Pid, ProcessEvent, Record, RecordRef,
-    Sample, SampleDetail, SampleKind, StackMode, Summary, Tid, Timestamp, TraceHeader, TraceReader,
+    BlockInfo, BuildId, FormatError, ImageKind, LostSource, Pid, ProcessEvent, RawBlock, Record,
+    RecordRef, Sample, SampleDetail, SampleKind, StackMode, Summary, Tid, Timestamp, TraceHeader,
+    TraceReader,
 };
 use rayon::prelude::*;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -18,6 +19,50 @@ use std::sync::Arc;
 /// and one being applied).
 pub(crate) fn chunk_blocks() -> usize {
     rayon::current_num_threads().max(1) * 2
+}
+
+/// Decompressed blocks the first pass keeps for the second, so that a
+/// short trace's blocks are decompressed once. Kept in trace order while
+/// their decompressed bytes fit in a budget: memory stays bounded whatever
+/// the trace's length, and the blocks past the budget are decompressed
+/// again by the second pass.
+#[derive(Debug, Default)]
+pub(crate) struct KeptBlocks {
+    budget: u64,
+    used: u64,
+    /// By block index; `None` where not kept (or already taken).
+    blocks: Vec<Option<RawBlock>>,
+}
+
+impl KeptBlocks {
+    /// Keep up to `budget` bytes of decompressed blocks.
+    pub fn with_budget(budget: u64) -> KeptBlocks {
+        KeptBlocks {
+            budget,
+            ..Default::default()
+        }
+    }
+
+    /// Keep block `index` if it still fits.
+    fn offer(&mut self, index: usize, raw: RawBlock, info: &BlockInfo) {
+        let len = u64::from(info.header.raw_len);
+        if self.used + len > self.budget {
+            // Later blocks are not kept either: the second pass then
+            // decompresses a contiguous tail.
+            self.budget = self.used;
+            return;
+        }
+        self.used += len;
+        if self.blocks.len() <= index {
+            self.blocks.resize_with(index + 1, || None);
+        }
+        self.blocks[index] = Some(raw);
+    }
+
+    /// Block `index` if it was kept; it is not kept any longer.
+    pub fn take(&mut self, index: usize) -> Option<RawBlock> {
+        self.blocks.get_mut(index)?.take()
+    }
 }
 
 /// An image file, identified by path and build id (one entry however many
@@ -350,28 +395,31 @@ enum Item {
 /// chunk while the next is decoded) and build the timeline. Stacks are
 /// checked but not expanded. Blocks that fail to decode are skipped with a
 /// warning and listed in [`Timeline::bad_blocks`].
-/// `release` is told the blocks the pass is done with.
+/// `release` is told the blocks the pass is done with; `kept` keeps what
+/// decompressed blocks fit in its budget.
 pub(crate) fn scan<D: AsRef<[u8]> + Sync>(
     reader: &TraceReader<D>,
     progress: &dyn Progress,
     release: &(dyn Fn(&[BlockInfo]) + Sync),
+    kept: &mut KeptBlocks,
 ) -> Timeline {
     let mut timeline = Timeline::new(reader.header().clone());
     let blocks = reader.blocks();
     let total = blocks.len() as u64;
     let mut done = 0;
-    let mut pending: Vec<(usize, Result<Vec<Item>, FormatError>)> = Vec::new();
+    let mut pending: Vec<Decoded> = Vec::new();
     let mut first = 0;
+    let keep = kept.budget > 0;
     for chunk in blocks.chunks(chunk_blocks()) {
         let (decoded, ()) = rayon::join(
             || {
                 chunk
                     .par_iter()
                     .enumerate()
-                    .map(|(i, b)| (first + i, items_of(reader, b)))
+                    .map(|(i, b)| (first + i, items_of(reader, b, keep)))
                     .collect()
             },
-            || timeline.apply_blocks(std::mem::take(&mut pending), blocks),
+            || timeline.apply_blocks(std::mem::take(&mut pending), blocks, kept),
         );
         pending = decoded;
         release(chunk);
@@ -379,7 +427,7 @@ pub(crate) fn scan<D: AsRef<[u8]> + Sync>(
         done += chunk.len() as u64;
         progress.update("reading", done, total);
     }
-    timeline.apply_blocks(pending, blocks);
+    timeline.apply_blocks(pending, blocks, kept);
     for (i, key) in timeline.threads.keys().enumerate() {
         timeline.thread_index.insert(*key, i as u32);
     }
@@ -389,11 +437,17 @@ pub(crate) fn scan<D: AsRef<[u8]> + Sync>(
     timeline
 }
 
-/// What the first pass keeps of a block's records.
+/// A block as the first pass read it: its index, what it keeps of the
+/// records, and the decompressed block if asked for.
+type Decoded = (usize, Result<(Vec<Item>, Option<RawBlock>), FormatError>);
+
+/// What the first pass keeps of a block's records (and, with `keep`, the
+/// decompressed block).
 fn items_of<D: AsRef<[u8]>>(
     reader: &TraceReader<D>,
     b: &BlockInfo,
-) -> Result<Vec<Item>, FormatError> {
+    keep: bool,
+) -> Result<(Vec<Item>, Option<RawBlock>), FormatError> {
     let raw = reader.raw_block(b)?;
     let mut cursor = raw.records(StackMode::LengthsOnly);
     let mut items = Vec::new();
@@ -404,7 +458,8 @@ fn items_of<D: AsRef<[u8]>>(
             RecordRef::Record(other) => Item::Record(Box::new(other)),
         });
     }
-    Ok(items)
+    drop(cursor);
+    Ok((items, keep.then_some(raw)))
 }
 
 impl Item {
@@ -423,14 +478,15 @@ impl Item {
 }
 
 impl Timeline {
-    fn apply_blocks(
-        &mut self,
-        decoded: Vec<(usize, Result<Vec<Item>, FormatError>)>,
-        blocks: &[BlockInfo],
-    ) {
+    fn apply_blocks(&mut self, decoded: Vec<Decoded>, blocks: &[BlockInfo], kept: &mut KeptBlocks) {
         for (i, items) in decoded {
             match items {
-                Ok(items) => items.into_iter().for_each(|item| self.apply(item)),
+                Ok((items, raw)) => {
+                    items.into_iter().for_each(|item| self.apply(item));
+                    if let Some(raw) = raw {
+                        kept.offer(i, raw, &blocks[i]);
+                    }
+                }
                 Err(e) => {
                     self.bad_blocks.insert(i);
                     self.warnings.push(format!(

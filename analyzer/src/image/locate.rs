@@ -2,8 +2,10 @@
 //! the usual debug-file places and data embedded in the trace. A local file
 //! is used only if its build id matches the one recorded.
 
-use super::parse::{parse_file, ParsedFile};
-use super::{short_name, ImageData, LoadedImage, Section, SectionBytes, Segment, Source, Symbol};
+use super::parse::{parse_bytes, parse_file, ParsedFile};
+use super::{
+    short_name, FileBytes, ImageData, LoadedImage, Section, SectionBytes, Segment, Source, Symbol,
+};
 use crate::blobs::BlobStore;
 use crate::timeline::ImageKey;
 use lrnprof_format::{BuildId, ImageKind};
@@ -49,7 +51,7 @@ fn read_candidate(path: &Path, want: Option<&BuildId>) -> Option<ParsedFile> {
     if !meta.is_file() {
         return None;
     }
-    let bytes = std::fs::read(path).ok()?;
+    let bytes = FileBytes::open(path).ok()?;
     match universal_slices(&bytes).ok()? {
         // A universal binary: the slice with the recorded UUID (or the
         // first one, which the build-id check will then refuse).
@@ -66,7 +68,7 @@ fn read_candidate(path: &Path, want: Option<&BuildId>) -> Option<ParsedFile> {
             }
             first
         }
-        None => parse_file(Arc::new(bytes)).ok(),
+        None => parse_bytes(Arc::new(bytes)).ok(),
     }
 }
 
@@ -289,8 +291,8 @@ fn look_for_debug_file(key: &ImageKey, found: &mut Found, opts: &LocateOptions) 
 /// Add a debug file's DWARF (and symbols, if the binary had none).
 fn merge_debug(into: &mut ImageData, from: ImageData) {
     for (name, sec) in from.sections {
-        if name.starts_with(".debug_") && !sec.bytes.is_empty() {
-            let replace = into.sections.get(&name).is_none_or(|s| s.bytes.is_empty());
+        if name.starts_with(".debug_") && sec.has_bytes() {
+            let replace = into.sections.get(&name).is_none_or(|s| !s.has_bytes());
             if replace {
                 into.sections.insert(name, sec);
             }
@@ -319,10 +321,7 @@ fn merge_embedded(into: &mut ImageData, id: &BuildId, blobs: &BlobStore) -> (boo
         // the analyzer uses ELF-style ones (`.eh_frame`).
         let name = canonical_section_name(&blob_name, true).into_owned();
         let role = section_role(&name);
-        let have = into
-            .sections
-            .get(&name)
-            .is_some_and(|s| !s.bytes.is_empty());
+        let have = into.sections.get(&name).is_some_and(Section::has_bytes);
         // Symbol tables are read below; the layout is not a section.
         if have || role == Some(SectionRole::Symbols) || name == LAYOUT_SECTION {
             continue;
@@ -334,14 +333,8 @@ fn merge_embedded(into: &mut ImageData, id: &BuildId, blobs: &BlobStore) -> (boo
         gave_unwind |= role == Some(SectionRole::Unwind);
         gave_symbols |= name == ".debug_info";
         let size = bytes.len() as u64;
-        into.sections.insert(
-            name,
-            Section {
-                svma,
-                size,
-                bytes: SectionBytes::whole(bytes),
-            },
-        );
+        into.sections
+            .insert(name, Section::plain(svma, size, SectionBytes::whole(bytes)));
     }
     if let Some((_, layout)) = blobs.section(id, LAYOUT_SECTION) {
         let layout = Layout::parse(&layout);
@@ -368,10 +361,8 @@ fn merge_embedded(into: &mut ImageData, id: &BuildId, blobs: &BlobStore) -> (boo
                 Some(SectionRole::Range) => canonical.into_owned(),
                 _ => s.name,
             };
-            into.sections.entry(name).or_insert_with(|| Section {
-                svma: s.svma,
-                size: s.size,
-                bytes: SectionBytes::whole(Arc::new(Vec::new())),
+            into.sections.entry(name).or_insert_with(|| {
+                Section::plain(s.svma, s.size, SectionBytes::whole(Arc::new(Vec::new())))
             });
         }
     }

@@ -16,11 +16,46 @@ use std::ops::{Deref, Range};
 use std::path::PathBuf;
 use std::sync::Arc;
 
+/// An image file's bytes: mapped, so that only the pages the analysis
+/// reads (unwind tables, symbols, debug sections) are read from disk and
+/// nothing is copied; or bytes held in memory (embedded in the trace, or
+/// a file that could not be mapped).
+pub(crate) enum FileBytes {
+    Shared(Arc<Vec<u8>>),
+    Mapped(memmap2::Mmap),
+}
+
+impl FileBytes {
+    /// The file at `path`, mapped if possible.
+    pub fn open(path: &std::path::Path) -> std::io::Result<FileBytes> {
+        let file = std::fs::File::open(path)?;
+        // Safety: the map is read-only and lives as long as the section
+        // bytes that point into it. Should another process truncate the
+        // file while it is mapped, reading the lost pages faults (SIGBUS):
+        // an analysis needs the images it reads to stay as they are, as
+        // it needs the trace to (see `TraceBytes`).
+        match unsafe { memmap2::Mmap::map(&file) } {
+            Ok(map) => Ok(FileBytes::Mapped(map)),
+            Err(_) => Ok(FileBytes::Shared(Arc::new(std::fs::read(path)?))),
+        }
+    }
+}
+
+impl Deref for FileBytes {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            FileBytes::Shared(v) => v,
+            FileBytes::Mapped(m) => m,
+        }
+    }
+}
+
 /// A byte range of shared, immutable data: cheap to clone, usable by
 /// framehop from any worker thread.
 #[derive(Clone)]
 pub(crate) struct SectionBytes {
-    data: Arc<Vec<u8>>,
+    data: Arc<FileBytes>,
     range: Range<usize>,
 }
 
@@ -28,13 +63,13 @@ impl SectionBytes {
     pub fn whole(data: Arc<Vec<u8>>) -> SectionBytes {
         let len = data.len();
         SectionBytes {
-            data,
+            data: Arc::new(FileBytes::Shared(data)),
             range: 0..len,
         }
     }
 
     /// `None` if the range is not inside `data`.
-    pub fn slice(data: &Arc<Vec<u8>>, offset: u64, len: u64) -> Option<SectionBytes> {
+    pub fn slice(data: &Arc<FileBytes>, offset: u64, len: u64) -> Option<SectionBytes> {
         let start = usize::try_from(offset).ok()?;
         let end = start.checked_add(usize::try_from(len).ok()?)?;
         (end <= data.len()).then(|| SectionBytes {
@@ -57,12 +92,59 @@ impl std::fmt::Debug for SectionBytes {
     }
 }
 
-/// A section: its SVMA and bytes (empty bytes when only the range is known).
+/// A section: its SVMA and bytes (empty bytes when only the range is
+/// known, or while the section is `deflated`).
 #[derive(Debug, Clone)]
 pub(crate) struct Section {
     pub svma: u64,
     pub size: u64,
     pub bytes: SectionBytes,
+    /// A zlib-compressed debug section, inflated only when its image's
+    /// DWARF is read: images no sample falls in are never inflated.
+    pub deflated: Option<Deflated>,
+}
+
+impl Section {
+    /// A section whose bytes are `bytes`.
+    pub fn plain(svma: u64, size: u64, bytes: SectionBytes) -> Section {
+        Section {
+            svma,
+            size,
+            bytes,
+            deflated: None,
+        }
+    }
+
+    /// Whether the section has bytes (possibly not inflated yet).
+    pub fn has_bytes(&self) -> bool {
+        !self.bytes.is_empty() || self.deflated.is_some()
+    }
+}
+
+/// The zlib stream of a compressed section, inside its file's bytes.
+#[derive(Clone)]
+pub(crate) struct Deflated {
+    pub stream: SectionBytes,
+    /// Bytes once inflated (checked against the stream's length).
+    pub size: usize,
+}
+
+impl Deflated {
+    /// The inflated bytes; `None` if the stream is corrupt.
+    pub fn inflate(&self) -> Option<Vec<u8>> {
+        let mut out = Vec::new();
+        out.try_reserve_exact(self.size).ok()?;
+        out.resize(self.size, 0);
+        let (done, rc) =
+            zlib_rs::decompress_slice(&mut out, &self.stream, zlib_rs::InflateConfig::default());
+        (rc == zlib_rs::ReturnCode::Ok && done.len() == self.size).then_some(out)
+    }
+}
+
+impl std::fmt::Debug for Deflated {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Deflated({} -> {} bytes)", self.stream.len(), self.size)
+    }
 }
 
 /// A loadable segment: which file bytes land at which SVMA.
@@ -125,13 +207,13 @@ impl ImageData {
     pub fn has_unwind_data(&self) -> bool {
         [".eh_frame", ".debug_frame", "__unwind_info"]
             .iter()
-            .any(|n| self.sections.get(*n).is_some_and(|s| !s.bytes.is_empty()))
+            .any(|n| self.sections.get(*n).is_some_and(Section::has_bytes))
     }
 
     pub fn has_dwarf(&self) -> bool {
         self.sections
             .get(".debug_info")
-            .is_some_and(|s| !s.bytes.is_empty())
+            .is_some_and(Section::has_bytes)
     }
 
     /// Whether file and line information and inline frames are known:
@@ -214,6 +296,44 @@ mod tests {
     }
 
     #[test]
+    fn deflated_sections_inflate_when_read_and_corrupt_ones_do_not() {
+        use std::io::Write;
+        let plain: Vec<u8> = (0..10_000u32)
+            .flat_map(|i| (i % 251).to_le_bytes())
+            .collect();
+        let mut z = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::default());
+        z.write_all(&plain).unwrap();
+        let stream = Arc::new(z.finish().unwrap());
+        let d = Deflated {
+            stream: SectionBytes::whole(stream.clone()),
+            size: plain.len(),
+        };
+        let section = Section {
+            svma: 0,
+            size: plain.len() as u64,
+            bytes: SectionBytes::whole(Arc::new(Vec::new())),
+            deflated: Some(d.clone()),
+        };
+        assert!(section.has_bytes());
+        assert_eq!(d.inflate().as_deref(), Some(&plain[..]));
+        // A size the stream does not match, or a damaged stream.
+        let wrong = Deflated {
+            size: plain.len() + 1,
+            ..d.clone()
+        };
+        assert_eq!(wrong.inflate(), None);
+        let mut bad = (*stream).clone();
+        let mid = bad.len() / 2;
+        bad[mid] ^= 0xff;
+        bad.truncate(mid + 1);
+        let bad = Deflated {
+            stream: SectionBytes::whole(Arc::new(bad)),
+            ..d
+        };
+        assert_eq!(bad.inflate(), None);
+    }
+
+    #[test]
     fn bias_of_gnu_ld_layout() {
         // Text at file offset 0x1000, SVMA 0x1000, mapped from offset 0x1000.
         let d = ImageData {
@@ -254,11 +374,7 @@ mod tests {
         }
         d.sections.insert(
             ".text".into(),
-            Section {
-                svma: 0x103b4,
-                size: 0x74,
-                bytes: SectionBytes::whole(Arc::new(Vec::new())),
-            },
+            Section::plain(0x103b4, 0x74, SectionBytes::whole(Arc::new(Vec::new()))),
         );
         assert_eq!(d.bias(&text), slide);
     }

@@ -1,6 +1,6 @@
 //! Reading an image file (ELF or Mach-O) through `object`.
 
-use super::{ImageData, Section, SectionBytes, Segment};
+use super::{Deflated, FileBytes, ImageData, Section, SectionBytes, Segment};
 use lrnprof_image::{canonical_section_name, section_role, symbols_of_object, SectionRole};
 use object::read::macho::MachHeader as _;
 use object::{Object, ObjectSection, ObjectSegment};
@@ -28,30 +28,48 @@ fn wanted_name(name: &str, macho: bool) -> Option<String> {
 /// more is corrupt (and must not make us allocate what it claims).
 const MAX_INFLATE_RATIO: u64 = 1032;
 
-/// The bytes of a compressed section. zlib, what ELF debug sections use,
-/// goes through zlib-rs: inflating a large library's debug info is a
-/// fixed cost of every analysis, and zlib-rs does it in about half the
-/// time of the miniz_oxide path `object` takes. Other formats (zstd) go
-/// through `object`.
-fn inflate<'d, S: ObjectSection<'d>>(sec: &S) -> Option<Vec<u8>> {
+/// A compressed section of `file`: zlib, what ELF debug sections use, is
+/// left compressed until read ([`Deflated`]), and then goes through
+/// zlib-rs: inflating a large library's debug info is a fixed cost of
+/// every analysis that reads it, and zlib-rs does it in about half the
+/// time of the miniz_oxide path `object` takes. Other formats (zstd) are
+/// decompressed now, through `object`.
+fn compressed<'d, S: ObjectSection<'d>>(sec: &S, file: &Arc<FileBytes>) -> Option<Section> {
     let c = sec.compressed_data().ok()?;
+    let section = |bytes, deflated| Section {
+        svma: sec.address(),
+        size: sec.size(),
+        bytes,
+        deflated,
+    };
     if c.format != object::CompressionFormat::Zlib {
-        return c.decompress().ok().map(|d| d.into_owned());
+        let d = c.decompress().ok()?.into_owned();
+        return Some(section(SectionBytes::whole(Arc::new(d)), None));
     }
     if c.uncompressed_size > (c.data.len() as u64).saturating_mul(MAX_INFLATE_RATIO) + 64 {
         return None;
     }
     let size = usize::try_from(c.uncompressed_size).ok()?;
-    let mut out = Vec::new();
-    out.try_reserve_exact(size).ok()?;
-    out.resize(size, 0);
-    let (done, rc) = zlib_rs::decompress_slice(&mut out, c.data, zlib_rs::InflateConfig::default());
-    (rc == zlib_rs::ReturnCode::Ok && done.len() == size).then_some(out)
+    // `c.data` lies inside `file`'s bytes.
+    let offset = (c.data.as_ptr() as usize).checked_sub(file.as_ptr() as usize)?;
+    let stream = SectionBytes::slice(file, offset as u64, c.data.len() as u64)?;
+    if size == 0 {
+        return Some(section(SectionBytes::whole(Arc::new(Vec::new())), None));
+    }
+    Some(section(
+        SectionBytes::whole(Arc::new(Vec::new())),
+        Some(Deflated { stream, size }),
+    ))
 }
 
 /// Parse `bytes` as an ELF or Mach-O image. Section bytes point into
 /// `bytes` (compressed debug sections are decompressed into new buffers).
 pub(crate) fn parse_file(bytes: Arc<Vec<u8>>) -> Result<ParsedFile, String> {
+    parse_bytes(Arc::new(FileBytes::Shared(bytes)))
+}
+
+/// [`parse_file`] of a file's bytes however they are held.
+pub(crate) fn parse_bytes(bytes: Arc<FileBytes>) -> Result<ParsedFile, String> {
     let obj = object::File::parse(&bytes[..]).map_err(|e| format!("not a usable image: {e}"))?;
     let macho = matches!(obj.format(), object::BinaryFormat::MachO);
     // A dSYM companion (Mach-O file type MH_DSYM) keeps the section table of
@@ -75,11 +93,7 @@ pub(crate) fn parse_file(bytes: Arc<Vec<u8>>) -> Result<ParsedFile, String> {
             if let Some(b) = SectionBytes::slice(&bytes, file_offset, file_size) {
                 data.sections.insert(
                     "__TEXT".into(),
-                    Section {
-                        svma: seg.address(),
-                        size: seg.size(),
-                        bytes: b,
-                    },
+                    Section::plain(seg.address(), seg.size(), b),
                 );
             }
         }
@@ -114,20 +128,15 @@ pub(crate) fn parse_file(bytes: Arc<Vec<u8>>) -> Result<ParsedFile, String> {
         let plain = sec
             .compressed_file_range()
             .is_ok_and(|r| r.format == object::CompressionFormat::None);
-        let bytes = match (plain, sec.file_range()) {
-            (true, Some((off, len))) => SectionBytes::slice(&bytes, off, len),
-            (true, None) => Some(SectionBytes::whole(Arc::new(Vec::new()))), // NOBITS
-            (false, _) => inflate(&sec).map(|d| SectionBytes::whole(Arc::new(d))),
+        let plain_section = |b| Section::plain(sec.address(), sec.size(), b);
+        let section = match (plain, sec.file_range()) {
+            (true, Some((off, len))) => SectionBytes::slice(&bytes, off, len).map(plain_section),
+            // NOBITS
+            (true, None) => Some(plain_section(SectionBytes::whole(Arc::new(Vec::new())))),
+            (false, _) => compressed(&sec, &bytes),
         };
-        if let Some(b) = bytes {
-            data.sections.insert(
-                key,
-                Section {
-                    svma: sec.address(),
-                    size: sec.size(),
-                    bytes: b,
-                },
-            );
+        if let Some(section) = section {
+            data.sections.insert(key, section);
         }
     }
     data.symbols = symbols_of_object(&obj);

@@ -6,6 +6,7 @@
 
 mod jitmap;
 mod resolve;
+mod units;
 
 pub(crate) use jitmap::JitMap;
 pub use lrnprof_image::FrameLine;
@@ -16,14 +17,15 @@ use crate::image::{ImageData, SectionBytes};
 use gimli::EndianReader;
 use gimli::RunTimeEndian;
 use lrnprof_image::{load_dwarf, project_inline, Resolver};
+use rayon::prelude::*;
 use std::sync::Arc;
 
 /// DWARF is read in place, from the image's shared buffers.
 type Reader = EndianReader<RunTimeEndian, SectionBytes>;
 
-// Safety: a `SectionBytes` derefs to a range of a `Vec` inside an `Arc`,
-// whose heap buffer never moves while any clone of the `Arc` lives, and
-// clones deref to the same bytes.
+// Safety: a `SectionBytes` derefs to a range of a `Vec`'s heap buffer or
+// of a file mapping, inside an `Arc`: neither moves while any clone of the
+// `Arc` lives, and clones deref to the same bytes.
 unsafe impl stable_deref_trait::StableDeref for SectionBytes {}
 // Safety: as above; a clone shares the `Arc` and the range.
 unsafe impl stable_deref_trait::CloneStableDeref for SectionBytes {}
@@ -52,8 +54,10 @@ pub(crate) struct DwarfSections {
 }
 
 impl DwarfSections {
-    /// `None` if the image has no DWARF.
-    pub fn new(data: &ImageData) -> Option<DwarfSections> {
+    /// The image's DWARF as the lookups of `svmas` (sorted; `None`: any
+    /// address) need it: only the units that hold one of them are
+    /// parsed (see [`units`]). `None` if the image has no DWARF.
+    pub fn for_addresses(data: &ImageData, svmas: Option<&[u64]>) -> Option<DwarfSections> {
         if !data.has_dwarf() {
             return None;
         }
@@ -62,15 +66,79 @@ impl DwarfSections {
         } else {
             RunTimeEndian::Big
         };
-        let mut sections = Vec::new();
+        let mut wanted = Vec::new();
         // The DWARF loader asks for each section it knows once: record them.
         let _ = load_dwarf(|name| {
             if let Some(s) = data.section(name).filter(|_| !unused_dwarf(name)) {
-                sections.push((name, s.bytes.clone()));
+                wanted.push((name, s));
             }
             gimli::EndianSlice::new(&[][..], endian)
         });
+        // Compressed sections are inflated now, in parallel (a corrupt one
+        // reads as empty).
+        let mut sections: Vec<(&'static str, Bytes)> = wanted
+            .into_par_iter()
+            .map(|(name, s)| {
+                let bytes = match &s.deflated {
+                    Some(d) => Bytes::Owned(d.inflate().unwrap_or_default()),
+                    None => Bytes::Shared(s.bytes.clone()),
+                };
+                (name, bytes)
+            })
+            .collect();
+        if let Some(svmas) = svmas {
+            let get = |name: &str| {
+                sections
+                    .iter()
+                    .find(|(n, _)| *n == name)
+                    .map_or(&[][..], |(_, b)| b.as_slice())
+            };
+            let hide = units::units_to_hide(
+                get(".debug_info"),
+                get(".debug_abbrev"),
+                get(".debug_aranges"),
+                endian,
+                svmas,
+            );
+            if let (Some(hide), Some((_, info))) =
+                (hide, sections.iter_mut().find(|(n, _)| *n == ".debug_info"))
+            {
+                // Patched in place when inflated here, else in a copy.
+                if let Bytes::Shared(shared) = info {
+                    *info = Bytes::Owned(shared.to_vec());
+                }
+                if let Bytes::Owned(bytes) = info {
+                    units::hide_units(bytes, &hide);
+                }
+            }
+        }
+        let sections = sections
+            .into_iter()
+            .map(|(name, b)| {
+                let bytes = match b {
+                    Bytes::Shared(s) => s,
+                    Bytes::Owned(v) => SectionBytes::whole(Arc::new(v)),
+                };
+                (name, bytes)
+            })
+            .collect();
         Some(DwarfSections { sections, endian })
+    }
+}
+
+/// A DWARF section's bytes while [`DwarfSections`] is built: the image's,
+/// or inflated (or copied to be patched) here.
+enum Bytes {
+    Shared(SectionBytes),
+    Owned(Vec<u8>),
+}
+
+impl Bytes {
+    fn as_slice(&self) -> &[u8] {
+        match self {
+            Bytes::Shared(s) => s,
+            Bytes::Owned(v) => v,
+        }
     }
 }
 

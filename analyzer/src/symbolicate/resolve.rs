@@ -34,12 +34,23 @@ pub(crate) fn symbolicate(
         .flat_map(|(img, idx)| idx.chunks(per_chunk).map(move |c| (*img, c)))
         .collect();
     // DWARF copied once per image, shared by that image's chunks.
+    // Only the DWARF units that hold the image's addresses are parsed.
     let dwarf: HashMap<u32, DwarfSections> = groups
         .par_iter()
-        .filter_map(|(img, _)| {
+        .filter_map(|(img, idx)| {
             let img = (*img)?;
             let data = images[img as usize].data.as_ref()?;
-            let sections = std::panic::catch_unwind(|| DwarfSections::new(data)).ok()??;
+            let mut svmas: Vec<u64> = idx
+                .iter()
+                .filter_map(|&i| match frames[i] {
+                    FrameKey::Image { svma, .. } => Some(svma.0),
+                    _ => None,
+                })
+                .collect();
+            svmas.sort_unstable();
+            let sections =
+                std::panic::catch_unwind(|| DwarfSections::for_addresses(data, Some(&svmas)))
+                    .ok()??;
             Some((img, sections))
         })
         .collect();

@@ -85,7 +85,11 @@ impl<'c, 'p, A: UnwindArch> BlockUnwinder<'c, 'p, A> {
     fn new(cx: &'c BlockContext<'p>) -> Self {
         BlockUnwinder {
             cx,
-            cache: ArchCache::new(cx.prepared.arch),
+            cache: if cx.prepared.unwinders_share_cache() {
+                ArchCache::kept(cx.prepared.arch)
+            } else {
+                ArchCache::new(cx.prepared.arch)
+            },
             threads: FxHashMap::default(),
             frames: Vec::new(),
             out: UnwoundBlock::default(),
@@ -110,6 +114,9 @@ impl<'c, 'p, A: UnwindArch> BlockUnwinder<'c, 'p, A> {
                 spare.give(walks.spare);
             }
         });
+        if self.cx.prepared.unwinders_share_cache() {
+            self.cache.keep();
+        }
         self.out
     }
 

@@ -49,6 +49,41 @@ impl ArchCache {
             Arch::Aarch64 => ArchCache::Aarch64(Box::new(aarch64::Cache::new())),
         }
     }
+
+    fn arch(&self) -> Arch {
+        match self {
+            ArchCache::X86_64(_) => Arch::X86_64,
+            ArchCache::Aarch64(_) => Arch::Aarch64,
+        }
+    }
+
+    /// The cache this worker kept from its last block (see
+    /// [`keep`](Self::keep)), or a new one.
+    pub fn kept(arch: Arch) -> ArchCache {
+        KEPT_CACHE
+            .with(|k| k.borrow_mut().take())
+            .filter(|c| c.arch() == arch)
+            .unwrap_or_else(|| ArchCache::new(arch))
+    }
+
+    /// Keep this cache for the worker's next block: the unwind rules found
+    /// for the addresses of one block serve the next ones, where a new
+    /// cache per block looked every rule up again. framehop tags each rule
+    /// with its unwinder's modules generation, a process-wide counter, so
+    /// one cache serves every unwinder of an analysis (callers keep none
+    /// when an analysis has so many unwinders that the 16-bit counter
+    /// could wrap).
+    pub fn keep(self) {
+        KEPT_CACHE.with(|k| *k.borrow_mut() = Some(self));
+    }
+}
+
+/// Unwinders an analysis may have for workers to keep their caches
+/// between blocks: below framehop's 16-bit modules generation counter.
+pub(crate) const MAX_UNWINDERS_SHARING_CACHE: usize = u16::MAX as usize;
+
+thread_local! {
+    static KEPT_CACHE: std::cell::RefCell<Option<ArchCache>> = const { std::cell::RefCell::new(None) };
 }
 
 /// (image, AVMA start, AVMA end, bias).
