@@ -127,7 +127,10 @@ fn speedscope_dom(app: &Path, profile: &Path, dir: &Path) -> String {
         .args([
             "--headless",
             "--no-sandbox",
-            "--disable-gpu",
+            // speedscope draws with WebGL: without a GPU, Chromium 137 and
+            // later offer it only through SwiftShader when asked to.
+            "--use-angle=swiftshader",
+            "--enable-unsafe-swiftshader",
             "--disable-background-networking",
             "--disable-component-update",
             "--no-first-run",
