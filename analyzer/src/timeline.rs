@@ -5,6 +5,7 @@
 use crate::blobs::BlobStore;
 use crate::options::Progress;
 use crate::outcomes::Outcomes;
+use crate::tallies::SyscallTallies;
 use lrnprof_format::{
     BlockInfo, BuildId, FormatError, ImageKind, LostSource, Pid, ProcessEvent, Record, RecordRef,
     Sample, SampleDetail, SampleKind, StackMode, Summary, Tid, Timestamp, TraceHeader, TraceReader,
@@ -151,6 +152,8 @@ pub(crate) struct Timeline {
     /// What later records said about event samples (syscall returns,
     /// switch-ins, frees).
     pub outcomes: Outcomes,
+    /// Syscall tallies and the recorded calls they scale.
+    pub tallies: SyscallTallies,
     /// Indexes (into the reader's blocks) of blocks that failed to decode.
     pub bad_blocks: BTreeSet<usize>,
 }
@@ -174,6 +177,7 @@ impl Timeline {
             summary: None,
             warnings: Vec::new(),
             outcomes: Outcomes::default(),
+            tallies: SyscallTallies::default(),
             bad_blocks: BTreeSet::new(),
         }
     }
@@ -207,6 +211,9 @@ impl Timeline {
                 detail,
             } => {
                 self.outcomes.sample(pid, tid, time, kind, &detail);
+                if let (SampleKind::Syscall, SampleDetail::Syscall { nr, .. }) = (kind, &detail) {
+                    self.tallies.sample(pid, tid, *nr);
+                }
                 self.counts.sample(kind);
                 self.see_time(time);
                 self.samples += 1;
@@ -282,6 +289,7 @@ impl Timeline {
             Record::Summary(s) => self.summary = Some(s),
             // Their meaning went to `outcomes` above.
             Record::Free(_) => self.counts.frees += 1,
+            Record::SyscallTally(t) => self.tallies.record(&t),
             Record::SyscallExit(_) | Record::SwitchIn(_) => {}
             Record::Sample(_) => unreachable!("samples are turned into Item::Sample"),
         }
