@@ -381,13 +381,20 @@ mod tests {
         assert_eq!((close.calls, close.finished, close.errors), (10, 10, 10));
         // Calls 1, 5 and 9 were sampled.
         assert_eq!(
-            (close.sampled_calls, close.sampled_finished, close.sampled_errors),
+            (
+                close.sampled_calls,
+                close.sampled_finished,
+                close.sampled_errors
+            ),
             (3, 3, 3)
         );
         assert!(close.total_ns >= close.sampled_ns && close.max_ns > 0);
         assert_eq!((close.from.0, close.time.0 > start), (start, true));
         let getppid = of("getppid");
-        assert_eq!((getppid.calls, getppid.errors, getppid.sampled_calls), (7, 0, 2));
+        assert_eq!(
+            (getppid.calls, getppid.errors, getppid.sampled_calls),
+            (7, 0, 2)
+        );
         // Read again: only what changed since (calls 8 and 9, the 9th sampled).
         for _ in 0..2 {
             // Safety: as above.
