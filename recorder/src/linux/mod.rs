@@ -337,6 +337,7 @@ pub(crate) fn record(
         wake: &wake,
         ticker: StatusTicker::new(sink.stats(), deadline.started()),
         reporter,
+        counter: counter.as_mut(),
     };
     let outcome = sent.and_then(|()| {
         sample_loop(
@@ -348,11 +349,11 @@ pub(crate) fn record(
             },
             &mut control,
             heap.as_mut(),
-            counter.as_mut(),
             pid,
             launched.as_ref().map(|l| l.pid),
         )
     });
+    drop(control);
     // The last counts before sampling stops: calls sampled after them are
     // counted from their samples.
     let tallied = match counter.as_mut() {
@@ -731,6 +732,9 @@ struct Control<'a> {
     wake: &'a OwnedFd,
     ticker: StatusTicker,
     reporter: &'a dyn Reporter,
+    /// With a stack at one call in N: the kernel's counts, read every
+    /// [`TALLY_INTERVAL`].
+    counter: Option<&'a mut SyscallCounter>,
 }
 
 /// Drain until a stop condition; returns why and how a launched child ended.
@@ -740,7 +744,6 @@ fn sample_loop(
     outlet: Outlet<'_>,
     control: &mut Control<'_>,
     mut heap: Option<&mut HeapSession>,
-    mut counter: Option<&mut SyscallCounter>,
     pid: Option<u32>,
     child: Option<u32>,
 ) -> Result<(StopReason, Option<TargetExit>), RecordError> {
@@ -756,7 +759,7 @@ fn sample_loop(
     fds.push(control.wake.as_raw_fd());
     loop {
         drain_all(events, layouts, &outlet, heap.as_deref_mut(), false)?;
-        if let Some(c) = counter.as_deref_mut() {
+        if let Some(c) = control.counter.as_deref_mut() {
             if tallied_at.elapsed() >= TALLY_INTERVAL {
                 tallied_at = std::time::Instant::now();
                 send_tallies(c, sender)?;

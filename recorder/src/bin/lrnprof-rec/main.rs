@@ -184,7 +184,7 @@ fn run(args: Args) -> Result<ExitCode> {
         kernel: args.kernel,
         embed: args.embed,
         cpu: !args.no_cpu,
-        syscalls: (args.syscalls || !args.syscall_filter.is_empty()).then(|| SyscallOptions {
+        syscalls: (args.syscalls || !args.syscall_filter.is_empty()).then_some(SyscallOptions {
             filter: args.syscall_filter,
             stack_size: args.syscall_stack_size,
             callchain: args.syscall_callchain,
