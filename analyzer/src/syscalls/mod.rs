@@ -112,6 +112,10 @@ pub struct SyscallStats {
     pub max_ns: u64,
     /// Share of all kept calls' time, percent.
     pub time_pct: f64,
+    /// Call sites and slow calls come from one recorded call in this many
+    /// per thread and syscall (1: every call); the counts above are exact
+    /// either way.
+    pub stack_every: u32,
     /// Where the calls were made, the most time first.
     pub call_sites: Vec<SiteStats>,
     /// Calls far slower than their call site's median.
@@ -387,6 +391,13 @@ fn build(
         per_nr.entry(nr).or_default();
     }
     let none = CallCounts::default();
+    let stack_every = prepared
+        .timeline
+        .header
+        .events
+        .syscalls
+        .as_ref()
+        .map_or(1, |s| s.stack_every.max(1));
     let grand_total: u64 = calls.iter().map(|c| c.duration_ns).sum::<u64>()
         + tallied.values().map(|t| t.total_ns).sum::<u64>();
     let mut syscalls: Vec<SyscallStats> = per_nr
@@ -394,6 +405,7 @@ fn build(
         .map(|(nr, calls)| {
             let extra = tallied.get(&nr).unwrap_or(&none);
             let mut stats = syscall_stats(arch, nr, &calls, extra, grand_total);
+            stats.stack_every = stack_every;
             let mut by_site: BTreeMap<CallSite, Vec<&Call>> = BTreeMap::new();
             for c in &calls {
                 by_site.entry(site_of(c)).or_default().push(c);
@@ -473,13 +485,6 @@ fn build(
              whose return was lost runs until its thread's next call"
         ));
     }
-    let stack_every = prepared
-        .timeline
-        .header
-        .events
-        .syscalls
-        .as_ref()
-        .map_or(1, |s| s.stack_every.max(1));
     if stack_every > 1 {
         warnings.push(format!(
             "one call in {stack_every} per thread and syscall was recorded: counts, errors \
@@ -543,6 +548,7 @@ fn syscall_stats(
         } else {
             100.0 * total_ns as f64 / grand_total as f64
         },
+        stack_every: 1,
         call_sites: Vec::new(),
         slow_calls: Vec::new(),
     }

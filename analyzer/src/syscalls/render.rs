@@ -234,6 +234,7 @@ mod tests {
                 avg_ns: 10_000_000,
                 max_ns: 37_000_000,
                 time_pct: 100.0,
+                stack_every: 1,
                 call_sites: vec![SiteStats {
                     site: site.clone(),
                     calls: 4,

@@ -277,6 +277,7 @@ fn tallies_make_counts_exact_and_scale_call_sites() {
     std::fs::remove_file(&path).unwrap();
     assert_eq!(r.stack_every, 4);
     let write = &r.syscalls[0];
+    assert_eq!(write.stack_every, 4, "said per syscall too (--json)");
     // Exact: tallied calls, plus recorded, minus recorded and tallied.
     assert_eq!((write.calls, write.errors, write.unfinished), (16, 2, 0));
     assert_eq!((write.total_ns, write.max_ns), (4_000, 400));
