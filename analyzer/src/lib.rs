@@ -43,6 +43,7 @@ mod profile;
 mod strip;
 mod symbolicate;
 mod syscalls;
+mod tallies;
 mod timeline;
 mod top;
 mod units;

@@ -351,7 +351,12 @@ pub(crate) fn report_warnings<D: AsRef<[u8]>>(reader: &TraceReader<D>) -> Vec<St
 impl Prepared {
     /// Whether `s` passes `f`.
     pub fn selected(&self, f: &SampleFilter, s: &Sample) -> bool {
-        if f.pid.is_some_and(|p| p != s.pid) || f.tid.is_some_and(|t| t != s.tid) {
+        self.selected_at(f, s.pid, s.tid, s.time)
+    }
+
+    /// Whether `f` keeps what thread `tid` of `pid` did at `time`.
+    pub fn selected_at(&self, f: &SampleFilter, pid: Pid, tid: Tid, time: Timestamp) -> bool {
+        if f.pid.is_some_and(|p| p != pid) || f.tid.is_some_and(|t| t != tid) {
             return false;
         }
         let name_of = |pid, tid| {
@@ -361,18 +366,18 @@ impl Prepared {
                 .and_then(|t| t.name.as_ref())
         };
         if let Some(name) = &f.thread_name {
-            if name_of(s.pid, s.tid) != Some(name) {
+            if name_of(pid, tid) != Some(name) {
                 return false;
             }
         }
         if let Some(comm) = &f.comm {
-            let main = Tid(s.pid.0);
-            if name_of(s.pid, main) != Some(comm) && name_of(s.pid, s.tid) != Some(comm) {
+            let main = Tid(pid.0);
+            if name_of(pid, main) != Some(comm) && name_of(pid, tid) != Some(comm) {
                 return false;
             }
         }
         if let Some(text) = &f.cgroup {
-            let cgroup = self.timeline.processes.get(&s.pid);
+            let cgroup = self.timeline.processes.get(&pid);
             if !cgroup
                 .and_then(|p| p.cgroup.as_ref())
                 .is_some_and(|c| c.contains(text.as_str()))
@@ -381,7 +386,7 @@ impl Prepared {
             }
         }
         let start = self.timeline.header.start_time.0;
-        let secs = s.time.0.saturating_sub(start) as f64 / 1e9;
+        let secs = time.0.saturating_sub(start) as f64 / 1e9;
         if f.from_secs.is_some_and(|from| secs < from) || f.to_secs.is_some_and(|to| secs >= to) {
             return false;
         }

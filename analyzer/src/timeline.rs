@@ -5,6 +5,7 @@
 use crate::blobs::BlobStore;
 use crate::options::Progress;
 use crate::outcomes::Outcomes;
+use crate::tallies::SyscallTallies;
 use lrnprof_format::{
     BlockInfo, BuildId, FormatError, ImageKind, LostSource, Pid, ProcessEvent, RawBlock, Record,
     RecordRef, Sample, SampleDetail, SampleKind, StackMode, Summary, Tid, Timestamp, TraceHeader,
@@ -196,6 +197,8 @@ pub(crate) struct Timeline {
     /// What later records said about event samples (syscall returns,
     /// switch-ins, frees).
     pub outcomes: Outcomes,
+    /// Syscall tallies and the recorded calls they scale.
+    pub tallies: SyscallTallies,
     /// Indexes (into the reader's blocks) of blocks that failed to decode.
     pub bad_blocks: BTreeSet<usize>,
 }
@@ -219,6 +222,7 @@ impl Timeline {
             summary: None,
             warnings: Vec::new(),
             outcomes: Outcomes::default(),
+            tallies: SyscallTallies::default(),
             bad_blocks: BTreeSet::new(),
         }
     }
@@ -252,6 +256,9 @@ impl Timeline {
                 detail,
             } => {
                 self.outcomes.sample(pid, tid, time, kind, &detail);
+                if let (SampleKind::Syscall, SampleDetail::Syscall { nr, .. }) = (kind, &detail) {
+                    self.tallies.sample(pid, tid, *nr);
+                }
                 self.counts.sample(kind);
                 self.see_time(time);
                 self.samples += 1;
@@ -327,6 +334,7 @@ impl Timeline {
             Record::Summary(s) => self.summary = Some(s),
             // Their meaning went to `outcomes` above.
             Record::Free(_) => self.counts.frees += 1,
+            Record::SyscallTally(t) => self.tallies.record(&t),
             Record::SyscallExit(_) | Record::SwitchIn(_) => {}
             Record::Sample(_) => unreachable!("samples are turned into Item::Sample"),
         }

@@ -1,6 +1,7 @@
 //! The syscall-tracing comparison: one program making N `write(2)` calls,
 //! run without a tracer, under `lrnprof-rec --syscalls` (with and without
-//! CPU samples), `strace -c -f`, `perf trace -s` and `perf record` of the
+//! CPU samples, and with a stack at one call in 64 per thread and syscall,
+//! the rest counted in the kernel), `strace -c -f`, `perf trace -s` and `perf record` of the
 //! same two tracepoints without stacks (the floor of the kernel mechanism
 //! lrnprof uses), every setup once per
 //! round in turn, so all see the same machine load. Reports medians and
@@ -96,6 +97,10 @@ pub fn run_syscalls(options: &SyscallBenchOptions) -> Result<SyscallComparison, 
         (
             "lrnprof-rec --syscalls (+ CPU samples)",
             rec(&["--syscalls"]),
+        ),
+        (
+            "lrnprof-rec --syscalls --no-cpu --syscall-stack-every 64",
+            rec(&["--syscalls", "--no-cpu", "--syscall-stack-every", "64"]),
         ),
     ];
     let mut notes = Vec::new();

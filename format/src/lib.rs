@@ -64,7 +64,7 @@ pub use records::{
     Blob, BlobKind, FreeRecord, IdleRecord, ImageKind, ImageMapRecord, ImageUnmapRecord,
     LostRecord, LostSource, ProcessEvent, ProcessRecord, Record, Regs, RegsAarch64, RegsX86_64,
     Sample, SampleDetail, SampleFlags, SampleKind, StackSnapshot, Summary, SwitchInRecord,
-    SyscallExitRecord, ThreadEvent, ThreadRecord,
+    SyscallExitRecord, SyscallTallyRecord, ThreadEvent, ThreadRecord,
 };
 pub use stack::{MAX_BASES, MAX_STACK_LEN};
 pub use syscall_names::{

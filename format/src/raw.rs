@@ -9,9 +9,10 @@ pub const MAGIC: [u8; 8] = *b"\x89LPT\r\n\x1a\n";
 
 /// The format version this crate writes. Version 2 added allocation,
 /// syscall and off-CPU events, kernel frames, sample flags, process cgroups,
-/// system-wide targets and stack deltas against older snapshots; version 1
+/// system-wide targets and stack deltas against older snapshots; version 3
+/// added syscall tallies (syscall stacks at one call in N); version 1
 /// traces read as CPU-sample traces (`docs/format.md`, "Versions").
-pub const VERSION: u16 = 2;
+pub const VERSION: u16 = 3;
 
 /// The oldest format version this crate reads.
 pub const OLDEST_READABLE_VERSION: u16 = 1;

@@ -33,6 +33,9 @@ pub enum Record {
     SyscallExit(SyscallExitRecord),
     /// A thread was scheduled back in after an off-CPU sample (version 2).
     SwitchIn(SwitchInRecord),
+    /// One thread's calls of one syscall over a period, counted in the
+    /// kernel when only some calls are recorded as samples (version 3).
+    SyscallTally(SyscallTallyRecord),
 }
 
 impl Record {
@@ -49,6 +52,7 @@ impl Record {
             Record::Free(r) => Some(r.time),
             Record::SyscallExit(r) => Some(r.time),
             Record::SwitchIn(r) => Some(r.time),
+            Record::SyscallTally(r) => Some(r.time),
             Record::Blob(_) | Record::Summary(_) => None,
         }
     }
@@ -398,6 +402,50 @@ pub struct SyscallExitRecord {
     pub nr: u32,
     /// The raw return value (`-errno` on failure on Linux).
     pub ret: i64,
+}
+
+/// One thread's calls of one syscall from `from` to `time`, counted in
+/// the kernel (version 3), when [`crate::SyscallSettings::stack_every`] is
+/// above 1: only some calls are then recorded as a [`Sample`] and
+/// [`SyscallExitRecord`] ("sampled" below), the tallies count every call.
+///
+/// A call is counted when it enters, its return (`finished`, errors,
+/// durations) when it returns. Calls the kernel could not tally are always
+/// recorded as samples, so a thread's exact calls of `nr` are the sum of
+/// its tallies' `calls`, plus its recorded calls of `nr`, minus the sum of
+/// `sampled_calls`; errors, finished calls and time likewise.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SyscallTallyRecord {
+    /// End of the period (when the recorder read the counts).
+    pub time: Timestamp,
+    /// Start of the period: the previous tally of this thread and syscall,
+    /// or the start of recording.
+    pub from: Timestamp,
+    /// The process.
+    pub pid: Pid,
+    /// The thread.
+    pub tid: Tid,
+    /// The syscall number.
+    pub nr: u32,
+    /// Calls entered in the period.
+    pub calls: u64,
+    /// Calls that returned in the period.
+    pub finished: u64,
+    /// Of which failed (returned `-4095..=-1`).
+    pub errors: u64,
+    /// Total duration of the calls that returned, ns.
+    pub total_ns: u64,
+    /// Longest call of this thread and syscall since its first tally, ns
+    /// (not only of the period).
+    pub max_ns: u64,
+    /// Of `calls`, those recorded as samples.
+    pub sampled_calls: u64,
+    /// Of `finished`, those recorded as samples.
+    pub sampled_finished: u64,
+    /// Of `errors`, those recorded as samples.
+    pub sampled_errors: u64,
+    /// Of `total_ns`, the part of the calls recorded as samples, ns.
+    pub sampled_ns: u64,
 }
 
 /// A thread was scheduled back in.

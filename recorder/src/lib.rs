@@ -160,14 +160,19 @@ pub fn record(
                 .into(),
         ));
     }
-    if options
-        .syscalls
-        .as_ref()
-        .is_some_and(|s| s.stack_every != 1)
-    {
-        return Err(RecordError::InvalidOption(
-            "syscall stacks can only be copied at every call (stack_every 1) for now".into(),
-        ));
+    if let Some(s) = &options.syscalls {
+        if s.stack_every == 0 {
+            return Err(RecordError::InvalidOption(
+                "--syscall-stack-every must be at least 1".into(),
+            ));
+        }
+        if s.stack_every > 1 && options.target == TargetSpec::System {
+            return Err(RecordError::InvalidOption(
+                "--syscall-stack-every above 1 follows the recorded processes only; it cannot \
+                 be used with --all yet (use --syscall-stack-every 1)"
+                    .into(),
+            ));
+        }
     }
     native::record(options, stop, reporter)
 }

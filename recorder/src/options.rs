@@ -94,8 +94,11 @@ pub struct SyscallOptions {
     /// (about a third more per call; [`RecordOptions::kernel_callchain`]
     /// is for CPU samples and switch-outs).
     pub callchain: bool,
-    /// Copy a stack at one call in this many (1: every call). Only 1 is
-    /// supported yet; counts, errors and durations always cover every call.
+    /// Record a call as a sample (stack, arguments, return value) at one
+    /// call in this many per (thread, syscall), its first call included
+    /// (1: every call). Above 1, counts, errors and durations of every
+    /// call are tallied in the kernel by BPF programs (root or CAP_BPF and
+    /// CAP_PERFMON; not system-wide).
     pub stack_every: u32,
 }
 

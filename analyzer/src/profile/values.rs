@@ -160,6 +160,14 @@ impl Amounts {
         self.0[kind.index()] = amount;
     }
 
+    /// Multiply every amount by `factor` (a recorded call standing for
+    /// several).
+    pub fn scale(&mut self, factor: f64) {
+        for a in &mut self.0 {
+            *a *= factor;
+        }
+    }
+
     /// Add `other`.
     pub fn add(&mut self, other: &Amounts) {
         for (a, b) in self.0.iter_mut().zip(other.0) {

@@ -7,7 +7,13 @@
 //!
 //! Counts, errors and durations come from every recorded entry and exit
 //! (exact unless the trace lost events, which the report says); call
-//! sites come from unwinding each entry's stack copy.
+//! sites come from unwinding each entry's stack copy. When only one call
+//! in N was recorded (`lrnprof-rec --syscall-stack-every N`), counts,
+//! errors and durations per syscall come from the kernel's tallies and
+//! stay exact; call sites, errno names and slow calls come from the
+//! recorded calls, each standing for the exact calls of its thread and
+//! syscall over the recorded ones ([`crate::tallies`]). A time range
+//! selects tallies by the end of their period (about a second).
 
 mod render;
 
@@ -16,6 +22,7 @@ use crate::options::{AnalyzeOptions, Progress};
 use crate::outcomes::Outcome;
 use crate::pipeline::{for_each_sample_chunk, open, pool, prepare, FrameKey, Prepared, TraceBytes};
 use crate::symbolicate::symbolicate;
+use crate::tallies::CallCounts;
 use crate::unwind::ArchCache;
 use lrnprof_format::{
     errno_name, is_syscall_error, resolve_syscall_filter, syscall_name, Pid, SampleDetail,
@@ -71,6 +78,11 @@ pub struct SyscallReport {
     /// Events the kernel or recorder dropped: when not 0, counts are lower
     /// bounds and some durations run to the next entry of their thread.
     pub lost: u64,
+    /// One call in this many per thread and syscall was recorded with its
+    /// stack (1: every call). Above 1, the per-syscall figures are exact
+    /// (counted in the kernel) and call sites, errno names and slow calls
+    /// are estimated from the recorded calls.
+    pub stack_every: u32,
     /// Things the user should know (lost events, missing images).
     pub warnings: Vec<String>,
 }
@@ -100,6 +112,10 @@ pub struct SyscallStats {
     pub max_ns: u64,
     /// Share of all kept calls' time, percent.
     pub time_pct: f64,
+    /// Call sites and slow calls come from one recorded call in this many
+    /// per thread and syscall (1: every call); the counts above are exact
+    /// either way.
+    pub stack_every: u32,
     /// Where the calls were made, the most time first.
     pub call_sites: Vec<SiteStats>,
     /// Calls far slower than their call site's median.
@@ -123,15 +139,19 @@ pub struct SiteStats {
     /// Where.
     #[serde(flatten)]
     pub site: CallSite,
-    /// Calls.
+    /// Calls (with one call in N recorded: the recorded ones, each
+    /// standing for its thread and syscall's exact calls over its recorded
+    /// ones).
     pub calls: u64,
-    /// Calls that failed.
+    /// Calls that failed (estimated likewise).
     pub errors: u64,
-    /// Total duration, ns.
+    /// Total duration, ns (with one call in N recorded: the syscall's exact
+    /// time shared among its sites in proportion to their recorded time).
     pub total_ns: u64,
-    /// Median duration, ns.
+    /// Median duration of the recorded calls, ns (with one call in N,
+    /// these include writing their sample).
     pub median_ns: u64,
-    /// Longest call, ns.
+    /// Longest recorded call, ns.
     pub max_ns: u64,
 }
 
@@ -163,6 +183,8 @@ struct Call {
     duration_ns: u64,
     /// The return value, when the exit was recorded.
     ret: Option<i64>,
+    /// How many calls it stands for (1 unless only some were recorded).
+    weight: f64,
 }
 
 /// Analyze the system calls recorded in the trace at `path`.
@@ -183,8 +205,12 @@ pub fn syscall_report(
         let prepared = prepare(&reader, &options.analyze, progress, &|b| {
             reader.data().release(b)
         });
-        let calls = collect(&reader, &prepared, options, &keep_nrs, progress);
-        build(prepared, calls, options, progress)
+        let mut calls = collect(&reader, &prepared, options, &keep_nrs, progress);
+        let tallied = tallied(&prepared, options, &keep_nrs);
+        for c in &mut calls {
+            c.weight = prepared.timeline.tallies.weight(&(c.pid, c.tid, c.nr));
+        }
+        build(prepared, calls, tallied, options, progress)
     });
     progress.finish();
     if report.calls == 0 && (!keep_nrs.is_empty() || options.analyze.filter != Default::default()) {
@@ -243,6 +269,7 @@ fn collect(
                         time: s.time,
                         duration_ns,
                         ret,
+                        weight: 1.0,
                     }
                 },
             )
@@ -251,6 +278,30 @@ fn collect(
         progress.update("unwinding", done, total);
     });
     calls
+}
+
+/// Per syscall, what the selected tallies counted beyond the recorded
+/// calls (their calls minus their recorded calls, and so on).
+fn tallied(
+    prepared: &Prepared,
+    options: &SyscallReportOptions,
+    keep_nrs: &[u32],
+) -> BTreeMap<u32, CallCounts> {
+    let filter = &options.analyze.filter;
+    let selected = prepared.timeline.tallies.selected(|pid, tid, nr, time| {
+        (keep_nrs.is_empty() || keep_nrs.binary_search(&nr).is_ok())
+            && prepared.selected_at(filter, pid, tid, time)
+    });
+    let mut out: BTreeMap<u32, CallCounts> = BTreeMap::new();
+    for ((_, _, nr), t) in selected {
+        let o = out.entry(nr).or_default();
+        o.calls += t.calls.saturating_sub(t.sampled_calls);
+        o.finished += t.finished.saturating_sub(t.sampled_finished);
+        o.errors += t.errors.saturating_sub(t.sampled_errors);
+        o.total_ns += t.total_ns.saturating_sub(t.sampled_ns);
+        o.max_ns = o.max_ns.max(t.max_ns);
+    }
+    out
 }
 
 /// The first frame outside the C library, the dynamic loader and the
@@ -289,6 +340,7 @@ fn is_system_wrapper(path: &str) -> bool {
 fn build(
     prepared: Prepared,
     calls: Vec<Call>,
+    tallied: BTreeMap<u32, CallCounts>,
     options: &SyscallReportOptions,
     progress: &dyn Progress,
 ) -> SyscallReport {
@@ -335,11 +387,25 @@ fn build(
     for c in &calls {
         per_nr.entry(c.nr).or_default().push(c);
     }
-    let grand_total: u64 = calls.iter().map(|c| c.duration_ns).sum();
+    for &nr in tallied.keys() {
+        per_nr.entry(nr).or_default();
+    }
+    let none = CallCounts::default();
+    let stack_every = prepared
+        .timeline
+        .header
+        .events
+        .syscalls
+        .as_ref()
+        .map_or(1, |s| s.stack_every.max(1));
+    let grand_total: u64 = calls.iter().map(|c| c.duration_ns).sum::<u64>()
+        + tallied.values().map(|t| t.total_ns).sum::<u64>();
     let mut syscalls: Vec<SyscallStats> = per_nr
         .into_iter()
         .map(|(nr, calls)| {
-            let mut stats = syscall_stats(arch, nr, &calls, grand_total);
+            let extra = tallied.get(&nr).unwrap_or(&none);
+            let mut stats = syscall_stats(arch, nr, &calls, extra, grand_total);
+            stats.stack_every = stack_every;
             let mut by_site: BTreeMap<CallSite, Vec<&Call>> = BTreeMap::new();
             for c in &calls {
                 by_site.entry(site_of(c)).or_default().push(c);
@@ -363,12 +429,32 @@ fn build(
                 }
                 stats.call_sites.push(SiteStats {
                     site,
-                    calls: calls.len() as u64,
-                    errors: calls.iter().filter(|c| failed(c)).count() as u64,
-                    total_ns: durations.iter().sum(),
+                    calls: calls.iter().map(|c| c.weight).sum::<f64>().round() as u64,
+                    errors: calls
+                        .iter()
+                        .filter(|c| failed(c))
+                        .map(|c| c.weight)
+                        .sum::<f64>()
+                        .round() as u64,
+                    total_ns: calls
+                        .iter()
+                        .map(|c| c.weight * c.duration_ns as f64)
+                        .sum::<f64>()
+                        .round() as u64,
                     median_ns: median,
                     max_ns: durations.last().copied().unwrap_or(0),
                 });
+            }
+            if !extra.is_empty() {
+                // Recorded calls last longer than the others (the sample is
+                // written inside them): their sites share the exact time in
+                // proportion to their recorded time instead.
+                let sampled: u64 = stats.call_sites.iter().map(|s| s.total_ns).sum();
+                for site in &mut stats.call_sites {
+                    site.total_ns = (stats.total_ns as f64 * site.total_ns as f64
+                        / sampled.max(1) as f64)
+                        .round() as u64;
+                }
             }
             stats
                 .call_sites
@@ -399,12 +485,20 @@ fn build(
              whose return was lost runs until its thread's next call"
         ));
     }
+    if stack_every > 1 {
+        warnings.push(format!(
+            "one call in {stack_every} per thread and syscall was recorded: counts, errors \
+             and times per syscall are exact, call sites, errno names and slow calls are \
+             estimated from the recorded calls"
+        ));
+    }
     SyscallReport {
-        calls: calls.len() as u64,
-        errors: calls.iter().filter(|c| failed(c)).count() as u64,
+        calls: syscalls.iter().map(|s| s.calls).sum(),
+        errors: syscalls.iter().map(|s| s.errors).sum(),
         total_ns: grand_total,
         syscalls,
         lost,
+        stack_every,
         warnings,
     }
 }
@@ -413,11 +507,14 @@ fn failed(c: &Call) -> bool {
     c.ret.is_some_and(is_syscall_error)
 }
 
-/// Totals of one syscall's calls (call sites and slow calls left empty).
+/// Totals of one syscall's calls (call sites and slow calls left empty):
+/// the recorded `calls` and what the tallies counted beyond them
+/// (`extra`).
 fn syscall_stats(
     arch: lrnprof_format::Arch,
     nr: u32,
     calls: &[&Call],
+    extra: &CallCounts,
     grand_total: u64,
 ) -> SyscallStats {
     let mut errnos = BTreeMap::new();
@@ -426,26 +523,58 @@ fn syscall_stats(
         let name = errno_name(errno).map_or_else(|| format!("E{errno}"), str::to_string);
         *errnos.entry(name).or_insert(0) += 1;
     }
-    let total_ns: u64 = calls.iter().map(|c| c.duration_ns).sum();
-    let n = calls.len() as u64;
+    let errors = errnos.values().sum::<u64>() + extra.errors;
+    let errnos = scale_counts(errnos, errors);
+    let total_ns: u64 = calls.iter().map(|c| c.duration_ns).sum::<u64>() + extra.total_ns;
+    let n = calls.len() as u64 + extra.calls;
+    let finished = calls.iter().filter(|c| c.ret.is_some()).count() as u64 + extra.finished;
     SyscallStats {
         syscall: syscall_name(arch, nr).map_or_else(|| format!("syscall_{nr}"), str::to_string),
         nr,
         calls: n,
-        errors: errnos.values().sum(),
+        errors,
         errnos,
-        unfinished: calls.iter().filter(|c| c.ret.is_none()).count() as u64,
+        unfinished: n.saturating_sub(finished),
         total_ns,
         avg_ns: total_ns.checked_div(n).unwrap_or(0),
-        max_ns: calls.iter().map(|c| c.duration_ns).max().unwrap_or(0),
+        max_ns: calls
+            .iter()
+            .map(|c| c.duration_ns)
+            .max()
+            .unwrap_or(0)
+            .max(extra.max_ns),
         time_pct: if grand_total == 0 {
             0.0
         } else {
             100.0 * total_ns as f64 / grand_total as f64
         },
+        stack_every: 1,
         call_sites: Vec::new(),
         slow_calls: Vec::new(),
     }
+}
+
+/// `counts` (errno names of the recorded calls) scaled to add up to
+/// `total` (the exact errors); the rounding remainder goes to the
+/// largest. Errors no recorded call shows are `(not recorded)`.
+fn scale_counts(counts: BTreeMap<String, u64>, total: u64) -> BTreeMap<String, u64> {
+    let seen: u64 = counts.values().sum();
+    if seen == total {
+        return counts;
+    }
+    if seen == 0 {
+        return BTreeMap::from([("(not recorded)".to_string(), total)]);
+    }
+    let factor = total as f64 / seen as f64;
+    let mut out: BTreeMap<String, u64> = counts
+        .iter()
+        .map(|(k, &v)| (k.clone(), (v as f64 * factor).floor() as u64))
+        .collect();
+    let rest = total.saturating_sub(out.values().sum());
+    if let Some((k, _)) = counts.iter().max_by(|a, b| a.1.cmp(b.1).then(b.0.cmp(a.0))) {
+        *out.entry(k.clone()).or_default() += rest;
+    }
+    out
 }
 
 #[cfg(test)]

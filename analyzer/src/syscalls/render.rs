@@ -94,7 +94,15 @@ impl SyscallReport {
 
         let _ = writeln!(
             o,
-            "\ncall sites (the first frame outside libc and the vDSO):"
+            "\ncall sites (the first frame outside libc and the vDSO){}:",
+            if self.stack_every > 1 {
+                format!(
+                    ", estimated from 1 call in {} per thread and syscall",
+                    self.stack_every
+                )
+            } else {
+                String::new()
+            }
         );
         for s in &self.syscalls {
             let _ = writeln!(o, "  {}", s.syscall);
@@ -119,7 +127,12 @@ impl SyscallReport {
         if !slow.is_empty() {
             let _ = writeln!(
                 o,
-                "\nunusually slow calls (far above their call site's median):"
+                "\nunusually slow calls (far above their call site's median){}:",
+                if self.stack_every > 1 {
+                    ", among the recorded calls"
+                } else {
+                    ""
+                }
             );
             for (s, c) in slow {
                 let _ = writeln!(
@@ -221,6 +234,7 @@ mod tests {
                 avg_ns: 10_000_000,
                 max_ns: 37_000_000,
                 time_pct: 100.0,
+                stack_every: 1,
                 call_sites: vec![SiteStats {
                     site: site.clone(),
                     calls: 4,
@@ -242,6 +256,7 @@ mod tests {
             errors: 3,
             total_ns: 40_000_000,
             lost: 0,
+            stack_every: 1,
             warnings: Vec::new(),
         }
     }

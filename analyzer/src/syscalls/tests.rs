@@ -223,3 +223,91 @@ fn wrapper_images_are_libc_the_loader_and_the_vdso() {
         assert!(!is_system_wrapper(p), "{p}");
     }
 }
+
+/// One write in 4 recorded: thread 1 made 12 writes, of which 3 were
+/// recorded (at two sites), and 2 more failed writes at a third site of
+/// which 1 was recorded; the tally says the rest.
+#[test]
+fn tallies_make_counts_exact_and_scale_call_sites() {
+    let path = temp("tally");
+    let mut header = TraceHeader::example();
+    header.events = EventSettings {
+        cpu: false,
+        syscalls: Some(SyscallSettings {
+            filter: Vec::new(),
+            stack_size: 1024,
+            stack_every: 4,
+        }),
+        ..EventSettings::default()
+    };
+    let mut records = vec![
+        map(1, "/nonexistent/liba.so", 0x10000),
+        map(1, "/nonexistent/libc.so.6", 0x30000),
+    ];
+    let mut t = 1000;
+    for (site, ret) in [(0x200, 1), (0x200, 1), (0x300, 1), (0x400, -9)] {
+        records.push(enter(t, 1, WRITE, site));
+        records.push(exit(t + 400, 1, WRITE, ret));
+        t += 1000;
+    }
+    records.push(Record::SyscallTally(SyscallTallyRecord {
+        time: Timestamp(t),
+        from: Timestamp(1),
+        pid: Pid(1),
+        tid: Tid(1),
+        nr: WRITE,
+        calls: 16,
+        finished: 16,
+        errors: 2,
+        total_ns: 4_000,
+        max_ns: 400,
+        sampled_calls: 4,
+        sampled_finished: 4,
+        sampled_errors: 1,
+        sampled_ns: 1_600,
+    }));
+    let mut out = Vec::new();
+    let mut w = TraceWriter::new(&mut out, &header, WriterOptions::default()).unwrap();
+    for r in &records {
+        w.write(r).unwrap();
+    }
+    w.finish().unwrap();
+    std::fs::write(&path, out).unwrap();
+    let r = syscall_report(&path, &options(), &NoProgress).unwrap();
+    std::fs::remove_file(&path).unwrap();
+    assert_eq!(r.stack_every, 4);
+    let write = &r.syscalls[0];
+    assert_eq!(write.stack_every, 4, "said per syscall too (--json)");
+    // Exact: tallied calls, plus recorded, minus recorded and tallied.
+    assert_eq!((write.calls, write.errors, write.unfinished), (16, 2, 0));
+    assert_eq!((write.total_ns, write.max_ns), (4_000, 400));
+    // The one recorded EBADF stands for both errors.
+    assert_eq!(write.errnos, BTreeMap::from([("EBADF".to_string(), 2)]));
+    // Each recorded call stands for 4; the exact time is shared by the
+    // sites' recorded time.
+    let site = |f: &str| {
+        let s = write
+            .call_sites
+            .iter()
+            .find(|s| s.site.function == f)
+            .unwrap();
+        (s.calls, s.errors, s.total_ns)
+    };
+    assert_eq!(site("liba.so+0x1ff"), (8, 0, 2_000));
+    assert_eq!(site("liba.so+0x2ff"), (4, 0, 1_000));
+    assert_eq!(site("liba.so+0x3ff"), (4, 4, 1_000));
+    assert!(r.warnings.iter().any(|w| w.contains("one call in 4")));
+}
+
+#[test]
+fn errno_counts_scale_to_the_exact_errors() {
+    let counts = BTreeMap::from([("EBADF".to_string(), 2), ("ENOENT".to_string(), 1)]);
+    let scaled = scale_counts(counts.clone(), 10);
+    assert_eq!(scaled.values().sum::<u64>(), 10);
+    assert_eq!(scaled["ENOENT"], 3);
+    assert_eq!(scale_counts(counts.clone(), 3), counts);
+    assert_eq!(
+        scale_counts(BTreeMap::new(), 2),
+        BTreeMap::from([("(not recorded)".to_string(), 2)])
+    );
+}

@@ -20,8 +20,8 @@ use crate::pipeline::{kernel_only, push_kernel_keys, GenerationRef, Prepared};
 use crate::profile::{amounts, BlockSample, BlockStack, HeapScale, UnwoundBlock};
 use crate::unwind::ArchCache;
 use lrnprof_format::{
-    Arch, Pid, RawBlock, RecordRef, Regs, Sample, SampleFlags, SampleKind, StackMode, StackView,
-    Tid, Timestamp, MAX_BASES,
+    Arch, Pid, RawBlock, RecordRef, Regs, Sample, SampleDetail, SampleFlags, SampleKind, StackMode,
+    StackView, Tid, Timestamp, MAX_BASES,
 };
 use rustc_hash::FxHashMap;
 use std::collections::VecDeque;
@@ -139,10 +139,15 @@ impl<'c, 'p, A: UnwindArch> BlockUnwinder<'c, 'p, A> {
         };
         let out_index = self.out.samples.len() as u32;
         let keys_start = self.out.keys.len() as u32;
+        let mut values = amounts(s.kind, s.weight, outcome, self.cx.heap, self.cx.inuse_at);
+        if let (SampleKind::Syscall, SampleDetail::Syscall { nr, .. }) = (s.kind, &s.detail) {
+            // With tallies, one recorded call stands for several.
+            values.scale(prepared.timeline.tallies.weight(&(s.pid, s.tid, *nr)));
+        }
         let mut sample = BlockSample {
             thread,
             time: s.time,
-            amounts: amounts(s.kind, s.weight, outcome, self.cx.heap, self.cx.inuse_at),
+            amounts: values,
             stack: BlockStack::Whole {
                 keys: keys_start..keys_start,
             },

@@ -55,6 +55,35 @@ pub fn sample(time: u64, tid: u32, depth: usize) -> Sample {
 /// One record of each kind and each variant of the current version, in
 /// time order.
 pub fn every_kind() -> Vec<Record> {
+    let mut records = every_kind_of_v2();
+    let summary = records.pop().expect("a summary");
+    records.extend(added_in_v3());
+    records.push(summary);
+    records
+}
+
+/// Records that version 3 added.
+pub fn added_in_v3() -> Vec<Record> {
+    vec![Record::SyscallTally(SyscallTallyRecord {
+        time: Timestamp(1_000_000_029),
+        from: Timestamp(29),
+        pid: Pid(100),
+        tid: Tid(101),
+        nr: 1,
+        calls: 1_000,
+        finished: 999,
+        errors: 3,
+        total_ns: 2_500_000,
+        max_ns: 90_000,
+        sampled_calls: 16,
+        sampled_finished: 16,
+        sampled_errors: 1,
+        sampled_ns: 41_000,
+    })]
+}
+
+/// One record of each kind and each variant of version 2, in time order.
+pub fn every_kind_of_v2() -> Vec<Record> {
     let mut records = every_kind_in_committed_v1();
     let summary = records.pop().expect("a summary");
     records.push(Record::Idle(IdleRecord {

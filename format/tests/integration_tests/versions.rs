@@ -29,7 +29,7 @@ fn v1_records() -> Vec<Record> {
 /// goes back and forth between two stacks, so snapshots are encoded against
 /// older bases.
 fn v2_records() -> Vec<Record> {
-    let mut records = every_kind();
+    let mut records = every_kind_of_v2();
     let summary = records.pop().unwrap();
     records.extend(many_samples(40));
     records.extend(alternating_stacks(12));
@@ -48,17 +48,38 @@ fn committed_v1_trace_reads() {
     assert_eq!(records, v1_records());
 }
 
+/// What `v3.lpt` holds: every record kind and variant (syscall tallies
+/// added), and the same back-and-forth stacks.
+fn v3_records() -> Vec<Record> {
+    let mut records = every_kind();
+    let summary = records.pop().unwrap();
+    records.extend(many_samples(40));
+    records.extend(alternating_stacks(12));
+    records.push(summary);
+    records
+}
+
 #[test]
 fn committed_v2_trace_reads() {
-    assert_eq!(VERSION, 2, "a new version needs its own committed trace");
-    let path = data_path("v2.lpt");
-    if std::env::var_os("LRNPROF_BLESS").is_some() {
-        std::fs::write(&path, write_trace(&v2_records(), 16 * 1024)).unwrap();
-    }
-    let reader = TraceReader::open(&path).unwrap();
+    let reader = TraceReader::open(data_path("v2.lpt")).unwrap();
     assert_eq!(reader.version(), 2);
     assert!(reader.report().finished);
     assert_eq!(reader.header(), &TraceHeader::example());
     let records: Vec<Record> = reader.records().map(Result::unwrap).collect();
     assert_eq!(records, v2_records());
+}
+
+#[test]
+fn committed_v3_trace_reads() {
+    assert_eq!(VERSION, 3, "a new version needs its own committed trace");
+    let path = data_path("v3.lpt");
+    if std::env::var_os("LRNPROF_BLESS").is_some() {
+        std::fs::write(&path, write_trace(&v3_records(), 16 * 1024)).unwrap();
+    }
+    let reader = TraceReader::open(&path).unwrap();
+    assert_eq!(reader.version(), 3);
+    assert!(reader.report().finished);
+    assert_eq!(reader.header(), &TraceHeader::example());
+    let records: Vec<Record> = reader.records().map(Result::unwrap).collect();
+    assert_eq!(records, v3_records());
 }

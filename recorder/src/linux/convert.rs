@@ -23,7 +23,7 @@ use crate::sink::Convert;
 use lrnprof_format::{
     FreeRecord, LostRecord, LostSource, Pid, ProcessEvent, ProcessRecord, Record, Regs, Sample,
     SampleDetail, SampleFlags, SampleKind, StackSnapshot, SwitchInRecord, SyscallExitRecord,
-    ThreadEvent, ThreadRecord, Tid, Timestamp,
+    SyscallTallyRecord, ThreadEvent, ThreadRecord, Tid, Timestamp,
 };
 use lrnprof_image::EmbedLevel;
 use std::borrow::Cow;
@@ -41,6 +41,8 @@ pub(crate) enum RawMsg {
     Round(u64),
     /// Events of the allocation sampler, in the order it wrote them.
     Heap(Vec<HeapEvent>),
+    /// Syscall tallies read from the kernel, each at its own time.
+    Tallies(Vec<SyscallTallyRecord>),
     /// The launched process exited.
     Exited {
         /// The process.
@@ -876,6 +878,11 @@ impl Convert for Converter {
             RawMsg::Heap(events) => {
                 for e in events {
                     self.heap_event(e);
+                }
+            }
+            RawMsg::Tallies(tallies) => {
+                for t in tallies {
+                    self.push(t.time.0, Record::SyscallTally(t));
                 }
             }
             RawMsg::Exited { pid, time, code } => {

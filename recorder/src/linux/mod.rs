@@ -9,6 +9,7 @@
 //! ([`convert`]).
 
 mod attr;
+mod bpf;
 mod convert;
 mod events;
 mod execwatch;
@@ -33,9 +34,11 @@ use crate::sink::{OutputFile, Sink, SinkSender};
 use crate::stop::{Deadline, StopReason, StopToken};
 use crate::{host, CpuEvent, RecordOptions, RecordSummary, TargetExit, TargetSpec};
 use attr::{AttrSettings, EventKind, EventSpec, Role};
+use bpf::{CounterPlan, SyscallCounter};
 use convert::{ConvertSettings, Converter, Initial, RawMsg, SystemWide};
 use events::{Events, OpenError};
 use heap::{Escape, HeapEvent, HeapSession};
+use lrnprof_format::syscall_number;
 use lrnprof_format::{
     resolve_syscall_filter, Clock, Endian, EventSettings, HeapSettings, OffCpuSettings, Os, Pid,
     SampleEvent, SampleKind, SamplingSettings, SyscallSettings, Target, Timestamp, TraceHeader,
@@ -75,6 +78,9 @@ const POLL_INTERVAL: Duration = Duration::from_millis(20);
 /// program's records, the busiest allocator we measured, which never
 /// waited for room at 20 ms.
 const HEAP_POLL_INTERVAL: Duration = Duration::from_millis(20);
+/// How often the syscall tallies are read: the time resolution of counts
+/// with --syscall-stack-every above 1.
+const TALLY_INTERVAL: Duration = Duration::from_secs(1);
 /// Drains of the allocation sampler's ring per round at most, so a
 /// program that allocates without pause cannot hold the loop.
 const HEAP_DRAINS_PER_ROUND: usize = 4;
@@ -100,6 +106,11 @@ pub(crate) fn record(
     }
     // Before anything starts: a missing tracefs is reported alone.
     let mut plan = plan_events(options)?;
+    // So is a kernel that refuses the syscall counting programs.
+    let mut counter = match &plan.counter {
+        Some(c) => Some(SyscallCounter::start(c, sys::monotonic_ns())?),
+        None => None,
+    };
     if clamped && options.cpu {
         reporter.warning(&RecordWarning::FrequencyClamped {
             requested_hz: options.frequency_hz,
@@ -215,6 +226,9 @@ pub(crate) fn record(
     if settings.kernel && kernel::addresses_hidden() {
         reporter.warning(&kernel::hidden_warning());
     }
+    if let (Some(counter), Some(pid)) = (&counter, pid) {
+        counter.add_target(pid, launched.is_some())?;
+    }
     if let Some(l) = launched.as_mut() {
         l.release()?;
     }
@@ -323,6 +337,7 @@ pub(crate) fn record(
         wake: &wake,
         ticker: StatusTicker::new(sink.stats(), deadline.started()),
         reporter,
+        counter: counter.as_mut(),
     };
     let outcome = sent.and_then(|()| {
         sample_loop(
@@ -338,6 +353,14 @@ pub(crate) fn record(
             launched.as_ref().map(|l| l.pid),
         )
     });
+    drop(control);
+    // The last counts before sampling stops: calls sampled after them are
+    // counted from their samples.
+    let tallied = match counter.as_mut() {
+        Some(c) => send_tallies(c, &sender),
+        None => Ok(()),
+    };
+    let closing = counter.map(SyscallCounter::close);
     // Stop sampling before the last drain, so nothing is cut in half.
     for fd in events.switch_order(false) {
         let _ = sys::perf_disable(fd);
@@ -358,7 +381,12 @@ pub(crate) fn record(
     for warning in &totals.warnings {
         reporter.warning(warning);
     }
+    if let Some(closing) = closing {
+        // Closing file descriptors does not fail in a way to report.
+        let _ = closing.join();
+    }
     let (reason, target_exit) = outcome?;
+    tallied?;
     drained?;
     Ok(RecordSummary::new(
         &options.out,
@@ -378,6 +406,8 @@ struct EventPlan {
     syscalls: Option<SyscallSettings>,
     /// Where the syscall tracepoints keep number, arguments and return.
     payloads: Option<SyscallPayloads>,
+    /// With a stack at one call in N: the kernel programs that count.
+    counter: Option<CounterPlan>,
 }
 
 /// The events `options` ask for. Syscalls need the tracepoints' ids and
@@ -393,6 +423,7 @@ fn plan_events(options: &RecordOptions) -> Result<EventPlan, RecordError> {
     }
     let mut syscalls = None;
     let mut payloads = None;
+    let mut counter = None;
     if let Some(sc) = &options.syscalls {
         let numbers =
             resolve_syscall_filter(NATIVE_REGS.arch, sc.filter.iter().map(|s| s.as_str()))
@@ -415,6 +446,17 @@ fn plan_events(options: &RecordOptions) -> Result<EventPlan, RecordError> {
             })?,
         );
         let filter = attr::syscall_filter(&numbers);
+        if sc.stack_every > 1 {
+            let number = |name| syscall_number(NATIVE_REGS.arch, name).unwrap_or(u32::MAX);
+            counter = Some(CounterPlan {
+                enter: enter.clone(),
+                exit: exit.clone(),
+                fork: tracefs::tracepoint(&root, "sched", "sched_process_fork")?,
+                every: sc.stack_every,
+                execve: [number("execve"), number("execveat")],
+                filter: numbers.clone(),
+            });
+        }
         specs.push(EventSpec {
             tracepoint: enter.id,
             filter: filter.clone(),
@@ -429,7 +471,7 @@ fn plan_events(options: &RecordOptions) -> Result<EventPlan, RecordError> {
         syscalls = Some(SyscallSettings {
             filter: numbers,
             stack_size: attr::valid_stack_size(sc.stack_size),
-            stack_every: 1,
+            stack_every: sc.stack_every,
         });
     }
     if let Some(off) = &options.off_cpu {
@@ -450,6 +492,7 @@ fn plan_events(options: &RecordOptions) -> Result<EventPlan, RecordError> {
         specs,
         syscalls,
         payloads,
+        counter,
     })
 }
 
@@ -659,6 +702,19 @@ fn drain_all(
     Ok(any)
 }
 
+/// Read what the syscall counting programs counted and send it to the
+/// writer. After a drain: the tallies' time is later than its round.
+fn send_tallies(
+    counter: &mut SyscallCounter,
+    sender: &SinkSender<RawMsg>,
+) -> Result<(), RecordError> {
+    let tallies = counter.read(sys::monotonic_ns())?;
+    if tallies.is_empty() {
+        return Ok(());
+    }
+    sender.send(RawMsg::Tallies(tallies))
+}
+
 fn decode_wait_status(status: i32) -> TargetExit {
     if libc::WIFSIGNALED(status) {
         TargetExit::Signal(libc::WTERMSIG(status))
@@ -676,6 +732,9 @@ struct Control<'a> {
     wake: &'a OwnedFd,
     ticker: StatusTicker,
     reporter: &'a dyn Reporter,
+    /// With a stack at one call in N: the kernel's counts, read every
+    /// [`TALLY_INTERVAL`].
+    counter: Option<&'a mut SyscallCounter>,
 }
 
 /// Drain until a stop condition; returns why and how a launched child ended.
@@ -688,6 +747,7 @@ fn sample_loop(
     pid: Option<u32>,
     child: Option<u32>,
 ) -> Result<(StopReason, Option<TargetExit>), RecordError> {
+    let mut tallied_at = std::time::Instant::now();
     let sender = outlet.sender;
     let poll_interval = if heap.is_some() {
         HEAP_POLL_INTERVAL
@@ -699,6 +759,12 @@ fn sample_loop(
     fds.push(control.wake.as_raw_fd());
     loop {
         drain_all(events, layouts, &outlet, heap.as_deref_mut(), false)?;
+        if let Some(c) = control.counter.as_deref_mut() {
+            if tallied_at.elapsed() >= TALLY_INTERVAL {
+                tallied_at = std::time::Instant::now();
+                send_tallies(c, sender)?;
+            }
+        }
         control.ticker.tick(control.reporter);
         if let Some(child) = child {
             if let Some(status) = sys::try_wait(child).map_err(|e| RecordError::Sys {

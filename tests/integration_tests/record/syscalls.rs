@@ -153,6 +153,105 @@ fn counts_and_errors_match_strace_and_calls_have_their_call_sites() {
     remove_scratch_dir(&dir);
 }
 
+/// `strace -c -f` of `rec_syscalls MODE`, without the calls lrnprof does
+/// not compare: execve (recording starts at the launched command's), and
+/// calls that never return (strace leaves them out, lrnprof counts them
+/// as unfinished).
+fn strace_counts(dir: &Path, exe: &Path, mode: &str) -> BTreeMap<String, (u64, u64)> {
+    let summary = dir.join(format!("strace-{mode}.txt"));
+    let status = Command::new("strace")
+        .args(["-c", "-f", "-o"])
+        .arg(&summary)
+        .arg(exe)
+        .arg(mode)
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let mut strace = parse_strace_summary(&std::fs::read_to_string(&summary).unwrap());
+    strace.remove("execve");
+    strace
+}
+
+/// (calls, errors) per syscall, without those that never return.
+fn counts(r: &SyscallReport) -> BTreeMap<String, (u64, u64)> {
+    r.syscalls
+        .iter()
+        .filter(|s| !["exit_group", "exit"].contains(&s.syscall.as_str()))
+        .map(|s| (s.syscall.clone(), (s.calls, s.errors)))
+        .collect()
+}
+
+#[test]
+fn one_call_in_16_recorded_keeps_counts_exact_and_finds_call_sites_in_a_forked_child() {
+    require_tracing!();
+    if !is_root() {
+        skip!("--syscall-stack-every loads BPF programs: needs root");
+    }
+    if !has_program("strace") {
+        skip!("strace is not installed (Debian package strace)");
+    }
+    let dir = scratch_dir("rec-syscalls-every");
+    let exe = build(&dir);
+    let out = dir.join("t.lpt");
+    let args = ["--syscalls", "--no-cpu", "--syscall-stack-every", "16"];
+    assert_success(&launch(&out, &args, &exe, &["fork"]));
+    let (reader, records) = load_complete(&out);
+    assert_time_ordered(&records);
+    assert_eq!(
+        reader
+            .header()
+            .events
+            .syscalls
+            .as_ref()
+            .map(|s| s.stack_every),
+        Some(16)
+    );
+    let recorded = samples(&records).len();
+    assert!(
+        records.iter().any(|r| matches!(r, Record::SyscallTally(_))),
+        "no tallies"
+    );
+    let r = report(&out, SampleFilter::default());
+    assert_eq!(r.stack_every, 16);
+    // Every call counted, in both processes, though far fewer recorded.
+    assert_eq!(
+        counts(&r),
+        strace_counts(&dir, &exe, "fork"),
+        "lrnprof vs strace -c -f"
+    );
+    assert!(
+        (recorded as u64) < r.calls,
+        "{recorded} recorded of {}",
+        r.calls
+    );
+    // The child's calls: each thread's first call of a syscall is
+    // recorded, and stands for all its calls of that syscall.
+    assert_eq!(at_site(&r, "openat", "failing_open"), Some((5, 5)));
+    assert_eq!(at_site(&r, "close", "bad_close"), Some((3, 3)));
+    // The parent's writes: 7 of 100 recorded, all at one site.
+    assert_eq!(at_site(&r, "write", "null_writes"), Some((100, 0)));
+    let writes = records
+        .iter()
+        .filter(|r| {
+            matches!(r, Record::Sample(s) if matches!(s.detail,
+                lrnprof_format::SampleDetail::Syscall { nr, .. }
+                    if Some(nr) == syscall_number(Arch::X86_64, "write")))
+        })
+        .count();
+    if cfg!(target_arch = "x86_64") {
+        assert_eq!(writes, 7, "writes 1, 17, ..., 97 recorded");
+    }
+    let text = Command::new(lrnprof_analyze())
+        .args(["syscalls"])
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert_success(&text);
+    let text = String::from_utf8(text.stdout).unwrap();
+    assert!(text.contains("estimated from 1 call in 16"), "{text}");
+    remove_scratch_dir(&dir);
+}
+
 #[test]
 fn calls_from_two_threads_belong_to_their_threads_and_functions() {
     require_tracing!();

@@ -119,6 +119,14 @@ struct Args {
     #[arg(long)]
     syscall_callchain: bool,
 
+    /// Record a syscall's stack (and arguments, return value and duration
+    /// as a sample) at one call in N per thread and syscall, the first
+    /// included; counts, errors and durations stay exact for every call,
+    /// counted in the kernel by a small BPF program (needs root or CAP_BPF
+    /// and CAP_PERFMON). Call sites are then estimated from the samples.
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    syscall_stack_every: u32,
+
     /// Record off-CPU time (Linux; needs root or CAP_PERFMON): the stack
     /// at each switch-out of a target thread and how long until it runs again.
     #[arg(long)]
@@ -176,11 +184,11 @@ fn run(args: Args) -> Result<ExitCode> {
         kernel: args.kernel,
         embed: args.embed,
         cpu: !args.no_cpu,
-        syscalls: (args.syscalls || !args.syscall_filter.is_empty()).then(|| SyscallOptions {
+        syscalls: (args.syscalls || !args.syscall_filter.is_empty()).then_some(SyscallOptions {
             filter: args.syscall_filter,
             stack_size: args.syscall_stack_size,
             callchain: args.syscall_callchain,
-            ..SyscallOptions::default()
+            stack_every: args.syscall_stack_every,
         }),
         off_cpu: args.off_cpu.then_some(OffCpuOptions {
             stack_size: args.off_cpu_stack_size,
