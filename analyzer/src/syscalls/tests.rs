@@ -53,20 +53,27 @@ const WRITE: u32 = 1;
 const OPENAT: u32 = 257;
 const EXIT_GROUP: u32 = 231;
 
-/// Thread 1 writes 11 times at liba+0x200 (100 ns each, the last 5 ms);
-/// thread 2 fails to open 3 times at liba+0x300 (ENOENT), then exits
-/// the process.
-fn trace(path: &Path) {
+/// A header of syscall tracing with 1 KiB stacks, one call in
+/// `stack_every` recorded.
+fn syscall_header(stack_every: u32) -> TraceHeader {
     let mut header = TraceHeader::example();
     header.events = EventSettings {
         cpu: false,
         syscalls: Some(SyscallSettings {
             filter: Vec::new(),
             stack_size: 1024,
-            stack_every: 1,
+            stack_every,
         }),
         ..EventSettings::default()
     };
+    header
+}
+
+/// Thread 1 writes 11 times at liba+0x200 (100 ns each, the last 5 ms);
+/// thread 2 fails to open 3 times at liba+0x300 (ENOENT), then exits
+/// the process.
+fn trace(path: &Path) {
+    let header = syscall_header(1);
     let mut records = vec![
         map(1, "/nonexistent/liba.so", 0x10000),
         map(1, "/nonexistent/libc.so.6", 0x30000),
@@ -230,16 +237,7 @@ fn wrapper_images_are_libc_the_loader_and_the_vdso() {
 #[test]
 fn tallies_make_counts_exact_and_scale_call_sites() {
     let path = temp("tally");
-    let mut header = TraceHeader::example();
-    header.events = EventSettings {
-        cpu: false,
-        syscalls: Some(SyscallSettings {
-            filter: Vec::new(),
-            stack_size: 1024,
-            stack_every: 4,
-        }),
-        ..EventSettings::default()
-    };
+    let header = syscall_header(4);
     let mut records = vec![
         map(1, "/nonexistent/liba.so", 0x10000),
         map(1, "/nonexistent/libc.so.6", 0x30000),

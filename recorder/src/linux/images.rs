@@ -80,6 +80,7 @@ impl Images {
         list.retain(|old| old.end <= m.start || old.start >= m.end);
         list.push(m.clone());
         self.touched.mappings_changed(m.pid.0);
+        self.touched.mappings_known(&self.process_images, m.pid.0);
     }
 
     /// The process's address space is gone (exit) or replaced (exec).

@@ -92,7 +92,15 @@ pub(crate) struct Touched {
     seen_stacks: HashMap<(u32, u32), SeenStack>,
     /// The changed words of the sample at hand (kept for its allocation).
     words: Vec<u64>,
+    /// Lookups of processes whose mappings are not known yet, done once
+    /// they are: a forked child's allocation sampler can report before
+    /// the recorder has read the fork from the kernel.
+    waiting: HashMap<u32, Vec<(u64, bool)>>,
+    waiting_len: usize,
 }
+
+/// Lookups kept at most while their processes' mappings are unknown.
+const MAX_WAITING: usize = 1 << 20;
 
 /// What one sample refers to.
 pub(crate) struct SampleRefs<'a> {
@@ -125,6 +133,15 @@ impl Touched {
         self.dirty.insert(pid);
     }
 
+    /// Process `pid`'s mappings became known: do the lookups that waited
+    /// for them.
+    pub fn mappings_known(&mut self, maps: &HashMap<u32, Vec<ImageMapRecord>>, pid: u32) {
+        if let Some(waiting) = self.waiting.remove(&pid) {
+            self.waiting_len -= waiting.len();
+            self.touch(maps, pid, waiting);
+        }
+    }
+
     /// Note what a sample refers to. `maps` are the executable mappings
     /// of each process. Unchanged stack words were looked up when they
     /// first appeared; every copy is scanned whole again after its
@@ -154,11 +171,15 @@ impl Touched {
             .chain(s.lr)
             .chain(words.iter().copied())
             .map(|a| a.wrapping_sub(1));
-        self.touch(
-            maps,
-            pid,
-            std::iter::once((s.ip, true)).chain(returns.map(|a| (a, false))),
-        );
+        let lookups = std::iter::once((s.ip, true)).chain(returns.map(|a| (a, false)));
+        if maps.contains_key(&pid) {
+            self.touch(maps, pid, lookups);
+        } else if self.waiting_len < MAX_WAITING {
+            let waiting = self.waiting.entry(pid).or_default();
+            let before = waiting.len();
+            waiting.extend(lookups.take(MAX_WAITING - self.waiting_len));
+            self.waiting_len += waiting.len() - before;
+        }
         self.words = words;
         self.seen_stacks.insert((pid, tid), seen);
     }
@@ -461,6 +482,35 @@ mod tests {
         assert_eq!(update(&mut seen, 0xf8, &[9, 1, 5, 3]), [9, 5]);
         // Misaligned with what is held: everything is new again.
         assert_eq!(update(&mut seen, 0x104, &[1, 2]), [1, 2]);
+    }
+
+    /// A sample of a process whose mappings come later (a forked child
+    /// heard from before its fork) is looked up once they do.
+    #[test]
+    fn samples_before_their_process_mappings_are_looked_up_when_they_come() {
+        let mut t = Touched::new(true);
+        let words = |w: &[u64]| w.iter().flat_map(|x| x.to_ne_bytes()).collect::<Vec<u8>>();
+        let stack = words(&[0x1801]);
+        let none = HashMap::new();
+        t.sample(
+            &none,
+            &SampleRefs {
+                pid: 9,
+                tid: 9,
+                ip: 0x1100,
+                lr: None,
+                callchain: &[],
+                sp: 0x8000,
+                stack: &stack,
+            },
+        );
+        assert!(touched(&t).is_empty());
+        let m = maps(&[map(9, 0x1000, 0x2000, 1)]);
+        t.mappings_known(&m, 9);
+        assert_eq!(touched(&t), [1]);
+        let one = t.image(&BuildId(vec![1])).unwrap();
+        assert_eq!(one.lookups(), [0x1100, 0x1800]);
+        assert!(t.waiting.is_empty() && t.waiting_len == 0);
     }
 
     #[test]
