@@ -358,8 +358,12 @@ impl Converter {
     /// Queue an image record and remember it for the process's children.
     fn push_image(&mut self, record: Record) {
         if let Record::ImageMap(m) = &record {
-            self.images.remember(m);
+            let given = self.images.remember(m);
             self.push(m.time.0, record);
+            // Children forked after it, heard before it, get it too.
+            for m in given {
+                self.push(m.time.0, Record::ImageMap(m));
+            }
         }
     }
 
@@ -460,7 +464,7 @@ impl Converter {
                     // The exec replaced the address space.
                     self.regions.remove(&pid);
                     self.untouched.process_replaced(pid);
-                    self.images.forget_process(pid);
+                    self.images.forget_process(pid, t);
                 }
                 self.thread(t, pid, tid, ThreadEvent::Rename, Some(name.to_string()));
             }
@@ -487,7 +491,7 @@ impl Converter {
                     );
                     // The child starts with a copy of its parent's mappings.
                     for r in self.images.inherited(ppid, pid, time) {
-                        self.push_image(r);
+                        self.push(time, r);
                     }
                 }
                 self.thread(time, pid, tid, ThreadEvent::Start, name);
@@ -507,7 +511,7 @@ impl Converter {
                 self.untouched.thread_exited(pid, tid);
                 if pid == tid {
                     self.regions.remove(&pid);
-                    self.images.forget_process(pid);
+                    self.images.forget_process(pid, time);
                     if self.launched_root != Some(pid) {
                         self.push(time, process_exit(time, pid, None));
                     }
@@ -1081,6 +1085,58 @@ mod tests {
         assert_eq!(out[3], Record::SwitchIn(SwitchInRecord {
             time: Timestamp(9000), pid: Pid(10), tid: Tid(11),
         }));
+    }
+
+    /// `settings()`'s trailer: pid and tid, time.
+    fn trailer(pid: u32, time: u64) -> Vec<u8> {
+        u64s(&[((pid as u64) << 32) | pid as u64, time])
+    }
+
+    fn mmap2_record(pid: u32, time: u64, addr: u64, id: u8) -> Vec<u8> {
+        let mut body = [pid.to_ne_bytes(), pid.to_ne_bytes()].concat();
+        body.extend(u64s(&[addr, 0x1000, 0]));
+        let mut build_id = [0u8; 24];
+        build_id[0] = 20;
+        build_id[4] = id;
+        body.extend(build_id);
+        body.extend((libc::PROT_READ | libc::PROT_EXEC).to_ne_bytes());
+        body.extend(0u32.to_ne_bytes());
+        body.extend(b"/nonexistent/image.so\0\0\0");
+        body.extend(trailer(pid, time));
+        perf_record(parse::kind::MMAP2, parse::MISC_MMAP_BUILD_ID, &body)
+    }
+
+    /// Records of a process that execs, heard in the order the rings gave
+    /// them in a failed recording: the new program's first mappings before
+    /// the exec itself (they came from another CPU's ring), and a child
+    /// forked after the exec. The child gets the new program's mappings.
+    #[rustfmt::skip]
+    #[test]
+    fn a_child_gets_its_parents_mappings_whatever_order_they_were_heard_in() {
+        let mut c = converter();
+        let mut chunk = mmap2_record(10, 100, 0x1000, 1);           // the old program
+        chunk.extend(mmap2_record(10, 210, 0x5000, 2));             // the new one...
+        chunk.extend(mmap2_record(10, 220, 0x7000, 3));
+        let mut comm = [10u32.to_ne_bytes(), 10u32.to_ne_bytes()].concat();
+        comm.extend(b"prog\0\0\0\0");
+        comm.extend(trailer(10, 200));
+        chunk.extend(perf_record(parse::kind::COMM, parse::MISC_COMM_EXEC, &comm)); // exec at 200
+        chunk.extend(mmap2_record(10, 230, 0x9000, 4));
+        // Fork of 20 at 300, heard after a mapping made before it (250).
+        let fork = [20u32, 10, 20, 10].map(u32::to_ne_bytes).concat();
+        let mut fork = [fork, u64s(&[300])].concat();
+        fork.extend(trailer(10, 300));
+        chunk.extend(perf_record(parse::kind::FORK, 0, &fork));
+        chunk.extend(mmap2_record(10, 250, 0xb000, 5));
+        let mut out = Vec::new();
+        c.convert(RawMsg::Chunk(Chunk::plain(chunk)), &mut out).unwrap();
+        c.finish(&mut out, &mut Vec::new()).unwrap();
+        let mut child: Vec<(u64, u64)> = out.iter().filter_map(|r| match r {
+            Record::ImageMap(m) if m.pid == Pid(20) => Some((m.start, m.time.0)),
+            _ => None,
+        }).collect();
+        child.sort_unstable();
+        assert_eq!(child, [(0x5000, 300), (0x7000, 300), (0x9000, 300), (0xb000, 300)], "{out:#?}");
     }
 
     /// A stack the draining thread took out of its record (see `Chunk`)

@@ -4,6 +4,7 @@
 //! table of the addresses the trace refers to. Runs on the writer thread.
 
 use super::procfs::{self, MapsEntry};
+use super::spaces::AddressSpaces;
 use super::sys;
 use super::touched::{SampleRefs, Touched};
 use crate::report::RecordWarning;
@@ -40,8 +41,9 @@ const MAX_FRAME_TABLES_BYTES: usize = 16 << 20;
 /// Image book-keeping for the converter.
 pub(crate) struct Images {
     embed: EmbedLevel,
-    /// The images of each process, so a forked child gets its parent's.
-    process_images: HashMap<u32, Vec<ImageMapRecord>>,
+    /// The images of each process over time, so a forked child gets its
+    /// parent's.
+    spaces: AddressSpaces,
     /// Build ids by file identity (device, inode, mtime in ns).
     build_ids: HashMap<(u64, u64, i64), Option<BuildId>>,
     /// Images by build id, for embedding.
@@ -58,7 +60,7 @@ impl Images {
     pub fn new(embed: EmbedLevel) -> Images {
         Images {
             embed,
-            process_images: HashMap::new(),
+            spaces: AddressSpaces::default(),
             build_ids: HashMap::new(),
             seen: HashMap::new(),
             vdso: HashMap::new(),
@@ -73,42 +75,43 @@ impl Images {
         self.embed != EmbedLevel::None
     }
 
-    /// Remember that `m` is mapped in its process (replacing overlapped
-    /// mappings).
-    pub fn remember(&mut self, m: &ImageMapRecord) {
-        let list = self.process_images.entry(m.pid.0).or_default();
-        list.retain(|old| old.end <= m.start || old.start >= m.end);
-        list.push(m.clone());
-        self.touched.mappings_changed(m.pid.0);
-        self.touched.mappings_known(&self.process_images, m.pid.0);
+    /// Remember that `m` is mapped in its process from its time on
+    /// (replacing overlapped mappings). Returns the records of children
+    /// forked after it, heard before it, that get a copy.
+    pub fn remember(&mut self, m: &ImageMapRecord) -> Vec<ImageMapRecord> {
+        let (changed, given) = self.spaces.map(m);
+        self.changed(&changed);
+        given
     }
 
-    /// The process's address space is gone (exit) or replaced (exec).
-    pub fn forget_process(&mut self, pid: u32) {
-        self.process_images.remove(&pid);
-        self.touched.mappings_changed(pid);
+    /// Process `pid`'s address space is gone (exit) or replaced (exec) at
+    /// `time`.
+    pub fn forget_process(&mut self, pid: u32, time: u64) {
+        self.spaces.replace(pid, time);
+        self.changed(&[pid]);
     }
 
-    /// The images of `parent`, as records for its new child `child` at `time`.
-    pub fn inherited(&self, parent: u32, child: u32, time: u64) -> Vec<Record> {
-        self.process_images
-            .get(&parent)
-            .into_iter()
-            .flatten()
-            .map(|m| {
-                Record::ImageMap(ImageMapRecord {
-                    time: Timestamp(time),
-                    pid: Pid(child),
-                    ..m.clone()
-                })
-            })
-            .collect()
+    /// The images `parent` had mapped at `time`, as records for its new
+    /// child `child`, forked then.
+    pub fn inherited(&mut self, parent: u32, child: u32, time: u64) -> Vec<Record> {
+        let copies = self.spaces.fork(parent, child, time);
+        self.changed(&[child]);
+        copies.into_iter().map(Record::ImageMap).collect()
+    }
+
+    fn changed(&mut self, pids: &[u32]) {
+        for &pid in pids {
+            self.touched.mappings_changed(pid);
+            if self.spaces.current().contains_key(&pid) {
+                self.touched.mappings_known(self.spaces.current(), pid);
+            }
+        }
     }
 
     /// Note the images a sample refers to, and the code addresses in them
     /// (see [`Touched`]).
     pub fn touch_sample(&mut self, sample: &SampleRefs<'_>) {
-        self.touched.sample(&self.process_images, sample);
+        self.touched.sample(self.spaces.current(), sample);
     }
 
     /// The blobs to embed: sections of every touched image, the vDSO's
@@ -520,7 +523,7 @@ mod tests {
             panic!("{inherited:?}")
         };
         assert_eq!((m.pid, m.time, m.start), (Pid(9), Timestamp(50), 0x1000));
-        images.forget_process(1);
-        assert!(images.inherited(1, 9, 60).is_empty());
+        images.forget_process(1, 55);
+        assert!(images.inherited(1, 10, 60).is_empty());
     }
 }

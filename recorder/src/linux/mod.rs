@@ -22,6 +22,7 @@ mod parse;
 mod procfs;
 mod regs;
 mod ring;
+mod spaces;
 mod sys;
 mod system;
 mod touched;
