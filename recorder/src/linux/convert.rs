@@ -28,6 +28,8 @@ use lrnprof_format::{
 use lrnprof_image::EmbedLevel;
 use std::borrow::Cow;
 use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// What the sampling side sends to the writer thread.
@@ -157,7 +159,8 @@ pub(crate) struct Converter {
     /// Records that could not be parsed.
     malformed: u64,
     pids_seen: HashSet<u32>,
-    priority: Option<super::sys::PriorityGuard>,
+    /// Where the writer thread says who it is, for `urgency`.
+    writer_thread: Arc<AtomicI32>,
     /// Most bytes of stack the kernel copies per sample, per event role.
     stack_sizes: Vec<(Role, u32)>,
     untouched: UntouchedPages,
@@ -252,7 +255,7 @@ impl Converter {
             images: Images::new(embed),
             malformed: 0,
             pids_seen: HashSet::new(),
-            priority: None,
+            writer_thread: Arc::default(),
             stack_sizes,
             untouched: UntouchedPages::new(page_size),
             system: None,
@@ -295,6 +298,12 @@ impl Converter {
     /// Hand converted chunks back to `pool` for the draining thread.
     pub fn with_chunk_pool(mut self, pool: ChunkPool) -> Converter {
         self.chunks = Some(pool);
+        self
+    }
+
+    /// The writer thread stores its id in `id` when it starts.
+    pub fn with_writer_thread(mut self, id: Arc<AtomicI32>) -> Converter {
+        self.writer_thread = id;
         self
     }
 
@@ -845,10 +854,11 @@ impl Convert for Converter {
     type Raw = RawMsg;
 
     fn on_writer_thread(&mut self) {
-        // Falling behind blocks the draining thread; keep up with the
-        // target. Start from normal: threads inherit their creator's policy.
+        // Start from normal (threads inherit their creator's policy); the
+        // draining thread raises this one while the rings fill.
         super::sys::normal_thread_priority();
-        self.priority = super::sys::raise_thread_priority();
+        self.writer_thread
+            .store(super::sys::thread_id(), Ordering::Release);
     }
 
     fn convert(&mut self, raw: RawMsg, out: &mut Vec<Record>) -> Result<(), RecordError> {
@@ -901,9 +911,6 @@ impl Convert for Converter {
         out: &mut Vec<Record>,
         warnings: &mut Vec<RecordWarning>,
     ) -> Result<(), RecordError> {
-        // Sampling is over: embedding (reading and compressing sections)
-        // runs at normal priority.
-        self.priority = None;
         self.flush_all_switched_out();
         self.release(u64::MAX, out);
         if self.malformed > 0 {

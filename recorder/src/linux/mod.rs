@@ -28,6 +28,7 @@ mod system;
 mod touched;
 mod tracefs;
 mod untouched;
+mod urgency;
 
 use crate::error::RecordError;
 use crate::report::{RecordWarning, Reporter, StatusTicker};
@@ -48,9 +49,11 @@ pub(crate) use parse::fuzz_records;
 use parse::Layouts;
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
+use std::sync::atomic::AtomicI32;
 use std::sync::Arc;
 use std::time::Duration;
 use tracefs::SyscallPayloads;
+use urgency::Urgency;
 
 #[cfg(target_arch = "x86_64")]
 const NATIVE_REGS: regs::ArchRegs = regs::X86_64;
@@ -170,10 +173,11 @@ pub(crate) fn record(
         (Some(_), Some(l)) => heap::check_program(&l.path).map(|e| (l.path.clone(), e)),
         _ => None,
     };
-    // Before attaching (opening events for thousands of busy threads must
-    // not wait for CPU) but after the fork, so a launched command keeps
-    // its normal priority.
-    let priority = sys::raise_thread_priority();
+    // Raised before attaching (opening events for thousands of busy
+    // threads must not wait for CPU) but after the fork, so a launched
+    // command keeps its normal priority; lowered once the rings keep up.
+    let writer_thread = Arc::new(AtomicI32::new(0));
+    let mut urgency = Urgency::new(Arc::clone(&writer_thread));
     // The process recorded (`None`: every process).
     let pid = match (&options.target, &launched) {
         (_, Some(l)) => Some(l.pid),
@@ -316,7 +320,9 @@ pub(crate) fn record(
         converter = converter.with_exec_watch(watch);
     }
     let chunk_pool = ring::ChunkPool::default();
-    converter = converter.with_chunk_pool(chunk_pool.clone());
+    converter = converter
+        .with_chunk_pool(chunk_pool.clone())
+        .with_writer_thread(writer_thread);
     let sink = Sink::start(out, &header, converter, CHANNEL_CAPACITY)?;
     let sender = sink.sender();
     let command = match &header.target {
@@ -339,6 +345,7 @@ pub(crate) fn record(
         ticker: StatusTicker::new(sink.stats(), deadline.started()),
         reporter,
         counter: counter.as_mut(),
+        urgency: &mut urgency,
     };
     let outcome = sent.and_then(|()| {
         sample_loop(
@@ -374,7 +381,7 @@ pub(crate) fn record(
         pool: &chunk_pool,
     };
     let drained = drain_all(&mut events, &layouts, &outlet, heap.as_mut(), true);
-    drop(priority);
+    drop(urgency);
     let end = sys::monotonic_ns();
     drop(sender);
     // A failed writer (disk full) is the root cause of any sending error.
@@ -642,7 +649,8 @@ struct Outlet<'a> {
 }
 
 /// Drain every ring buffer once, and the allocation sampler's ring;
-/// `last`: the recording is over. Returns whether anything was drained.
+/// `last`: the recording is over. Returns whether a ring was more full
+/// than it should be between drains (see `urgency`).
 fn drain_all(
     events: &mut Events,
     layouts: &Layouts,
@@ -652,7 +660,7 @@ fn drain_all(
 ) -> Result<bool, RecordError> {
     let Outlet { sender, pool } = *outlet;
     let round = sys::monotonic_ns();
-    let mut any = false;
+    let mut behind = false;
     // Records are compacted straight from the ring into chunks of about
     // MAX_CHUNK bytes: each live byte is copied once here.
     let mut wrapped = Vec::new();
@@ -661,8 +669,10 @@ fn drain_all(
     for ring in events.rings() {
         // Room for what is there (stack copies before compaction: more
         // than enough), or one chunk.
-        let room = ring.pending().min(MAX_CHUNK);
-        let drained = ring.drain_records(&mut wrapped, |rec| {
+        let pending = ring.pending();
+        behind |= urgency::behind(pending, ring.data_size(), urgency::KERNEL_RING_FRACTION);
+        let room = pending.min(MAX_CHUNK);
+        ring.drain_records(&mut wrapped, |rec| {
             if chunk.bytes.capacity() == 0 {
                 chunk.bytes = pool.take(room + rec.len());
             }
@@ -675,17 +685,16 @@ fn drain_all(
         if !chunk.is_empty() {
             sender.send(RawMsg::Chunk(std::mem::take(&mut chunk)))?;
         }
-        any |= drained > 0;
     }
     let mut round = Some(round);
     if let Some(heap) = heap {
+        behind |= heap.behind();
         round = round.map(|r| r.saturating_sub(HEAP_HOLD_NS));
         let mut more = true;
         for _ in 0..HEAP_DRAINS_PER_ROUND {
             let mut batch: Vec<HeapEvent> = Vec::new();
             more = heap.drain(&mut batch, sys::monotonic_ns(), last);
             if !batch.is_empty() {
-                any = true;
                 sender.send(RawMsg::Heap(batch))?;
             }
             if !more {
@@ -700,7 +709,7 @@ fn drain_all(
     if let Some(round) = round {
         sender.send(RawMsg::Round(round))?;
     }
-    Ok(any)
+    Ok(behind)
 }
 
 /// Read what the syscall counting programs counted and send it to the
@@ -736,6 +745,8 @@ struct Control<'a> {
     /// With a stack at one call in N: the kernel's counts, read every
     /// [`TALLY_INTERVAL`].
     counter: Option<&'a mut SyscallCounter>,
+    /// The recorder's threads' priority, raised while the rings fill.
+    urgency: &'a mut Urgency,
 }
 
 /// Drain until a stop condition; returns why and how a launched child ended.
@@ -759,7 +770,8 @@ fn sample_loop(
     let wake_index = fds.len();
     fds.push(control.wake.as_raw_fd());
     loop {
-        drain_all(events, layouts, &outlet, heap.as_deref_mut(), false)?;
+        let behind = drain_all(events, layouts, &outlet, heap.as_deref_mut(), false)?;
+        control.urgency.drained(behind);
         if let Some(c) = control.counter.as_deref_mut() {
             if tallied_at.elapsed() >= TALLY_INTERVAL {
                 tallied_at = std::time::Instant::now();

@@ -104,6 +104,22 @@ pub(crate) fn online_cpus(configured: usize) -> Vec<u32> {
     }
 }
 
+/// The number of threads running or ready to run on the machine now: the
+/// fourth field of `/proc/loadavg` ("RUNNING/TOTAL").
+pub(crate) fn parse_loadavg_running(text: &str) -> Option<u32> {
+    text.split_whitespace()
+        .nth(3)?
+        .split('/')
+        .next()?
+        .parse()
+        .ok()
+}
+
+/// See [`parse_loadavg_running`].
+pub(crate) fn running_threads() -> Option<u32> {
+    parse_loadavg_running(&std::fs::read_to_string("/proc/loadavg").ok()?)
+}
+
 /// Path of a file of process `pid` as seen from the host: through
 /// `/proc/PID/root`, so files inside containers resolve.
 pub(crate) fn root_path(pid: u32, path: &str) -> PathBuf {
@@ -215,6 +231,17 @@ pub(crate) fn read_sysctl(path: &str) -> Option<i64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn running_threads_from_loadavg() {
+        assert_eq!(
+            parse_loadavg_running("0.52 0.58 0.59 3/467 12345\n"),
+            Some(3)
+        );
+        assert_eq!(parse_loadavg_running("0.52 0.58 0.59"), None);
+        assert_eq!(parse_loadavg_running("0.52 0.58 0.59 x/4 1"), None);
+        assert!(running_threads().is_some_and(|n| n >= 1));
+    }
 
     #[test]
     fn cgroup_is_the_unified_path_or_the_deepest_v1_one() {

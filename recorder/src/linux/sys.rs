@@ -176,6 +176,11 @@ impl RingMap {
         unsafe { &*(self.base.add(offset) as *const AtomicU64) }
     }
 
+    /// Bytes of the data area.
+    pub fn data_size(&self) -> usize {
+        self.data_size
+    }
+
     /// Bytes the kernel has written and not been released yet.
     pub fn pending(&self) -> usize {
         let head = self.meta(DATA_HEAD).load(Ordering::Acquire);
@@ -259,55 +264,85 @@ pub(crate) fn monotonic_ns() -> u64 {
 /// not permitted.
 const RECORDER_NICE: i32 = -10;
 
-/// A thread's scheduling, restored when dropped.
-pub(crate) struct PriorityGuard {
+/// A thread's scheduling: policy, real-time priority and nice value.
+#[derive(Clone, Copy)]
+pub(crate) struct Scheduling {
     policy: i32,
     param: libc::sched_param,
     nice: i32,
 }
 
-impl Drop for PriorityGuard {
-    fn drop(&mut self) {
-        // Safety: restores values read from this same thread; plain
-        // integers and a valid sched_param.
+impl Scheduling {
+    /// The calling thread's; `None` if it cannot be read.
+    pub fn of_this_thread() -> Option<Scheduling> {
+        Scheduling::of_thread(0)
+    }
+
+    /// Thread `tid`'s (0: the calling thread); `None` if it cannot be read.
+    pub fn of_thread(tid: i32) -> Option<Scheduling> {
+        // Safety: the scheduling calls take plain integers and valid
+        // sched_param structs; pid 0 means the calling thread on Linux.
         unsafe {
-            libc::sched_setscheduler(0, self.policy, &self.param);
-            libc::setpriority(libc::PRIO_PROCESS, 0, self.nice);
+            let policy = libc::sched_getscheduler(tid);
+            let mut param: libc::sched_param = std::mem::zeroed();
+            libc::sched_getparam(tid, &mut param);
+            *libc::__errno_location() = 0;
+            let nice = libc::getpriority(libc::PRIO_PROCESS, tid as libc::id_t);
+            (policy >= 0 && *libc::__errno_location() == 0).then_some(Scheduling {
+                policy,
+                param,
+                nice,
+            })
+        }
+    }
+
+    /// Not real-time.
+    pub fn is_normal(&self) -> bool {
+        self.policy != libc::SCHED_FIFO && self.policy != libc::SCHED_RR
+    }
+
+    /// The nice value.
+    pub fn nice(&self) -> i32 {
+        self.nice
+    }
+
+    /// The same policy, priority and nice value.
+    #[cfg(test)]
+    pub fn same_as(&self, other: &Scheduling) -> bool {
+        (self.policy, self.param.sched_priority, self.nice)
+            == (other.policy, other.param.sched_priority, other.nice)
+    }
+
+    /// Give it to thread `tid` of this process (Linux schedules threads
+    /// one by one). Lowering a thread's priority is always permitted.
+    pub fn apply(&self, tid: i32) {
+        // Safety: plain integers and a valid sched_param.
+        unsafe {
+            libc::sched_setscheduler(tid, self.policy, &self.param);
+            libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, self.nice);
         }
     }
 }
 
-/// Favour the calling thread over the target's threads: with many busy
-/// target threads on few CPUs, a recorder at normal priority gets too
-/// little CPU to drain the ring buffers in time. Real-time (SCHED_FIFO,
-/// lowest priority) where permitted, else nice -10; Linux applies both
-/// per thread. The recorder's threads sleep in poll or on a channel
-/// between bursts, so they never hog a CPU. `None` if neither is
-/// permitted.
-pub(crate) fn raise_thread_priority() -> Option<PriorityGuard> {
-    // Safety: the scheduling calls take plain integers and valid
-    // sched_param structs; pid 0 means the calling thread on Linux.
+/// Favour thread `tid` of this process, whose nice value is `nice`,
+/// over the target's threads: real-time (SCHED_FIFO, lowest priority)
+/// where permitted, else nice -10. Whether either was permitted.
+pub(crate) fn raise_thread(tid: i32, nice: i32) -> bool {
+    // Safety: plain integers and a valid sched_param.
     unsafe {
-        let policy = libc::sched_getscheduler(0);
-        let mut param: libc::sched_param = std::mem::zeroed();
-        libc::sched_getparam(0, &mut param);
-        *libc::__errno_location() = 0;
-        let nice = libc::getpriority(libc::PRIO_PROCESS, 0);
-        if policy < 0 || *libc::__errno_location() != 0 {
-            return None;
-        }
-        let guard = PriorityGuard {
-            policy,
-            param,
-            nice,
-        };
         let fifo = libc::sched_param { sched_priority: 1 };
-        if libc::sched_setscheduler(0, libc::SCHED_FIFO, &fifo) == 0 {
-            return Some(guard);
+        if libc::sched_setscheduler(tid, libc::SCHED_FIFO, &fifo) == 0 {
+            return true;
         }
-        (nice > RECORDER_NICE && libc::setpriority(libc::PRIO_PROCESS, 0, RECORDER_NICE) == 0)
-            .then_some(guard)
+        nice > RECORDER_NICE
+            && libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, RECORDER_NICE) == 0
     }
+}
+
+/// The calling thread's id.
+pub(crate) fn thread_id() -> i32 {
+    // Safety: gettid has no preconditions.
+    unsafe { libc::gettid() }
 }
 
 /// Put the calling thread back to normal scheduling (threads inherit the
@@ -319,6 +354,17 @@ pub(crate) fn normal_thread_priority() {
         libc::sched_setscheduler(0, libc::SCHED_OTHER, &param);
         libc::setpriority(libc::PRIO_PROCESS, 0, 0);
     }
+}
+
+/// CPU time of this whole process (every thread), in nanoseconds.
+pub(crate) fn process_cpu_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // Safety: ts is a valid timespec to write to.
+    unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
 /// The number of configured CPUs.

@@ -172,6 +172,18 @@ impl HeapSession {
         ]
     }
 
+    /// Whether the samplers have filled more of the ring than a drain
+    /// should find (see `urgency`).
+    pub fn behind(&self) -> bool {
+        let control = self.consumer.ring().control();
+        let head = control.head.0.load(Ordering::Relaxed);
+        let tail = control.tail.0.load(Ordering::Relaxed);
+        let size = 1u64 << control.settings.data_log2;
+        let used = head.saturating_sub(tail).min(size) as usize;
+        let fraction = super::urgency::HEAP_RING_FRACTION;
+        super::urgency::behind(used, size as usize, fraction)
+    }
+
     /// Take what the samplers wrote, up to a budget; `last`: the
     /// recording is over, records still being written are given up.
     /// Returns whether there may be more.
