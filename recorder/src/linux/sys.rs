@@ -251,12 +251,21 @@ pub(crate) fn poll_readable(fds: &[RawFd], timeout_ms: i32) -> io::Result<Vec<(u
 
 /// `CLOCK_MONOTONIC` in nanoseconds: the clock of every trace timestamp.
 pub(crate) fn monotonic_ns() -> u64 {
+    clock_ns(libc::CLOCK_MONOTONIC)
+}
+
+/// CPU time of this whole process (every thread), in nanoseconds.
+pub(crate) fn process_cpu_ns() -> u64 {
+    clock_ns(libc::CLOCK_PROCESS_CPUTIME_ID)
+}
+
+fn clock_ns(clock: libc::clockid_t) -> u64 {
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
     };
     // Safety: ts is a valid timespec to write to.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    unsafe { libc::clock_gettime(clock, &mut ts) };
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
@@ -354,17 +363,6 @@ pub(crate) fn normal_thread_priority() {
         libc::sched_setscheduler(0, libc::SCHED_OTHER, &param);
         libc::setpriority(libc::PRIO_PROCESS, 0, 0);
     }
-}
-
-/// CPU time of this whole process (every thread), in nanoseconds.
-pub(crate) fn process_cpu_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // Safety: ts is a valid timespec to write to.
-    unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
 /// The number of configured CPUs.
