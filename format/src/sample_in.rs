@@ -25,18 +25,18 @@ const U16_MARKER: u8 = 251;
 const U32_MARKER: u8 = 252;
 const U64_MARKER: u8 = 253;
 
-/// Read a delta-encoded sample record from the start of `rest`. On
-/// success `rest` is left after it; on `None` it is unchanged. The
+/// Read a delta-encoded sample record from the start of `bytes`, and
+/// how many bytes it takes. The
 /// snapshot's segments go into `segments` (cleared first), whose buffer
 /// the caller gets back in the result. With `keep_kernel` false the
 /// kernel callchain and kernel frames are checked and left empty, as the
 /// serde path of a metadata pass does.
 pub(crate) fn read_sample<'a>(
-    rest: &mut &'a [u8],
+    bytes: &'a [u8],
     keep_kernel: bool,
     mut segments: Vec<SegmentIn<'a>>,
-) -> Option<WireSampleIn<'a>> {
-    let mut r = Reader { rest: *rest };
+) -> Option<(WireSampleIn<'a>, usize)> {
+    let mut r = Reader { rest: bytes };
     if r.u32()? != SAMPLE_VARIANT {
         return None;
     }
@@ -112,8 +112,7 @@ pub(crate) fn read_sample<'a>(
         },
         _ => return None,
     };
-    *rest = r.rest;
-    Some(WireSampleIn {
+    let sample = WireSampleIn {
         time,
         pid,
         tid,
@@ -132,7 +131,8 @@ pub(crate) fn read_sample<'a>(
         kernel_frames,
         flags,
         detail,
-    })
+    };
+    Some((sample, bytes.len() - r.rest.len()))
 }
 
 /// The unread bytes of a record.
@@ -232,12 +232,9 @@ mod tests {
     fn check_same(bytes: &[u8]) -> Option<usize> {
         let mut used = None;
         for keep in [true, false] {
-            let mut rest = bytes;
-            let Some(fast) = read_sample(&mut rest, keep, Vec::new()) else {
-                assert_eq!(rest.len(), bytes.len(), "rest untouched on None");
+            let Some((fast, len)) = read_sample(bytes, keep, Vec::new()) else {
                 continue;
             };
-            let len = bytes.len() - rest.len();
             assert_eq!(by_serde(&bytes[..len], keep).as_ref(), Some(&fast));
             used = Some(len);
         }
@@ -361,14 +358,10 @@ mod tests {
         let bytes = block_bytes(&records);
         let mut rest = &bytes[..];
         // Past the thread record.
-        while read_sample(&mut rest.clone(), true, Vec::new()).is_none() {
+        while read_sample(rest, true, Vec::new()).is_none() {
             rest = &rest[1..];
         }
-        let record_len = {
-            let mut r = rest;
-            read_sample(&mut r, true, Vec::new()).unwrap();
-            rest.len() - r.len()
-        };
+        let (_, record_len) = read_sample(rest, true, Vec::new()).unwrap();
         let record = &rest[..record_len];
         let mut taken = 0;
         // The fields before the stack's literal bytes, and some of those.
