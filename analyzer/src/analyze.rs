@@ -15,6 +15,7 @@ use crate::unwind::{unwind_block, BlockContext};
 use lrnprof_format::{BlockInfo, RawBlock, Timestamp, TraceReader};
 use rayon::prelude::*;
 use std::path::Path;
+use std::sync::Mutex;
 
 /// Decompressed bytes of blocks the first pass keeps for the second
 /// (bytes): a trace whose blocks fit is decompressed once, and memory
@@ -105,6 +106,21 @@ fn run(
     // Each block is decoded once and unwound by one worker; the builder
     // takes a chunk's blocks in order while the next chunk is unwound.
     let mut pending: Vec<UnwoundBlock> = Vec::new();
+    // Blocks the builder is done with, their buffers for the next ones.
+    let spare: Mutex<Vec<UnwoundBlock>> = Mutex::new(Vec::new());
+    let take_spare = || {
+        spare
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .pop()
+            .unwrap_or_default()
+    };
+    let add = |builder: &mut ProfileBuilder, pending: &mut Vec<UnwoundBlock>| {
+        for b in pending.drain(..) {
+            builder.add_block(&b);
+            spare.lock().unwrap_or_else(|e| e.into_inner()).push(b);
+        }
+    };
     for chunk in blocks.chunks(chunk_blocks()) {
         let raws: Vec<Option<RawBlock>> =
             (first..first + chunk.len()).map(|i| kept.take(i)).collect();
@@ -119,13 +135,13 @@ fn run(
                             return UnwoundBlock::default();
                         }
                         match raw.map_or_else(|| reader.raw_block(b), Ok) {
-                            Ok(raw) => unwind_block(&cx, &raw),
+                            Ok(raw) => unwind_block(&cx, &raw, take_spare()),
                             Err(_) => UnwoundBlock::default(),
                         }
                     })
                     .collect()
             },
-            || pending.drain(..).for_each(|b| builder.add_block(&b)),
+            || add(&mut builder, &mut pending),
         );
         pending = unwound;
         reader_release(reader, chunk);
@@ -133,7 +149,8 @@ fn run(
         done += chunk.len() as u64;
         progress.update("unwinding", done, total);
     }
-    pending.drain(..).for_each(|b| builder.add_block(&b));
+    add(&mut builder, &mut pending);
+    drop(spare);
 
     let lines = symbolicate(
         builder.frames(),

@@ -458,7 +458,10 @@ fn items_of<D: AsRef<[u8]>>(
 ) -> Result<(Vec<Item>, Option<RawBlock>), FormatError> {
     let raw = reader.raw_block(b)?;
     let mut cursor = raw.records(StackMode::LengthsOnly);
-    let mut items = Vec::new();
+    // Every record takes a byte at least: a count past that is a corrupt
+    // header, which decoding reports.
+    let mut items =
+        Vec::with_capacity((raw.record_count() as usize).min(b.header.raw_len as usize));
     while let Some(r) = cursor.next() {
         items.push(match r? {
             RecordRef::Sample(s) => Item::of_sample(&s.sample, s.stack.len().into()),

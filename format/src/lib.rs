@@ -47,6 +47,7 @@ mod error;
 pub mod raw;
 mod read;
 mod records;
+mod sample_in;
 mod stack;
 mod syscall_names;
 mod types;

@@ -36,11 +36,19 @@ pub(crate) struct BlockContext<'p> {
 }
 
 /// Unwind the selected samples of `raw` (a block that decoded in the
-/// first pass).
-pub(crate) fn unwind_block(cx: &BlockContext<'_>, raw: &RawBlock) -> UnwoundBlock {
+/// first pass) into `out`, whose buffers (an earlier block's, emptied
+/// here) are reused: growing new ones for every block cost more than
+/// filling them.
+pub(crate) fn unwind_block(
+    cx: &BlockContext<'_>,
+    raw: &RawBlock,
+    mut out: UnwoundBlock,
+) -> UnwoundBlock {
+    out.samples.clear();
+    out.keys.clear();
     match cx.prepared.arch {
-        Arch::X86_64 => BlockUnwinder::<X86_64Arch>::new(cx).run(raw),
-        Arch::Aarch64 => BlockUnwinder::<Aarch64Arch>::new(cx).run(raw),
+        Arch::X86_64 => BlockUnwinder::<X86_64Arch>::new(cx, out).run(raw),
+        Arch::Aarch64 => BlockUnwinder::<Aarch64Arch>::new(cx, out).run(raw),
     }
 }
 
@@ -82,7 +90,7 @@ struct BlockUnwinder<'c, 'p, A: UnwindArch> {
 }
 
 impl<'c, 'p, A: UnwindArch> BlockUnwinder<'c, 'p, A> {
-    fn new(cx: &'c BlockContext<'p>) -> Self {
+    fn new(cx: &'c BlockContext<'p>, out: UnwoundBlock) -> Self {
         BlockUnwinder {
             cx,
             cache: if cx.prepared.unwinders_share_cache() {
@@ -92,7 +100,7 @@ impl<'c, 'p, A: UnwindArch> BlockUnwinder<'c, 'p, A> {
             },
             threads: FxHashMap::default(),
             frames: Vec::new(),
-            out: UnwoundBlock::default(),
+            out,
         }
     }
 
