@@ -144,7 +144,7 @@ impl Images {
                     });
                     match result {
                         Ok(blobs) => {
-                            out.extend(blobs);
+                            out.extend(without_derived_sections(blobs));
                             let (table, w) = self.frame_table(id, image, file, &mut table_budget);
                             out.extend(table);
                             warnings.extend(w);
@@ -166,7 +166,7 @@ impl Images {
                     });
                     match blobs {
                         Some(Ok((file, blobs))) => {
-                            out.extend(blobs);
+                            out.extend(without_derived_sections(blobs));
                             let (table, w) = self.frame_table(id, image, &file, &mut table_budget);
                             out.extend(table);
                             warnings.extend(w);
@@ -406,9 +406,57 @@ pub(crate) fn image_kind(path: &str) -> ImageKind {
     }
 }
 
+/// `blobs` of one image without the sections an analyzer derives from
+/// others: `.eh_frame_hdr` is a sorted index of `.eh_frame` (which the
+/// unwinder rebuilds from `.eh_frame` itself when the header is missing)
+/// and compresses badly, about a quarter of what the unwind tables of a
+/// large image take in the trace.
+fn without_derived_sections(mut blobs: Vec<Blob>) -> Vec<Blob> {
+    let is_section = |b: &Blob, section: &str| matches!(&b.kind, BlobKind::Section { name, .. } if name == section);
+    if blobs.iter().any(|b| is_section(b, ".eh_frame")) {
+        blobs.retain(|b| !is_section(b, ".eh_frame_hdr"));
+    }
+    blobs
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_eh_frame_index_is_left_out_only_beside_the_eh_frame() {
+        let blob = |name: &str| Blob {
+            build_id: BuildId(vec![1]),
+            kind: BlobKind::Section {
+                name: name.into(),
+                svma: 0x1000,
+            },
+            compressed: false,
+            offset: 0,
+            total_len: 4,
+            data: vec![0; 4],
+        };
+        let names = |blobs: Vec<Blob>| -> Vec<String> {
+            blobs
+                .into_iter()
+                .map(|b| match b.kind {
+                    BlobKind::Section { name, .. } => name,
+                    other => panic!("{other:?}"),
+                })
+                .collect()
+        };
+        let all = vec![blob(".dynsym"), blob(".eh_frame_hdr"), blob(".eh_frame")];
+        assert_eq!(
+            names(without_derived_sections(all)),
+            [".dynsym", ".eh_frame"]
+        );
+        // Without the `.eh_frame` the index is all there is: kept.
+        let alone = vec![blob(".eh_frame_hdr"), blob(".debug_frame")];
+        assert_eq!(
+            names(without_derived_sections(alone)),
+            [".eh_frame_hdr", ".debug_frame"]
+        );
+    }
 
     #[test]
     fn image_kinds_from_paths() {

@@ -308,18 +308,24 @@ impl SeenStack {
     fn update(&mut self, sp: u64, stack: &[u8], mut changed: impl FnMut(u64)) {
         self.cover(sp, stack.len() as u64);
         let off = (sp - self.start) as usize;
-        let held = &mut self.bytes[off..off + stack.len()];
-        for (new, old) in stack.chunks(SEEN_CHUNK).zip(held.chunks_mut(SEEN_CHUNK)) {
-            if new == old {
-                continue;
+        // Whole words only: the bytes past the last one are no address.
+        let len = stack.len() / 8 * 8;
+        let new = &stack[..len];
+        let held = &mut self.bytes[off..off + len];
+        let mut i = 0;
+        while i < len {
+            // Skip what is held already, in bulk, to the word that differs.
+            i += equal_prefix_len(&new[i..], &held[i..]) / 8 * 8;
+            if i >= len {
+                break;
             }
-            for (n, o) in new.chunks_exact(8).zip(old.chunks_exact(8)) {
-                let word = u64::from_ne_bytes(n.try_into().expect("8 bytes"));
-                if n != o && word != 0 {
-                    changed(word);
-                }
+            let word = &new[i..i + 8];
+            let value = u64::from_ne_bytes(word.try_into().expect("8 bytes"));
+            if value != 0 {
+                changed(value);
             }
-            old.copy_from_slice(new);
+            held[i..i + 8].copy_from_slice(word);
+            i += 8;
         }
     }
 
@@ -354,6 +360,43 @@ impl SeenStack {
     }
 }
 
+/// How many leading bytes `a` and `b` share (up to the shorter's
+/// length). Most of a thread's stack is unchanged from one copy to the
+/// next: equal stretches are compared [`SEEN_CHUNK`] bytes at a time by
+/// the C library's `memcmp`, the rest a word at a time; a difference in
+/// the first word (where the bytes differ, the next difference is near)
+/// costs no call.
+fn equal_prefix_len(a: &[u8], b: &[u8]) -> usize {
+    let len = a.len().min(b.len());
+    let (a, b) = (&a[..len], &b[..len]);
+    let word = |s: &[u8], i: usize| u64::from_le_bytes(s[i..i + 8].try_into().expect("8 bytes"));
+    if len >= 8 {
+        let d = word(a, 0) ^ word(b, 0);
+        if d != 0 {
+            return d.trailing_zeros() as usize / 8;
+        }
+    }
+    let mut n = 0;
+    for (x, y) in a.chunks_exact(SEEN_CHUNK).zip(b.chunks_exact(SEEN_CHUNK)) {
+        if x != y {
+            break;
+        }
+        n += SEEN_CHUNK;
+    }
+    while n + 8 <= len {
+        let d = word(a, n) ^ word(b, n);
+        if d != 0 {
+            return n + d.trailing_zeros() as usize / 8;
+        }
+        n += 8;
+    }
+    n + a[n..]
+        .iter()
+        .zip(&b[n..])
+        .take_while(|(x, y)| x == y)
+        .count()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -383,6 +426,22 @@ mod tests {
 
     fn touched(t: &Touched) -> Vec<u8> {
         t.touched_ids().iter().map(|id| id.0[0]).collect()
+    }
+
+    #[test]
+    fn equal_prefixes_are_found_at_every_length_and_position() {
+        let a: Vec<u8> = (0..1100u32).map(|i| (i * 31 + 3) as u8).collect();
+        for len in [0, 1, 7, 8, 9, 255, 256, 257, 700, 1100] {
+            for diff in [0, 1, 7, 8, 255, 256, 300, 511, 512, 1099] {
+                let mut b = a[..len].to_vec();
+                if diff < len {
+                    b[diff] ^= 0x40;
+                }
+                let expected = a[..len].iter().zip(&b).take_while(|(x, y)| x == y).count();
+                assert_eq!(equal_prefix_len(&a[..len], &b), expected, "{len} {diff}");
+                assert_eq!(equal_prefix_len(&b, &a), expected, "{len} {diff}");
+            }
+        }
     }
 
     #[test]
