@@ -389,11 +389,13 @@ fn word(b: &[u8], i: usize) -> u64 {
     u64::from_le_bytes(b[i..i + 8].try_into().expect("eight bytes"))
 }
 
-fn common_prefix_len(a: &[u8], b: &[u8]) -> usize {
-    // Long equal runs are the rule (a thread's stack hardly changes between
-    // samples): compare them in blocks, which `memcmp` does fastest, then
-    // eight bytes at a time, the tail byte by byte. A difference in the
-    // first word (where the bytes differ, runs are short) costs no call.
+/// How many leading bytes `a` and `b` share (up to the shorter's length).
+/// Long equal runs are the rule (a thread's stack hardly changes between
+/// samples): they are compared in blocks, which `memcmp` does fastest,
+/// then eight bytes at a time, the tail byte by byte. A difference in the
+/// first word (where the bytes differ, runs are short) costs no call. The
+/// recorder compares its stack copies with it too.
+pub fn common_prefix_len(a: &[u8], b: &[u8]) -> usize {
     const BLOCK: usize = 256;
     let len = a.len().min(b.len());
     let (a, b) = (&a[..len], &b[..len]);

@@ -8,7 +8,7 @@
 //! the same address are looked at, and each lookup is a bounds test and a
 //! binary search.
 
-use lrnprof_format::{BuildId, ImageMapRecord};
+use lrnprof_format::{common_prefix_len, BuildId, ImageMapRecord};
 use std::collections::{HashMap, HashSet};
 
 /// Code addresses remembered at most, over all images (about 40 bytes
@@ -27,11 +27,6 @@ const MAX_SEEN_SPAN: u64 = (64 + 4) << 10;
 /// How far a [`SeenStack`] grows downwards at least, so that a thread
 /// whose stack deepens sample by sample does not move the bytes each time.
 const SEEN_GROW: u64 = 4 << 10;
-
-/// Bytes compared at once before looking at single words: most of a
-/// thread's stack is unchanged from one copy to the next, and comparing
-/// long runs is what the C library's `memcmp` does fastest.
-const SEEN_CHUNK: usize = 256;
 
 /// An executable mapping of an image with a build id, in one process.
 struct TouchRange {
@@ -315,7 +310,7 @@ impl SeenStack {
         let mut i = 0;
         while i < len {
             // Skip what is held already, in bulk, to the word that differs.
-            i += equal_prefix_len(&new[i..], &held[i..]) / 8 * 8;
+            i += common_prefix_len(&new[i..], &held[i..]) / 8 * 8;
             if i >= len {
                 break;
             }
@@ -360,43 +355,6 @@ impl SeenStack {
     }
 }
 
-/// How many leading bytes `a` and `b` share (up to the shorter's
-/// length). Most of a thread's stack is unchanged from one copy to the
-/// next: equal stretches are compared [`SEEN_CHUNK`] bytes at a time by
-/// the C library's `memcmp`, the rest a word at a time; a difference in
-/// the first word (where the bytes differ, the next difference is near)
-/// costs no call.
-fn equal_prefix_len(a: &[u8], b: &[u8]) -> usize {
-    let len = a.len().min(b.len());
-    let (a, b) = (&a[..len], &b[..len]);
-    let word = |s: &[u8], i: usize| u64::from_le_bytes(s[i..i + 8].try_into().expect("8 bytes"));
-    if len >= 8 {
-        let d = word(a, 0) ^ word(b, 0);
-        if d != 0 {
-            return d.trailing_zeros() as usize / 8;
-        }
-    }
-    let mut n = 0;
-    for (x, y) in a.chunks_exact(SEEN_CHUNK).zip(b.chunks_exact(SEEN_CHUNK)) {
-        if x != y {
-            break;
-        }
-        n += SEEN_CHUNK;
-    }
-    while n + 8 <= len {
-        let d = word(a, n) ^ word(b, n);
-        if d != 0 {
-            return n + d.trailing_zeros() as usize / 8;
-        }
-        n += 8;
-    }
-    n + a[n..]
-        .iter()
-        .zip(&b[n..])
-        .take_while(|(x, y)| x == y)
-        .count()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -426,22 +384,6 @@ mod tests {
 
     fn touched(t: &Touched) -> Vec<u8> {
         t.touched_ids().iter().map(|id| id.0[0]).collect()
-    }
-
-    #[test]
-    fn equal_prefixes_are_found_at_every_length_and_position() {
-        let a: Vec<u8> = (0..1100u32).map(|i| (i * 31 + 3) as u8).collect();
-        for len in [0, 1, 7, 8, 9, 255, 256, 257, 700, 1100] {
-            for diff in [0, 1, 7, 8, 255, 256, 300, 511, 512, 1099] {
-                let mut b = a[..len].to_vec();
-                if diff < len {
-                    b[diff] ^= 0x40;
-                }
-                let expected = a[..len].iter().zip(&b).take_while(|(x, y)| x == y).count();
-                assert_eq!(equal_prefix_len(&a[..len], &b), expected, "{len} {diff}");
-                assert_eq!(equal_prefix_len(&b, &a), expected, "{len} {diff}");
-            }
-        }
     }
 
     #[test]
