@@ -177,7 +177,11 @@ pub(crate) fn record(
     // threads must not wait for CPU) but after the fork, so a launched
     // command keeps its normal priority; lowered once the rings keep up.
     let writer_thread = Arc::new(AtomicI32::new(0));
-    let mut urgency = Urgency::new(Arc::clone(&writer_thread));
+    // System-wide the recorder shares every CPU with busy programs; its
+    // threads stay raised there (at normal priority the programs measured
+    // slower: docs/benchmarks.md, "Re-run after the recorder's threads
+    // became adaptive").
+    let mut urgency = Urgency::new(Arc::clone(&writer_thread), system);
     // The process recorded (`None`: every process).
     let pid = match (&options.target, &launched) {
         (_, Some(l)) => Some(l.pid),

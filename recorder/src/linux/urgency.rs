@@ -87,6 +87,8 @@ pub(crate) struct Urgency {
     /// The current window: when it began, and the recorder's CPU time then.
     window: (Instant, u64),
     cpus: usize,
+    /// Raised for the whole recording.
+    always: bool,
 }
 
 struct Raised {
@@ -97,8 +99,9 @@ impl Urgency {
     /// For the calling (draining) thread and the writer thread that
     /// will store its id in `writer`; raised at once (attaching to
     /// thousands of busy threads must not wait for CPU) until the rings
-    /// have kept up for [`CALM`].
-    pub fn new(writer: Arc<AtomicI32>) -> Urgency {
+    /// have kept up for [`CALM`], or with `always` for the whole
+    /// recording.
+    pub fn new(writer: Arc<AtomicI32>, always: bool) -> Urgency {
         let normal = Scheduling::of_this_thread();
         let mut u = Urgency {
             drainer: sys::thread_id(),
@@ -111,6 +114,7 @@ impl Urgency {
             last_drain: Instant::now(),
             window: (Instant::now(), sys::process_cpu_ns()),
             cpus: sys::cpu_count(),
+            always,
         };
         u.raise();
         u
@@ -121,8 +125,8 @@ impl Urgency {
         let now = Instant::now();
         let late = now.duration_since(self.last_drain) > LATE;
         self.last_drain = now;
-        let busy = self.permitted && self.over_fair_share(now);
-        self.decide(now, behind || late || busy);
+        let busy = self.permitted && !self.always && self.over_fair_share(now);
+        self.decide(now, self.always || behind || late || busy);
     }
 
     /// Raise at a sign of falling behind, lower after [`CALM`] without one.
@@ -217,6 +221,18 @@ mod tests {
     }
 
     #[test]
+    fn always_raised_stays_raised_until_dropped() {
+        let before = Scheduling::of_this_thread().unwrap();
+        let mut u = Urgency::new(Arc::new(AtomicI32::new(0)), true);
+        let permitted = u.raised();
+        u.last_behind = Instant::now() - CALM;
+        u.drained(false);
+        assert_eq!(u.raised(), permitted);
+        drop(u);
+        assert!(Scheduling::of_this_thread().unwrap().same_as(&before));
+    }
+
+    #[test]
     fn the_fair_share_is_the_cpus_shared_by_the_threads_ready_to_run() {
         let ms = Duration::from_millis;
         // 12% of a CPU on 2 CPUs with 8 threads ready: a share of 25%.
@@ -243,7 +259,7 @@ mod tests {
             Scheduling::of_this_thread().unwrap()
         });
         rx.recv().unwrap();
-        let mut u = Urgency::new(writer.clone());
+        let mut u = Urgency::new(writer.clone(), false);
         let permitted = u.raised();
         if permitted {
             let now = Scheduling::of_this_thread().unwrap();
