@@ -52,6 +52,11 @@ pub struct SystemBenchOptions {
     pub freq: u32,
     /// The `lrnprof-rec` binary.
     pub rec: PathBuf,
+    /// Another `lrnprof-rec` (e.g. built from an earlier commit), measured
+    /// in the same rounds.
+    pub baseline_rec: Option<PathBuf>,
+    /// Leave out `perf record -a --call-graph dwarf` (the slowest setup).
+    pub skip_perf_dwarf: bool,
     /// The `lrnprof-analyze` binary.
     pub analyze: PathBuf,
     /// The `perf` binary.
@@ -75,6 +80,8 @@ pub enum SystemSetup {
     PerfDwarf,
     /// `lrnprof-rec --all`: registers and stack copies (64 KiB by default).
     Lrnprof,
+    /// `lrnprof-rec --all` of the baseline binary.
+    BaselineLrnprof,
 }
 
 impl SystemSetup {
@@ -85,6 +92,7 @@ impl SystemSetup {
             SystemSetup::PerfFp => "perf record -a -g",
             SystemSetup::PerfDwarf => "perf record -a --call-graph dwarf",
             SystemSetup::Lrnprof => "lrnprof-rec --all",
+            SystemSetup::BaselineLrnprof => "baseline lrnprof-rec --all",
         }
     }
 }
@@ -178,11 +186,19 @@ pub fn run_system(o: &SystemBenchOptions) -> Result<SystemComparison, BenchError
     let short_dir = build_short_programs(o)?;
     let mut setups = vec![SystemSetup::Alone];
     if o.perf.exists() {
-        setups.extend([SystemSetup::PerfFp, SystemSetup::PerfDwarf]);
+        setups.push(SystemSetup::PerfFp);
+        if !o.skip_perf_dwarf {
+            setups.push(SystemSetup::PerfDwarf);
+        }
     } else {
         notes.push(format!("perf: {} not found", o.perf.display()));
     }
     setups.push(SystemSetup::Lrnprof);
+    match &o.baseline_rec {
+        Some(rec) if rec.exists() => setups.push(SystemSetup::BaselineLrnprof),
+        Some(rec) => notes.push(format!("baseline lrnprof-rec: {} not found", rec.display())),
+        None => {}
+    }
     let mut results: Vec<SystemSetupRuns> = setups
         .iter()
         .map(|&setup| SystemSetupRuns {
@@ -200,7 +216,7 @@ pub fn run_system(o: &SystemBenchOptions) -> Result<SystemComparison, BenchError
     }
     let mut short = Vec::new();
     for setup in [SystemSetup::PerfFp, SystemSetup::Lrnprof] {
-        if setups.contains(&setup) {
+        if o.short_programs > 0 && setups.contains(&setup) {
             short.push(short_lived(o, setup, &short_dir)?);
         }
     }
@@ -219,7 +235,7 @@ pub fn run_system(o: &SystemBenchOptions) -> Result<SystemComparison, BenchError
 /// Where a setup writes.
 fn output_path(o: &SystemBenchOptions, setup: SystemSetup) -> PathBuf {
     match setup {
-        SystemSetup::Lrnprof => o.work_dir.join("all.lpt"),
+        SystemSetup::Lrnprof | SystemSetup::BaselineLrnprof => o.work_dir.join("all.lpt"),
         _ => o.work_dir.join("perf.data"),
     }
 }
@@ -248,8 +264,12 @@ fn profiler_command(o: &SystemBenchOptions, setup: SystemSetup, out: &Path) -> O
             c.arg("-o");
             c
         }
-        SystemSetup::Lrnprof => {
-            let mut c = Command::new(&o.rec);
+        SystemSetup::Lrnprof | SystemSetup::BaselineLrnprof => {
+            let rec = match setup {
+                SystemSetup::BaselineLrnprof => o.baseline_rec.as_ref()?,
+                _ => &o.rec,
+            };
+            let mut c = Command::new(rec);
             c.args(["--all", "-F", &freq, "--out"]);
             c
         }
@@ -276,7 +296,7 @@ fn round(
     let ran = ran?;
     let facts = match setup {
         SystemSetup::Alone => None,
-        SystemSetup::Lrnprof => Some(lrnprof_facts(&out)?),
+        SystemSetup::Lrnprof | SystemSetup::BaselineLrnprof => Some(lrnprof_facts(&out)?),
         _ => Some(perf_facts(&o.perf, &out)?),
     };
     Ok(SystemRound {
@@ -559,10 +579,10 @@ fn short_lived(
     }
 }
 
-/// Overhead of `s` over the baseline in points, paired by round: the
-/// programs' CPU (and the profiler's, with `with_profiler`) over the
-/// programs' CPU alone.
-fn overhead(base: &SystemSetupRuns, s: &SystemSetupRuns, with_profiler: bool) -> Option<f64> {
+/// Per-round overheads of `s` over the baseline in percent: the programs'
+/// CPU (and the profiler's, with `with_profiler`) over the programs' CPU
+/// alone in the same round.
+fn round_overheads(base: &SystemSetupRuns, s: &SystemSetupRuns, with_profiler: bool) -> Vec<f64> {
     let alone: Vec<f64> = base.rounds.iter().map(|r| r.programs_cpu_s).collect();
     let profiled: Vec<f64> = s
         .rounds
@@ -576,7 +596,30 @@ fn overhead(base: &SystemSetupRuns, s: &SystemSetupRuns, with_profiler: bool) ->
                 }
         })
         .collect();
-    median(&paired_overheads(&alone, &profiled))
+    paired_overheads(&alone, &profiled)
+}
+
+/// Overhead of `s` over the baseline in points, paired by round: the
+/// median of [`round_overheads`].
+fn overhead(base: &SystemSetupRuns, s: &SystemSetupRuns, with_profiler: bool) -> Option<f64> {
+    median(&round_overheads(base, s, with_profiler))
+}
+
+/// Median over rounds of `a`'s total overhead minus `b`'s in the same
+/// round, in points, and in how many rounds `a` cost less. Pairing by
+/// round takes out what the machine's load did to that round.
+fn paired_difference(
+    base: &SystemSetupRuns,
+    a: &SystemSetupRuns,
+    b: &SystemSetupRuns,
+) -> Option<(f64, usize, usize)> {
+    let differences: Vec<f64> = round_overheads(base, a, true)
+        .iter()
+        .zip(round_overheads(base, b, true))
+        .map(|(a, b)| a - b)
+        .collect();
+    let below = differences.iter().filter(|d| **d < 0.0).count();
+    median(&differences).map(|m| (m, below, differences.len()))
 }
 
 /// The comparison as markdown.
@@ -622,13 +665,29 @@ pub fn system_markdown(c: &SystemComparison) -> String {
         );
     }
     let find = |setup| c.setups.iter().find(|s| s.setup == setup);
-    if let (Some(lrn), Some(perf)) = (find(SystemSetup::Lrnprof), find(SystemSetup::PerfFp)) {
-        if let (Some(a), Some(b)) = (overhead(base, lrn, true), overhead(base, perf, true)) {
-            let _ = writeln!(
+    for (a, b) in [
+        (SystemSetup::Lrnprof, SystemSetup::PerfFp),
+        (SystemSetup::BaselineLrnprof, SystemSetup::PerfFp),
+        (SystemSetup::Lrnprof, SystemSetup::BaselineLrnprof),
+    ] {
+        let (Some(sa), Some(sb)) = (find(a), find(b)) else {
+            continue;
+        };
+        if let (Some(oa), Some(ob)) = (overhead(base, sa, true), overhead(base, sb, true)) {
+            let _ = write!(
                 o,
-                "\nlrnprof-rec --all minus perf record -a -g: {:+.1} points of total overhead.",
-                a - b
+                "\n{} minus {}: {:+.1} points of total overhead (difference of medians)",
+                a.name(),
+                b.name(),
+                oa - ob
             );
+            if let Some((d, below, n)) = paired_difference(base, sa, sb) {
+                let _ = write!(
+                    o,
+                    "; paired by round {d:+.1} points (median), lower in {below} of {n} rounds"
+                );
+            }
+            let _ = writeln!(o, ".");
         }
     }
     if !c.short.is_empty() {
@@ -712,6 +771,24 @@ mod tests {
     }
 
     #[test]
+    fn paired_difference_takes_the_median_of_per_round_differences() {
+        let base = runs(SystemSetup::Alone, &[(2.0, None), (2.0, None), (4.0, None)]);
+        // Total overheads: perf 10, 20, 5; lrnprof 5, 30, 10.
+        let perf = runs(
+            SystemSetup::PerfFp,
+            &[(2.0, Some(0.2)), (2.0, Some(0.4)), (4.0, Some(0.2))],
+        );
+        let lrn = runs(
+            SystemSetup::Lrnprof,
+            &[(2.0, Some(0.1)), (2.0, Some(0.6)), (4.0, Some(0.4))],
+        );
+        let (d, below, n) = paired_difference(&base, &lrn, &perf).unwrap();
+        // Differences -5, +10, +5: median +5, lower in one round of three.
+        assert!((d - 5.0).abs() < 1e-9, "{d}");
+        assert_eq!((below, n), (1, 3));
+    }
+
+    #[test]
     fn markdown_compares_lrnprof_with_perf_and_lists_short_lived() {
         let c = SystemComparison {
             freq: 1000,
@@ -741,6 +818,10 @@ mod tests {
         );
         assert!(md.contains("| 0.10 | 1.00 |"), "lost % and MiB: {md}");
         assert!(md.contains("+10.0 points"), "{md}");
+        assert!(
+            md.contains("paired by round +10.0 points (median), lower in 0 of 1 rounds"),
+            "{md}"
+        );
         assert!(
             md.contains("| lrnprof-rec --all | 200 | 199 | 150 | 0 |"),
             "{md}"

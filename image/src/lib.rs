@@ -25,6 +25,10 @@
 //!   trace refers to once, at the end of a recording, into a
 //!   [`FrameTable`] (blob `BlobKind::Table { name: FRAMES_TABLE }`), which
 //!   an analyzer without the image's DWARF reads instead.
+//! - **Reading only the DWARF needed**: [`units_to_hide`] and
+//!   [`hide_units`] keep addr2line to the units that hold a set of
+//!   addresses, [`unused_dwarf`] names the sections it never reads,
+//!   [`inflate_zlib`] inflates compressed ones.
 //!
 //! Everything here is a pure function over bytes or files' contents: no
 //! process is touched, so the crate builds and behaves the same on every
@@ -64,6 +68,7 @@ mod layout;
 mod resolve;
 mod sections;
 mod symbols;
+mod units;
 mod universal;
 
 pub use build_id::{build_id_of_bytes, build_id_of_file};
@@ -84,4 +89,5 @@ pub use symbols::{
     bound_sizeless, is_code_label_name, merge_symbols, parse_elf64_symbols, plt_symbols, symbol_at,
     symbol_table, symbols_of_object, PltTables, Symbol,
 };
+pub use units::{hide_units, inflate_zlib, units_to_hide, unused_dwarf};
 pub use universal::{thin_slice, universal_slices, UniversalSlice};

@@ -132,12 +132,7 @@ pub(crate) struct Deflated {
 impl Deflated {
     /// The inflated bytes; `None` if the stream is corrupt.
     pub fn inflate(&self) -> Option<Vec<u8>> {
-        let mut out = Vec::new();
-        out.try_reserve_exact(self.size).ok()?;
-        out.resize(self.size, 0);
-        let (done, rc) =
-            zlib_rs::decompress_slice(&mut out, &self.stream, zlib_rs::InflateConfig::default());
-        (rc == zlib_rs::ReturnCode::Ok && done.len() == self.size).then_some(out)
+        lrnprof_image::inflate_zlib(&self.stream, self.size)
     }
 }
 

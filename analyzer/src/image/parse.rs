@@ -120,7 +120,7 @@ pub(crate) fn parse_bytes(bytes: Arc<FileBytes>) -> Result<ParsedFile, String> {
         };
         if data.sections.contains_key(&key)
             || (dsym && !key.starts_with(".debug_"))
-            || crate::symbolicate::unused_dwarf(&key)
+            || lrnprof_image::unused_dwarf(&key)
         {
             // Nothing reads it: do not inflate it.
             continue;

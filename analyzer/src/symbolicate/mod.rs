@@ -6,7 +6,6 @@
 
 mod jitmap;
 mod resolve;
-mod units;
 
 pub(crate) use jitmap::JitMap;
 pub use lrnprof_image::FrameLine;
@@ -16,7 +15,9 @@ use crate::address::Svma;
 use crate::image::{ImageData, SectionBytes};
 use gimli::EndianReader;
 use gimli::RunTimeEndian;
-use lrnprof_image::{load_dwarf, project_inline, Resolver};
+use lrnprof_image::{
+    hide_units, load_dwarf, project_inline, units_to_hide, unused_dwarf, Resolver,
+};
 use rayon::prelude::*;
 use std::sync::Arc;
 
@@ -29,22 +30,6 @@ type Reader = EndianReader<RunTimeEndian, SectionBytes>;
 unsafe impl stable_deref_trait::StableDeref for SectionBytes {}
 // Safety: as above; a clone shares the `Arc` and the range.
 unsafe impl stable_deref_trait::CloneStableDeref for SectionBytes {}
-
-/// DWARF sections the symbolizer never reads: variable locations, macros
-/// and name indexes.
-pub(crate) fn unused_dwarf(name: &str) -> bool {
-    matches!(
-        name,
-        ".debug_loc"
-            | ".debug_loclists"
-            | ".debug_macro"
-            | ".debug_macinfo"
-            | ".debug_pubnames"
-            | ".debug_pubtypes"
-            | ".debug_gnu_pubnames"
-            | ".debug_gnu_pubtypes"
-    )
-}
 
 /// An image's DWARF sections, shared (not copied) so that every worker's
 /// [`Symbolizer`] can read them.
@@ -93,7 +78,7 @@ impl DwarfSections {
                     .find(|(n, _)| *n == name)
                     .map_or(&[][..], |(_, b)| b.as_slice())
             };
-            let hide = units::units_to_hide(
+            let hide = units_to_hide(
                 get(".debug_info"),
                 get(".debug_abbrev"),
                 get(".debug_aranges"),
@@ -108,7 +93,7 @@ impl DwarfSections {
                     *info = Bytes::Owned(shared.to_vec());
                 }
                 if let Bytes::Owned(bytes) = info {
-                    units::hide_units(bytes, &hide);
+                    hide_units(bytes, &hide);
                 }
             }
         }

@@ -29,7 +29,7 @@ struct Args {
     /// Sampling rate per CPU, Hz.
     #[arg(long, default_value_t = 1000)]
     freq: u32,
-    /// Short-lived programs to start.
+    /// Short-lived programs to start (0: no short-lived phase).
     #[arg(long, default_value_t = 200)]
     short_programs: usize,
     /// CPU time each short-lived program burns, ms.
@@ -38,6 +38,13 @@ struct Args {
     /// The lrnprof-rec binary (default: next to this program).
     #[arg(long)]
     rec: Option<PathBuf>,
+    /// Another lrnprof-rec (e.g. built from an earlier commit), measured in
+    /// the same rounds as a setup of its own.
+    #[arg(long, value_name = "REC")]
+    baseline: Option<PathBuf>,
+    /// Leave out `perf record -a --call-graph dwarf`.
+    #[arg(long)]
+    no_perf_dwarf: bool,
     /// The lrnprof-analyze binary (default: next to this program).
     #[arg(long)]
     analyze: Option<PathBuf>,
@@ -75,6 +82,8 @@ fn main() -> ExitCode {
         scale: args.scale,
         freq: args.freq,
         rec,
+        baseline_rec: args.baseline,
+        skip_perf_dwarf: args.no_perf_dwarf,
         analyze,
         perf: args.perf,
         short_programs: args.short_programs,

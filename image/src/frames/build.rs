@@ -9,10 +9,11 @@ use crate::layout::Layout;
 use crate::resolve::{load_dwarf, FrameLine, Resolver};
 use crate::sections::{canonical_section_name, DEBUG_SECTION_PREFIX};
 use crate::symbols::{merge_symbols, symbols_of_object};
+use crate::units::{hide_units, inflate_zlib, units_to_hide, unused_dwarf};
 use crate::ImageError;
 use gimli::{EndianSlice, RunTimeEndian};
 use lrnprof_format::BuildId;
-use object::{Object, ObjectSection, ReadCache, ReadRef, SectionKind};
+use object::{CompressionFormat, Object, ObjectSection, ReadCache, ReadRef, SectionKind};
 use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
 use std::fs::File;
@@ -57,22 +58,38 @@ pub struct FrameTableBuilt {
     pub debug_file: Option<PathBuf>,
 }
 
-/// The DWARF sections of a parsed file, by canonical name (`.debug_info`),
-/// without the empty ones and those without bytes in the file.
+/// The DWARF sections of a parsed file that are `wanted`, by canonical
+/// name (`.debug_info`), inflated, without the empty ones, those without
+/// bytes in the file and compressed ones that do not inflate.
 fn dwarf_sections<'data, R: ReadRef<'data>>(
     obj: &object::File<'data, R>,
+    wanted: &HashSet<&str>,
 ) -> HashMap<String, Cow<'data, [u8]>> {
     obj.sections()
         .filter(|s| s.kind() != SectionKind::UninitializedData)
         .filter_map(|s| {
             let name = canonical_section_name(s.name().ok()?, false);
-            if !name.starts_with(DEBUG_SECTION_PREFIX) {
+            if !wanted.contains(name.as_ref()) {
                 return None;
             }
-            let data = s.uncompressed_data().ok()?;
+            let data = section_bytes(&s)?;
             (!data.is_empty()).then(|| (name.into_owned(), data))
         })
         .collect()
+}
+
+/// A section's bytes, inflated if compressed: zlib (what ELF files use)
+/// by [`inflate_zlib`], anything else by `object`.
+fn section_bytes<'data>(s: &impl ObjectSection<'data>) -> Option<Cow<'data, [u8]>> {
+    let compressed = s.compressed_data().ok()?;
+    match compressed.format {
+        CompressionFormat::None => Some(Cow::Borrowed(compressed.data)),
+        CompressionFormat::Zlib => {
+            let size = usize::try_from(compressed.uncompressed_size).ok()?;
+            inflate_zlib(compressed.data, size).map(Cow::Owned)
+        }
+        _ => compressed.decompress().ok(),
+    }
 }
 
 /// Bytes of the DWARF sections of `obj`, decompressed.
@@ -111,6 +128,16 @@ fn has_dwarf<'data, R: ReadRef<'data>>(obj: &object::File<'data, R>) -> bool {
 pub fn frame_table_for_file(
     request: FrameRequest<'_>,
 ) -> Result<Option<FrameTableBuilt>, ImageError> {
+    Ok(build_table(request, true)?.map(|(built, _)| built))
+}
+
+/// [`frame_table_for_file`], and how many units were hidden; `hide` lets
+/// addr2line parse only the units that hold a requested address (the
+/// table is the same either way).
+fn build_table(
+    request: FrameRequest<'_>,
+    hide: bool,
+) -> Result<Option<(FrameTableBuilt, usize)>, ImageError> {
     let FrameRequest {
         file,
         path,
@@ -145,23 +172,53 @@ pub fn frame_table_for_file(
     // As the analyzer merges an image with its debug file: the debug
     // file's symbols join the image's, its DWARF sections fill in those
     // the image lacks.
-    let mut symbols = symbols_of_object(&image);
-    let mut sections = dwarf_sections(&image);
-    if let Some(d) = &debug {
-        merge_symbols(&mut symbols, symbols_of_object(d));
-        for (name, data) in dwarf_sections(d) {
-            sections.entry(name).or_insert(data);
-        }
-    }
     let endian = if image.is_little_endian() {
         RunTimeEndian::Little
     } else {
         RunTimeEndian::Big
     };
+    // Only the sections the resolver reads are inflated.
+    let mut names = HashSet::new();
+    let _ = load_dwarf(|name| {
+        if !unused_dwarf(name) {
+            names.insert(name);
+        }
+        EndianSlice::new(&[][..], endian)
+    });
+    let mut symbols = symbols_of_object(&image);
+    let mut sections = dwarf_sections(&image, &names);
+    if let Some(d) = &debug {
+        merge_symbols(&mut symbols, symbols_of_object(d));
+        for (name, data) in dwarf_sections(d, &names) {
+            sections.entry(name).or_insert(data);
+        }
+    }
+    let wanted = svmas(&Layout::of(&image), file_offsets);
+    // As the analyzer does: units that hold none of the addresses are
+    // hidden from addr2line, which then parses only the others.
+    let mut sorted = wanted.clone();
+    sorted.sort_unstable();
+    let get = |name: &str| sections.get(name).map_or(&[][..], |d| &d[..]);
+    let hidden = if hide {
+        units_to_hide(
+            get(".debug_info"),
+            get(".debug_abbrev"),
+            get(".debug_aranges"),
+            endian,
+            &sorted,
+        )
+    } else {
+        None
+    };
+    let mut hidden_units = 0;
+    if let (Some(hidden), Some(info)) = (hidden, sections.get_mut(".debug_info")) {
+        if hide_units(info.to_mut(), &hidden) {
+            hidden_units = hidden.len();
+        }
+    }
     let dwarf =
         load_dwarf(|name| EndianSlice::new(sections.get(name).map_or(&[][..], |d| &d[..]), endian));
     let resolver = Resolver::new(&symbols, dwarf);
-    let wanted = svmas(&Layout::of(&image), file_offsets);
     let mut known = HashSet::new();
     let mut used = 0;
     let mut entries = Vec::with_capacity(wanted.len());
@@ -177,12 +234,13 @@ pub fn frame_table_for_file(
         entries.push((svma, lines));
     }
     let table = FrameTable::new(entries);
-    Ok(Some(FrameTableBuilt {
+    let built = FrameTableBuilt {
         bytes: table.to_bytes(),
         addresses: table.len(),
         left_out,
         debug_file: found.map(|(p, _)| p),
-    }))
+    };
+    Ok(Some((built, hidden_units)))
 }
 
 /// The first of the image's debug-file candidates that is a file with the
@@ -327,5 +385,78 @@ mod tests {
         assert_eq!((none.addresses, none.left_out), (0, 2));
         // An offset in no segment is not an address of the image.
         assert_eq!(build(&[u64::MAX], 1 << 20).unwrap().addresses, 0);
+    }
+
+    /// libc's mapping in this process: its path and file.
+    fn libc_path() -> Option<String> {
+        let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
+        maps.lines()
+            .filter_map(|l| l.split_whitespace().nth(5))
+            .find(|p| p.contains("/libc.so"))
+            .map(str::to_string)
+    }
+
+    #[test]
+    #[cfg(target_os = "linux")]
+    fn reading_only_the_units_needed_gives_the_same_table() {
+        // libc with its separate debug file (Debian's libc6-dbg): two
+        // thousand units, of which a few hundred addresses need few.
+        let Some(path) = libc_path() else {
+            panic!("no libc mapped in this test process");
+        };
+        let id = crate::build_id_of_file(std::path::Path::new(&path)).expect("libc's build id");
+        let bytes = std::fs::read(&path).unwrap();
+        let obj = object::File::parse(&bytes[..]).unwrap();
+        let layout = Layout::of(&obj);
+        // Every 20th exported function, and an address inside each.
+        let mut offsets: Vec<u64> = obj
+            .dynamic_symbols()
+            .filter(|s| s.kind() == object::SymbolKind::Text && s.size() > 8)
+            .step_by(20)
+            .filter_map(|s| {
+                let seg = layout
+                    .segments
+                    .iter()
+                    .find(|g| s.address() >= g.svma && s.address() - g.svma < g.file_size)?;
+                Some(s.address() - seg.svma + seg.file_offset + 4)
+            })
+            .collect();
+        offsets.sort_unstable();
+        offsets.dedup();
+        assert!(offsets.len() > 50, "{} functions", offsets.len());
+        let request = || FrameRequest {
+            file: File::open(&path).unwrap(),
+            path: &path,
+            build_id: &id,
+            file_offsets: &offsets,
+            max_bytes: 4 << 20,
+            debug_roots: &[],
+        };
+        let Some((hidden, units)) = build_table(request(), true).unwrap() else {
+            let why = format!("{path} has no debug file here (apt-get install libc6-dbg)");
+            if std::env::var_os("CI").is_some_and(|v| v == "true") {
+                panic!("cannot check: {why}");
+            }
+            eprintln!("skipped: {why}");
+            return;
+        };
+        let (whole, none) = build_table(request(), false)
+            .unwrap()
+            .expect("the same DWARF");
+        assert!(units > 100, "most units hidden: {units}");
+        assert_eq!(none, 0);
+        assert_eq!(hidden.addresses, offsets.len());
+        assert_eq!(hidden.bytes, whole.bytes);
+        let table = FrameTable::parse(&hidden.bytes).unwrap();
+        let with_lines = table
+            .entries()
+            .iter()
+            .filter(|(_, lines)| lines.iter().any(|l| l.line.is_some()))
+            .count();
+        assert!(
+            with_lines * 2 > offsets.len(),
+            "most addresses resolve to lines: {with_lines} of {}",
+            offsets.len()
+        );
     }
 }
