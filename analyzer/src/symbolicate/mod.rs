@@ -153,7 +153,8 @@ impl<'a> Symbolizer<'a> {
 
     /// Function levels at `svma` (a lookup address: return addresses already
     /// moved back by one), innermost first; empty if nothing is known. The
-    /// image's DWARF if it is here; else what the recording machine
+    /// image's DWARF if it was read (it is not when the trace's frame table
+    /// has every address of the image); else what the recording machine
     /// resolved the address to, if the trace's frame table has it; else the
     /// symbol table.
     pub fn lookup(&self, svma: Svma, inline: bool) -> Vec<FrameLine> {

@@ -34,7 +34,8 @@ pub(crate) fn symbolicate(
         .flat_map(|(img, idx)| idx.chunks(per_chunk).map(move |c| (*img, c)))
         .collect();
     // DWARF copied once per image, shared by that image's chunks.
-    // Only the DWARF units that hold the image's addresses are parsed.
+    // Only the DWARF units that hold the image's addresses are parsed, and
+    // none when the trace's frame table has all of them.
     let dwarf: HashMap<u32, DwarfSections> = groups
         .par_iter()
         .filter_map(|(img, idx)| {
@@ -48,6 +49,16 @@ pub(crate) fn symbolicate(
                 })
                 .collect();
             svmas.sort_unstable();
+            // The recording machine resolved every one of them with the
+            // same files (same build id): its frame table answers them all,
+            // and the image's DWARF need not be read at all.
+            if data
+                .frames
+                .as_ref()
+                .is_some_and(|t| svmas.iter().all(|&s| t.get(s).is_some()))
+            {
+                return None;
+            }
             let sections =
                 std::panic::catch_unwind(|| DwarfSections::for_addresses(data, Some(&svmas)))
                     .ok()??;
