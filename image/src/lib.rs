@@ -57,6 +57,7 @@
 mod build_id;
 mod debug_file;
 mod demangle;
+mod eh_frame;
 mod embed;
 mod error;
 mod frames;
@@ -69,7 +70,11 @@ mod universal;
 pub use build_id::{build_id_of_bytes, build_id_of_file};
 pub use debug_file::debug_file_candidates;
 pub use demangle::demangle;
-pub use embed::{blobs_for_file, blobs_for_image, blobs_for_open_file, split_blob, MAX_BLOB_PART};
+pub use eh_frame::{cut_eh_frame, CutEhFrame};
+pub use embed::{
+    blobs_for_file, blobs_for_image, blobs_for_open_file, blobs_for_touched_file, split_blob,
+    EhFrameEmbedded, MAX_BLOB_PART,
+};
 pub use error::ImageError;
 pub use frames::{
     frame_table_for_file, FrameRequest, FrameTable, FrameTableBuilt, FRAMES_TABLE, MAX_DWARF_BYTES,

@@ -10,8 +10,8 @@ use super::touched::{SampleRefs, Touched};
 use crate::report::RecordWarning;
 use lrnprof_format::{Blob, BlobKind, BuildId, ImageKind, ImageMapRecord, Pid, Record, Timestamp};
 use lrnprof_image::{
-    blobs_for_open_file, build_id_of_bytes, build_id_of_file, frame_table_for_file, split_blob,
-    EmbedLevel, FrameRequest, FRAMES_TABLE, MAX_BLOB_PART,
+    blobs_for_open_file, blobs_for_touched_file, build_id_of_bytes, build_id_of_file,
+    frame_table_for_file, split_blob, EmbedLevel, FrameRequest, FRAMES_TABLE, MAX_BLOB_PART,
 };
 use std::collections::{HashMap, HashSet};
 use std::os::unix::fs::MetadataExt;
@@ -139,9 +139,10 @@ impl Images {
                     }
                 }
                 (Some(file), ImageKind::File) => {
-                    let result = file.try_clone().map_err(|e| e.to_string()).and_then(|f| {
-                        blobs_for_open_file(f, id, self.embed).map_err(|e| e.to_string())
-                    });
+                    let result = file
+                        .try_clone()
+                        .map_err(|e| e.to_string())
+                        .and_then(|f| self.image_blobs(id, f).map_err(|e| e.to_string()));
                     match result {
                         Ok(blobs) => {
                             out.extend(without_derived_sections(blobs));
@@ -160,7 +161,8 @@ impl Images {
                         build_id_of_file(std::path::Path::new(&image.path)).as_ref() == Some(id)
                     });
                     let blobs = reopened.map(|f| {
-                        let blobs = blobs_for_open_file(f.try_clone()?, id, self.embed)
+                        let blobs = self
+                            .image_blobs(id, f.try_clone()?)
                             .map_err(std::io::Error::other)?;
                         Ok::<_, std::io::Error>((f, blobs))
                     });
@@ -196,6 +198,27 @@ impl Images {
             }
         }
         out
+    }
+
+    /// The blobs of image `id` (its file `file`) at the embed level: with
+    /// only the `.eh_frame` entries the trace's code addresses reach when
+    /// they are all known (none left out past the cap), else with the
+    /// whole section.
+    fn image_blobs(
+        &self,
+        id: &BuildId,
+        file: std::fs::File,
+    ) -> Result<Vec<Blob>, lrnprof_image::ImageError> {
+        // Code addresses are collected from `symbols` on (see `new`);
+        // `debug` keeps whole sections.
+        let lookups = match self.touched.image(id) {
+            Some(t) if t.left_out == 0 && self.embed == EmbedLevel::Symbols => t.lookups(),
+            _ => Vec::new(),
+        };
+        if lookups.is_empty() {
+            return blobs_for_open_file(file, id, self.embed);
+        }
+        blobs_for_touched_file(file, id, self.embed, &lookups).map(|(blobs, _)| blobs)
     }
 
     /// The frame table of image `id` (its file `file`), within what is
