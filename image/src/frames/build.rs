@@ -42,6 +42,10 @@ pub struct FrameRequest<'a> {
     pub max_bytes: usize,
     /// Roots besides `/` under which to look for debug files.
     pub debug_roots: &'a [PathBuf],
+    /// When neither the image nor a debug file has DWARF, build the table
+    /// from the image's symbol tables alone (what the analyzer names such
+    /// an image's addresses with), instead of giving `Ok(None)`.
+    pub symbols_alone: bool,
 }
 
 /// A table built by [`frame_table_for_file`].
@@ -106,7 +110,8 @@ fn has_dwarf<'data, R: ReadRef<'data>>(obj: &object::File<'data, R>) -> bool {
 /// that of its separate debug file (same build id, see
 /// [`debug_file_candidates`]), whose symbol table then joins the image's.
 /// `Ok(None)` when neither has DWARF: the image's symbol tables, embedded
-/// as sections, name its frames just as well. Errors if the image cannot
+/// as sections, name its frames just as well (unless
+/// `request.symbols_alone`: then the table is built from them). Errors if the image cannot
 /// be parsed or its DWARF is larger than [`MAX_DWARF_BYTES`].
 pub fn frame_table_for_file(
     request: FrameRequest<'_>,
@@ -118,6 +123,7 @@ pub fn frame_table_for_file(
         file_offsets,
         max_bytes,
         debug_roots,
+        symbols_alone,
     } = request;
     let cache = ReadCache::new(&file);
     let image = object::File::parse(&cache).map_err(|e| ImageError::NotAnImage(e.to_string()))?;
@@ -127,6 +133,7 @@ pub fn frame_table_for_file(
     } else {
         match find_debug_file(&image, path, build_id, debug_roots) {
             Some(found) => Some(found),
+            None if symbols_alone => None,
             None => return Ok(None),
         }
     };
@@ -158,8 +165,11 @@ pub fn frame_table_for_file(
     } else {
         RunTimeEndian::Big
     };
-    let dwarf =
-        load_dwarf(|name| EndianSlice::new(sections.get(name).map_or(&[][..], |d| &d[..]), endian));
+    // With symbols alone, no DWARF, as the analyzer resolves such an image.
+    let dwarf = (own_dwarf || debug.is_some()).then(|| {
+        load_dwarf(|name| EndianSlice::new(sections.get(name).map_or(&[][..], |d| &d[..]), endian))
+    });
+    let dwarf = dwarf.flatten();
     let resolver = Resolver::new(&symbols, dwarf);
     let wanted = svmas(&Layout::of(&image), file_offsets);
     let mut known = HashSet::new();
@@ -278,6 +288,7 @@ mod tests {
             file_offsets: offsets,
             max_bytes,
             debug_roots: &[],
+            symbols_alone: false,
         })
         .unwrap()
     }
@@ -287,6 +298,8 @@ mod tests {
         not(target_os = "linux"),
         ignore = "Mach-O test binaries keep their DWARF in a dSYM"
     )]
+    // Looked up by name in the symbol table: never inlined into the harness.
+    #[inline(never)]
     fn addresses_resolve_to_their_functions_with_files() {
         let offsets = own_request_offsets(&["addresses_resolve_to_their_functions_with_files"]);
         let built = build(&offsets, 1 << 20).expect("a table: this test binary has DWARF");
@@ -311,6 +324,8 @@ mod tests {
         not(target_os = "linux"),
         ignore = "Mach-O test binaries keep their DWARF in a dSYM"
     )]
+    // Looked up by name in the symbol table: never inlined into the harness.
+    #[inline(never)]
     fn tables_stay_within_their_bytes() {
         let offsets = own_request_offsets(&["tables_stay_within_their_bytes", "addresses_resolve"]);
         let all = build(&offsets, 1 << 20).expect("a table: this test binary has DWARF");

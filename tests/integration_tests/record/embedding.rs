@@ -41,7 +41,13 @@ fn embedding_carries_unwind_and_symbol_sections() {
     for (name, svma, bytes, compressed) in &blobs {
         if let Some(section) = file.section_by_name(name) {
             assert_eq!(*svma, section.address(), "{name}");
-            assert_eq!(&bytes[..], section.data().unwrap(), "{name}");
+            if name == ".eh_frame" {
+                // Cut to the FDEs the samples reach, entries where they were.
+                assert_eq!(bytes.len(), section.data().unwrap().len());
+                assert_ne!(&bytes[..], section.data().unwrap(), "{name} not cut");
+            } else {
+                assert_eq!(&bytes[..], section.data().unwrap(), "{name}");
+            }
             assert!(!compressed);
         }
     }
@@ -53,11 +59,16 @@ fn embedding_carries_unwind_and_symbol_sections() {
     let out = dir.join("debug.lpt");
     assert_exit_code(&launch(&out, &["--embed", "debug"], &exe, &["300"]), 7);
     let (_, records) = load(&out);
-    let debug_info = section_blobs(&records, &id)
-        .into_iter()
+    let blobs = section_blobs(&records, &id);
+    let debug_info = blobs
+        .iter()
         .find(|b| b.0 == ".debug_info")
         .expect(".debug_info embedded at --embed debug");
     assert!(debug_info.3, "DWARF blobs are compressed");
+    // Whole sections at --embed debug.
+    let eh_frame = blobs.iter().find(|b| b.0 == ".eh_frame").unwrap();
+    let whole = file.section_by_name(".eh_frame").unwrap();
+    assert_eq!(&eh_frame.2[..], whole.data().unwrap());
 
     let out = dir.join("none.lpt");
     assert_exit_code(&launch(&out, &["--embed", "none"], &exe, &["300"]), 7);
@@ -84,6 +95,64 @@ fn folded_count(folded: &str, needle: &str) -> u64 {
         .filter(|l| l.contains(needle))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
         .sum()
+}
+
+/// `lrnprof-analyze trace ARGS --output -`: its stdout.
+fn analyze_out(trace: &Path, args: &[&str]) -> Vec<u8> {
+    let result = Command::new(lrnprof_analyze())
+        .arg(trace)
+        .args(args)
+        .args(["--output", "-"])
+        .output()
+        .expect("running lrnprof-analyze");
+    assert_success(&result);
+    result.stdout
+}
+
+/// A program without frame pointers unwinds through `.eh_frame` only: the
+/// trace's `.eh_frame`, cut to the FDEs its samples reach, gives offline
+/// the folded stacks and pprof profile the local files give.
+#[test]
+fn the_cut_eh_frame_unwinds_offline_as_the_files_do() {
+    require_perf!();
+    let dir = scratch_dir("rec-cut-eh-frame");
+    let exe = build_threads(&dir);
+    let out = dir.join("t.lpt");
+    assert_exit_code(&launch(&out, &[], &exe, &["800"]), 7);
+    let folded = ["--format", "folded"];
+    let local = String::from_utf8(analyze_out(&out, &folded)).unwrap();
+    assert!(
+        folded_count(&local, "parent_one;leaf_work") > 0
+            && folded_count(&local, "parent_two;leaf_work") > 0,
+        "{local}"
+    );
+    let offline =
+        String::from_utf8(analyze_out(&out, &[&folded[..], &["--offline"]].concat())).unwrap();
+    assert_eq!(offline, local);
+    let pprof = ["--format", "pprof"];
+    let offline = analyze_out(&out, &[&pprof[..], &["--offline"]].concat());
+    assert!(
+        offline == analyze_out(&out, &pprof),
+        "pprof profiles differ"
+    );
+    // The executable's section was cut indeed.
+    let id = build_id(&exe);
+    let (_, records) = load_complete(&out);
+    let blobs = section_blobs(&records, &id);
+    let eh_frame = blobs.iter().find(|b| b.0 == ".eh_frame").unwrap();
+    let data = std::fs::read(&exe).unwrap();
+    let whole = {
+        use object::{Object, ObjectSection};
+        let file = object::File::parse(&*data).unwrap();
+        file.section_by_name(".eh_frame")
+            .unwrap()
+            .data()
+            .unwrap()
+            .to_vec()
+    };
+    assert_eq!(eh_frame.2.len(), whole.len());
+    assert_ne!(eh_frame.2, whole);
+    remove_scratch_dir(&dir);
 }
 
 #[test]
