@@ -128,6 +128,9 @@ impl Images {
             return out;
         }
         let mut table_budget = MAX_FRAME_TABLES_BYTES;
+        // At `debug` the DWARF travels and the analyzer names frames with
+        // it and the symbol tables, not from the frame table.
+        let symbols_only = self.embed == EmbedLevel::Symbols;
         for id in self.touched.touched_ids() {
             let Some(image) = self.seen.get(id) else {
                 continue;
@@ -148,7 +151,7 @@ impl Images {
                         Ok(blobs) => {
                             let (table, w, complete) =
                                 self.frame_table(id, image, file, &mut table_budget);
-                            out.extend(without_named_sections(blobs, complete));
+                            out.extend(without_named_sections(blobs, complete && symbols_only));
                             out.extend(table);
                             warnings.extend(w);
                         }
@@ -172,7 +175,7 @@ impl Images {
                         Some(Ok((file, blobs))) => {
                             let (table, w, complete) =
                                 self.frame_table(id, image, &file, &mut table_budget);
-                            out.extend(without_named_sections(blobs, complete));
+                            out.extend(without_named_sections(blobs, complete && symbols_only));
                             out.extend(table);
                             warnings.extend(w);
                         }
