@@ -117,8 +117,54 @@ fn the_cut_eh_frame_unwinds_offline_as_the_files_do() {
     require_perf!();
     let dir = scratch_dir("rec-cut-eh-frame");
     let exe = build_threads(&dir);
+    offline_is_local(&dir, &exe);
+    remove_scratch_dir(&dir);
+}
+
+/// Without DWARF (no `-g`), the program's frame table is resolved from its
+/// symbol tables, which then stay out of the trace: offline names are
+/// still those of the local analysis.
+#[test]
+fn symbol_tables_give_way_to_a_complete_frame_table() {
+    require_perf!();
+    let dir = scratch_dir("rec-symbols-table");
+    let exe = build_c(
+        &["rec_threads.c"],
+        &["-O2", "-fomit-frame-pointer", "-pthread"],
+        &dir,
+        "rec_threads",
+    );
+    let out = offline_is_local(&dir, &exe);
+    let id = build_id(&exe);
+    let (_, records) = load_complete(&out);
+    let names: Vec<String> = section_blobs(&records, &id)
+        .into_iter()
+        .map(|b| b.0)
+        .collect();
+    assert!(names.iter().any(|n| n == ".eh_frame"), "{names:?}");
+    let symbols = [".symtab", ".strtab", ".dynsym", ".dynstr", ".rela.plt"];
+    if cfg!(target_arch = "aarch64") {
+        assert!(names.iter().any(|n| n == ".symtab"), "{names:?}");
+    } else {
+        assert!(
+            !names.iter().any(|n| symbols.contains(&n.as_str())),
+            "{names:?}"
+        );
+    }
+    let table = records.iter().any(|r| {
+        matches!(r, Record::Blob(b) if b.build_id.0 == id
+            && matches!(&b.kind, lrnprof_format::BlobKind::Table { name } if name == "frames"))
+    });
+    assert!(table, "no frame table");
+    remove_scratch_dir(&dir);
+}
+
+/// Record rec_threads `exe` (exit code 7) into `dir/t.lpt`; its offline
+/// folded stacks and pprof profile are those of the local analysis, and
+/// the executable's `.eh_frame` was cut. Returns the trace.
+fn offline_is_local(dir: &Path, exe: &Path) -> PathBuf {
     let out = dir.join("t.lpt");
-    assert_exit_code(&launch(&out, &[], &exe, &["800"]), 7);
+    assert_exit_code(&launch(&out, &[], exe, &["800"]), 7);
     let folded = ["--format", "folded"];
     let local = String::from_utf8(analyze_out(&out, &folded)).unwrap();
     assert!(
@@ -136,11 +182,11 @@ fn the_cut_eh_frame_unwinds_offline_as_the_files_do() {
         "pprof profiles differ"
     );
     // The executable's section was cut indeed.
-    let id = build_id(&exe);
+    let id = build_id(exe);
     let (_, records) = load_complete(&out);
     let blobs = section_blobs(&records, &id);
     let eh_frame = blobs.iter().find(|b| b.0 == ".eh_frame").unwrap();
-    let data = std::fs::read(&exe).unwrap();
+    let data = std::fs::read(exe).unwrap();
     let whole = {
         use object::{Object, ObjectSection};
         let file = object::File::parse(&*data).unwrap();
@@ -152,7 +198,7 @@ fn the_cut_eh_frame_unwinds_offline_as_the_files_do() {
     };
     assert_eq!(eh_frame.2.len(), whole.len());
     assert_ne!(eh_frame.2, whole);
-    remove_scratch_dir(&dir);
+    out
 }
 
 #[test]
