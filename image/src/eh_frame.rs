@@ -466,7 +466,7 @@ mod tests {
         fn entry(&mut self, wide: bool, id: u32, mut body: Vec<u8>) -> usize {
             let at = self.bytes.len();
             let header = if wide { 12 } else { 4 };
-            while (header + 4 + body.len()) % 8 != 0 {
+            while !(header + 4 + body.len()).is_multiple_of(8) {
                 body.push(0); // DW_CFA_nop
             }
             let len = (4 + body.len()) as u64;
