@@ -289,6 +289,61 @@ mod tests {
             .find(|b| matches!(&b.kind, BlobKind::Section { name, .. } if name == wanted))
     }
 
+    /// This test binary's `.eh_frame`, cut to one function's code: the
+    /// other blobs are those of the whole file; anything unusual keeps
+    /// the section whole and says why.
+    #[test]
+    fn touched_files_get_their_eh_frame_cut() {
+        let exe = std::env::current_exe().unwrap();
+        let bytes = std::fs::read(&exe).unwrap();
+        let file = object::File::parse(&bytes[..]).unwrap();
+        if file.format() != object::BinaryFormat::Elf {
+            return;
+        }
+        let id = BuildId(vec![9]);
+        let layout = Layout::of(&file);
+        let here = {
+            use object::ObjectSymbol;
+            let sym = file
+                .symbols()
+                .find(|s| s.name().is_ok_and(|n| n.contains("split_blob")))
+                .expect("split_blob's symbol");
+            let seg = layout
+                .segments
+                .iter()
+                .find(|s| sym.address() >= s.svma && sym.address() - s.svma < s.file_size)
+                .unwrap();
+            sym.address() - seg.svma + seg.file_offset
+        };
+        let open = || std::fs::File::open(&exe).unwrap();
+        let (cut, how) =
+            blobs_for_touched_file(open(), &id, EmbedLevel::Symbols, &[here, here + 1]).unwrap();
+        let EhFrameEmbedded::Cut { kept, dropped } = how else {
+            panic!("{how:?}")
+        };
+        assert!((1..=2).contains(&kept) && dropped > 100, "{kept} {dropped}");
+        let whole = blobs_for_image(&bytes, &id, EmbedLevel::Symbols).unwrap();
+        assert_eq!(section_names(&cut), section_names(&whole));
+        for (c, w) in cut.iter().zip(&whole) {
+            if matches!(&c.kind, BlobKind::Section { name, .. } if name == ".eh_frame") {
+                assert_eq!(c.data.len(), w.data.len());
+                assert_ne!(c.data, w.data);
+            } else {
+                assert_eq!(c, w);
+            }
+        }
+        // An address in no segment: the section stays whole.
+        let (blobs, how) =
+            blobs_for_touched_file(open(), &id, EmbedLevel::Symbols, &[u64::MAX]).unwrap();
+        assert!(
+            matches!(&how, EhFrameEmbedded::Whole(r) if r.contains("in no segment")),
+            "{how:?}"
+        );
+        assert_eq!(blobs, whole);
+        let (_, how) = blobs_for_touched_file(open(), &id, EmbedLevel::None, &[here]).unwrap();
+        assert_eq!(how, EhFrameEmbedded::Absent);
+    }
+
     /// This test binary is an image with unwind info, symbols and DWARF.
     #[test]
     fn extracts_sections_of_a_real_image() {
