@@ -10,7 +10,9 @@
 //! - **Embedding**: [`blobs_for_file`] turns the sections an [`EmbedLevel`]
 //!   wants into trace [`Blob`](lrnprof_format::Blob)s, with the layout
 //!   table ([`Layout`], blob [`LAYOUT_SECTION`]) that lets an analyzer map
-//!   addresses without the file.
+//!   addresses without the file; [`blobs_for_touched_file`] cuts the
+//!   `.eh_frame` to the entries a trace's code addresses reach
+//!   ([`cut_eh_frame`]).
 //! - **Section names and roles**: the one list of which sections each
 //!   level carries ([`UNWIND_SECTIONS`], [`SYMBOL_SECTIONS`],
 //!   [`DEBUG_SECTION_PREFIX`], [`MACHO_UNWIND_SECTIONS`]) and what the

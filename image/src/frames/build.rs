@@ -110,9 +110,10 @@ fn has_dwarf<'data, R: ReadRef<'data>>(obj: &object::File<'data, R>) -> bool {
 /// that of its separate debug file (same build id, see
 /// [`debug_file_candidates`]), whose symbol table then joins the image's.
 /// `Ok(None)` when neither has DWARF: the image's symbol tables, embedded
-/// as sections, name its frames just as well (unless
-/// `request.symbols_alone`: then the table is built from them). Errors if the image cannot
-/// be parsed or its DWARF is larger than [`MAX_DWARF_BYTES`].
+/// as sections, name its frames just as well; unless
+/// `request.symbols_alone`, then the table is built from them. Errors if
+/// the image cannot be parsed or its DWARF is larger than
+/// [`MAX_DWARF_BYTES`].
 pub fn frame_table_for_file(
     request: FrameRequest<'_>,
 ) -> Result<Option<FrameTableBuilt>, ImageError> {
