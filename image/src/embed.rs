@@ -11,11 +11,13 @@
 //! ([`LAYOUT_SECTION`]). A blob whose stored bytes exceed its part size is
 //! split into parts with the same key ([`split_blob`]).
 
+use crate::eh_frame::cut_eh_frame;
 use crate::layout::{Layout, LAYOUT_SECTION};
 use crate::sections::{EmbedLevel, DEBUG_SECTION_PREFIX};
 use crate::ImageError;
 use lrnprof_format::{Blob, BlobKind, BuildId};
 use object::{Object, ObjectSection, ReadRef, SectionKind};
+use std::borrow::Cow;
 use std::path::Path;
 
 /// Stored bytes per blob record at most for [`blobs_for_image`] and the
@@ -35,7 +37,7 @@ pub fn blobs_for_image(
     build_id: &BuildId,
     level: EmbedLevel,
 ) -> Result<Vec<Blob>, ImageError> {
-    blobs_for_data(bytes, build_id, level)
+    blobs_for_data(bytes, build_id, level, None).map(|(blobs, _)| blobs)
 }
 
 /// [`blobs_for_image`] reading the image file at `path` piecewise, so only
@@ -60,18 +62,74 @@ pub fn blobs_for_open_file(
     level: EmbedLevel,
 ) -> Result<Vec<Blob>, ImageError> {
     let cache = object::ReadCache::new(file);
-    blobs_for_data(&cache, build_id, level)
+    blobs_for_data(&cache, build_id, level, None).map(|(blobs, _)| blobs)
+}
+
+/// How an image's `.eh_frame` went into its blobs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EhFrameEmbedded {
+    /// Cut to the FDEs the code addresses reach ([`cut_eh_frame`]): this
+    /// many kept, this many turned into filler.
+    Cut {
+        /// FDEs kept.
+        kept: usize,
+        /// FDEs dropped.
+        dropped: usize,
+    },
+    /// Whole, for this reason.
+    Whole(String),
+    /// The image has none (or the level embeds none).
+    Absent,
+}
+
+/// [`blobs_for_open_file`] for an image of which a trace refers to the
+/// code addresses `file_offsets` only (offsets in the file: instruction
+/// pointers as they are, return addresses minus one), and to no other
+/// (none left out): its `.eh_frame` keeps only the FDEs an unwinder picks
+/// for those ([`cut_eh_frame`]), unless anything is unusual, then it is
+/// whole. Says which.
+pub fn blobs_for_touched_file(
+    file: std::fs::File,
+    build_id: &BuildId,
+    level: EmbedLevel,
+    file_offsets: &[u64],
+) -> Result<(Vec<Blob>, EhFrameEmbedded), ImageError> {
+    let cache = object::ReadCache::new(file);
+    blobs_for_data(&cache, build_id, level, Some(file_offsets))
+}
+
+/// The lookups `file_offsets` as SVMAs through `layout`, for a cut of the
+/// `.eh_frame` of `file`, or why the section stays whole.
+fn lookup_svmas<'data, R: ReadRef<'data>>(
+    file: &object::File<'data, R>,
+    layout: &Layout,
+    file_offsets: &[u64],
+) -> Result<Vec<u64>, String> {
+    if file.format() != object::BinaryFormat::Elf || !file.is_little_endian() || !file.is_64() {
+        return Err("not a little-endian 64-bit ELF image".into());
+    }
+    file_offsets
+        .iter()
+        .map(|&o| {
+            layout
+                .svma_of_file_offset(o)
+                .ok_or_else(|| format!("code address at file offset {o:#x} is in no segment"))
+        })
+        .collect()
 }
 
 fn blobs_for_data<'data, R: ReadRef<'data>>(
     data: R,
     build_id: &BuildId,
     level: EmbedLevel,
-) -> Result<Vec<Blob>, ImageError> {
+    reach: Option<&[u64]>,
+) -> Result<(Vec<Blob>, EhFrameEmbedded), ImageError> {
+    let mut eh_frame = EhFrameEmbedded::Absent;
     if level == EmbedLevel::None {
-        return Ok(Vec::new());
+        return Ok((Vec::new(), eh_frame));
     }
     let file = object::File::parse(data).map_err(|e| ImageError::NotAnImage(e.to_string()))?;
+    let layout = Layout::of(&file);
     let mut blobs = Vec::new();
     for section in file.sections() {
         let Ok(name) = section.name() else { continue };
@@ -90,6 +148,26 @@ fn blobs_for_data<'data, R: ReadRef<'data>>(
         if bytes.is_empty() {
             continue;
         }
+        let bytes = match reach {
+            Some(offsets) if stored_name == ".eh_frame" => {
+                let cut = lookup_svmas(&file, &layout, offsets)
+                    .and_then(|svmas| cut_eh_frame(&bytes, section.address(), &svmas));
+                match cut {
+                    Ok(cut) => {
+                        eh_frame = EhFrameEmbedded::Cut {
+                            kept: cut.kept,
+                            dropped: cut.dropped,
+                        };
+                        Cow::Owned(cut.bytes)
+                    }
+                    Err(reason) => {
+                        eh_frame = EhFrameEmbedded::Whole(reason);
+                        bytes
+                    }
+                }
+            }
+            _ => bytes,
+        };
         let compress = stored_name.starts_with(DEBUG_SECTION_PREFIX);
         let stored = if compress {
             zstd::bulk::compress(&bytes, DEBUG_ZSTD_LEVEL).map_err(|source| {
@@ -107,13 +185,18 @@ fn blobs_for_data<'data, R: ReadRef<'data>>(
         };
         blobs.extend(split_blob(build_id, kind, compress, stored, MAX_BLOB_PART));
     }
-    let layout = BlobKind::Section {
+    let layout_kind = BlobKind::Section {
         name: LAYOUT_SECTION.to_string(),
         svma: 0,
     };
-    let table = Layout::of(&file).to_bytes();
-    blobs.extend(split_blob(build_id, layout, false, table, MAX_BLOB_PART));
-    Ok(blobs)
+    blobs.extend(split_blob(
+        build_id,
+        layout_kind,
+        false,
+        layout.to_bytes(),
+        MAX_BLOB_PART,
+    ));
+    Ok((blobs, eh_frame))
 }
 
 /// `data` as one blob, or as parts of at most `max_part` bytes (taken as
@@ -204,6 +287,61 @@ mod tests {
         blobs
             .iter()
             .find(|b| matches!(&b.kind, BlobKind::Section { name, .. } if name == wanted))
+    }
+
+    /// This test binary's `.eh_frame`, cut to one function's code: the
+    /// other blobs are those of the whole file; anything unusual keeps
+    /// the section whole and says why.
+    #[test]
+    fn touched_files_get_their_eh_frame_cut() {
+        let exe = std::env::current_exe().unwrap();
+        let bytes = std::fs::read(&exe).unwrap();
+        let file = object::File::parse(&bytes[..]).unwrap();
+        if file.format() != object::BinaryFormat::Elf {
+            return;
+        }
+        let id = BuildId(vec![9]);
+        let layout = Layout::of(&file);
+        let here = {
+            use object::ObjectSymbol;
+            let sym = file
+                .symbols()
+                .find(|s| s.name().is_ok_and(|n| n.contains("split_blob")))
+                .expect("split_blob's symbol");
+            let seg = layout
+                .segments
+                .iter()
+                .find(|s| sym.address() >= s.svma && sym.address() - s.svma < s.file_size)
+                .unwrap();
+            sym.address() - seg.svma + seg.file_offset
+        };
+        let open = || std::fs::File::open(&exe).unwrap();
+        let (cut, how) =
+            blobs_for_touched_file(open(), &id, EmbedLevel::Symbols, &[here, here + 1]).unwrap();
+        let EhFrameEmbedded::Cut { kept, dropped } = how else {
+            panic!("{how:?}")
+        };
+        assert!((1..=2).contains(&kept) && dropped > 100, "{kept} {dropped}");
+        let whole = blobs_for_image(&bytes, &id, EmbedLevel::Symbols).unwrap();
+        assert_eq!(section_names(&cut), section_names(&whole));
+        for (c, w) in cut.iter().zip(&whole) {
+            if matches!(&c.kind, BlobKind::Section { name, .. } if name == ".eh_frame") {
+                assert_eq!(c.data.len(), w.data.len());
+                assert_ne!(c.data, w.data);
+            } else {
+                assert_eq!(c, w);
+            }
+        }
+        // An address in no segment: the section stays whole.
+        let (blobs, how) =
+            blobs_for_touched_file(open(), &id, EmbedLevel::Symbols, &[u64::MAX]).unwrap();
+        assert!(
+            matches!(&how, EhFrameEmbedded::Whole(r) if r.contains("in no segment")),
+            "{how:?}"
+        );
+        assert_eq!(blobs, whole);
+        let (_, how) = blobs_for_touched_file(open(), &id, EmbedLevel::None, &[here]).unwrap();
+        assert_eq!(how, EhFrameEmbedded::Absent);
     }
 
     /// This test binary is an image with unwind info, symbols and DWARF.

@@ -10,7 +10,9 @@
 //! - **Embedding**: [`blobs_for_file`] turns the sections an [`EmbedLevel`]
 //!   wants into trace [`Blob`](lrnprof_format::Blob)s, with the layout
 //!   table ([`Layout`], blob [`LAYOUT_SECTION`]) that lets an analyzer map
-//!   addresses without the file.
+//!   addresses without the file; [`blobs_for_touched_file`] cuts the
+//!   `.eh_frame` to the entries a trace's code addresses reach
+//!   ([`cut_eh_frame`]).
 //! - **Section names and roles**: the one list of which sections each
 //!   level carries ([`UNWIND_SECTIONS`], [`SYMBOL_SECTIONS`],
 //!   [`DEBUG_SECTION_PREFIX`], [`MACHO_UNWIND_SECTIONS`]) and what the
@@ -61,6 +63,7 @@
 mod build_id;
 mod debug_file;
 mod demangle;
+mod eh_frame;
 mod embed;
 mod error;
 mod frames;
@@ -74,7 +77,11 @@ mod universal;
 pub use build_id::{build_id_of_bytes, build_id_of_file};
 pub use debug_file::debug_file_candidates;
 pub use demangle::demangle;
-pub use embed::{blobs_for_file, blobs_for_image, blobs_for_open_file, split_blob, MAX_BLOB_PART};
+pub use eh_frame::{cut_eh_frame, CutEhFrame};
+pub use embed::{
+    blobs_for_file, blobs_for_image, blobs_for_open_file, blobs_for_touched_file, split_blob,
+    EhFrameEmbedded, MAX_BLOB_PART,
+};
 pub use error::ImageError;
 pub use frames::{
     frame_table_for_file, FrameRequest, FrameTable, FrameTableBuilt, FRAMES_TABLE, MAX_DWARF_BYTES,

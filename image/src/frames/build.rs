@@ -43,6 +43,10 @@ pub struct FrameRequest<'a> {
     pub max_bytes: usize,
     /// Roots besides `/` under which to look for debug files.
     pub debug_roots: &'a [PathBuf],
+    /// When neither the image nor a debug file has DWARF, build the table
+    /// from the image's symbol tables alone (what the analyzer names such
+    /// an image's addresses with), instead of giving `Ok(None)`.
+    pub symbols_alone: bool,
 }
 
 /// A table built by [`frame_table_for_file`].
@@ -123,8 +127,10 @@ fn has_dwarf<'data, R: ReadRef<'data>>(obj: &object::File<'data, R>) -> bool {
 /// that of its separate debug file (same build id, see
 /// [`debug_file_candidates`]), whose symbol table then joins the image's.
 /// `Ok(None)` when neither has DWARF: the image's symbol tables, embedded
-/// as sections, name its frames just as well. Errors if the image cannot
-/// be parsed or its DWARF is larger than [`MAX_DWARF_BYTES`].
+/// as sections, name its frames just as well; unless
+/// `request.symbols_alone`, then the table is built from them. Errors if
+/// the image cannot be parsed or its DWARF is larger than
+/// [`MAX_DWARF_BYTES`].
 pub fn frame_table_for_file(
     request: FrameRequest<'_>,
 ) -> Result<Option<FrameTableBuilt>, ImageError> {
@@ -145,6 +151,7 @@ fn build_table(
         file_offsets,
         max_bytes,
         debug_roots,
+        symbols_alone,
     } = request;
     let cache = ReadCache::new(&file);
     let image = object::File::parse(&cache).map_err(|e| ImageError::NotAnImage(e.to_string()))?;
@@ -154,6 +161,7 @@ fn build_table(
     } else {
         match find_debug_file(&image, path, build_id, debug_roots) {
             Some(found) => Some(found),
+            None if symbols_alone => None,
             None => return Ok(None),
         }
     };
@@ -216,8 +224,11 @@ fn build_table(
             hidden_units = hidden.len();
         }
     }
-    let dwarf =
-        load_dwarf(|name| EndianSlice::new(sections.get(name).map_or(&[][..], |d| &d[..]), endian));
+    // With symbols alone, no DWARF, as the analyzer resolves such an image.
+    let dwarf = (own_dwarf || debug.is_some()).then(|| {
+        load_dwarf(|name| EndianSlice::new(sections.get(name).map_or(&[][..], |d| &d[..]), endian))
+    });
+    let dwarf = dwarf.flatten();
     let resolver = Resolver::new(&symbols, dwarf);
     let mut known = HashSet::new();
     let mut used = 0;
@@ -336,6 +347,7 @@ mod tests {
             file_offsets: offsets,
             max_bytes,
             debug_roots: &[],
+            symbols_alone: false,
         })
         .unwrap()
     }
@@ -345,6 +357,8 @@ mod tests {
         not(target_os = "linux"),
         ignore = "Mach-O test binaries keep their DWARF in a dSYM"
     )]
+    // Looked up by name in the symbol table: never inlined into the harness.
+    #[inline(never)]
     fn addresses_resolve_to_their_functions_with_files() {
         let offsets = own_request_offsets(&["addresses_resolve_to_their_functions_with_files"]);
         let built = build(&offsets, 1 << 20).expect("a table: this test binary has DWARF");
@@ -369,6 +383,8 @@ mod tests {
         not(target_os = "linux"),
         ignore = "Mach-O test binaries keep their DWARF in a dSYM"
     )]
+    // Looked up by name in the symbol table: never inlined into the harness.
+    #[inline(never)]
     fn tables_stay_within_their_bytes() {
         let offsets = own_request_offsets(&["tables_stay_within_their_bytes", "addresses_resolve"]);
         let all = build(&offsets, 1 << 20).expect("a table: this test binary has DWARF");
@@ -431,6 +447,7 @@ mod tests {
             file_offsets: &offsets,
             max_bytes: 4 << 20,
             debug_roots: &[],
+            symbols_alone: false,
         };
         let Some((hidden, units)) = build_table(request(), true).unwrap() else {
             let why = format!("{path} has no debug file here (apt-get install libc6-dbg)");

@@ -10,8 +10,9 @@ use super::touched::{SampleRefs, Touched};
 use crate::report::RecordWarning;
 use lrnprof_format::{Blob, BlobKind, BuildId, ImageKind, ImageMapRecord, Pid, Record, Timestamp};
 use lrnprof_image::{
-    blobs_for_open_file, build_id_of_bytes, build_id_of_file, frame_table_for_file, split_blob,
-    EmbedLevel, FrameRequest, FRAMES_TABLE, MAX_BLOB_PART,
+    blobs_for_open_file, blobs_for_touched_file, build_id_of_bytes, build_id_of_file,
+    frame_table_for_file, split_blob, EmbedLevel, FrameRequest, FRAMES_TABLE, MAX_BLOB_PART,
+    SYMBOL_SECTIONS,
 };
 use std::collections::{HashMap, HashSet};
 use std::os::unix::fs::MetadataExt;
@@ -127,6 +128,9 @@ impl Images {
             return out;
         }
         let mut table_budget = MAX_FRAME_TABLES_BYTES;
+        // At `debug` the DWARF travels and the analyzer names frames with
+        // it and the symbol tables, not from the frame table.
+        let symbols_only = self.embed == EmbedLevel::Symbols;
         for id in self.touched.touched_ids() {
             let Some(image) = self.seen.get(id) else {
                 continue;
@@ -139,13 +143,15 @@ impl Images {
                     }
                 }
                 (Some(file), ImageKind::File) => {
-                    let result = file.try_clone().map_err(|e| e.to_string()).and_then(|f| {
-                        blobs_for_open_file(f, id, self.embed).map_err(|e| e.to_string())
-                    });
+                    let result = file
+                        .try_clone()
+                        .map_err(|e| e.to_string())
+                        .and_then(|f| self.image_blobs(id, f).map_err(|e| e.to_string()));
                     match result {
                         Ok(blobs) => {
-                            out.extend(without_derived_sections(blobs));
-                            let (table, w) = self.frame_table(id, image, file, &mut table_budget);
+                            let (table, w, complete) =
+                                self.frame_table(id, image, file, &mut table_budget);
+                            out.extend(without_named_sections(blobs, complete && symbols_only));
                             out.extend(table);
                             warnings.extend(w);
                         }
@@ -160,14 +166,16 @@ impl Images {
                         build_id_of_file(std::path::Path::new(&image.path)).as_ref() == Some(id)
                     });
                     let blobs = reopened.map(|f| {
-                        let blobs = blobs_for_open_file(f.try_clone()?, id, self.embed)
+                        let blobs = self
+                            .image_blobs(id, f.try_clone()?)
                             .map_err(std::io::Error::other)?;
                         Ok::<_, std::io::Error>((f, blobs))
                     });
                     match blobs {
                         Some(Ok((file, blobs))) => {
-                            out.extend(without_derived_sections(blobs));
-                            let (table, w) = self.frame_table(id, image, &file, &mut table_budget);
+                            let (table, w, complete) =
+                                self.frame_table(id, image, &file, &mut table_budget);
+                            out.extend(without_named_sections(blobs, complete && symbols_only));
                             out.extend(table);
                             warnings.extend(w);
                         }
@@ -198,21 +206,44 @@ impl Images {
         out
     }
 
+    /// The blobs of image `id` (its file `file`) at the embed level: with
+    /// only the `.eh_frame` entries the trace's code addresses reach when
+    /// they are all known (none left out past the cap), else with the
+    /// whole section.
+    fn image_blobs(
+        &self,
+        id: &BuildId,
+        file: std::fs::File,
+    ) -> Result<Vec<Blob>, lrnprof_image::ImageError> {
+        // Code addresses are collected from `symbols` on (see `new`);
+        // `debug` keeps whole sections.
+        let lookups = match self.touched.image(id) {
+            Some(t) if t.left_out == 0 && self.embed == EmbedLevel::Symbols => t.lookups(),
+            _ => Vec::new(),
+        };
+        if lookups.is_empty() {
+            return blobs_for_open_file(file, id, self.embed);
+        }
+        blobs_for_touched_file(file, id, self.embed, &lookups).map(|(blobs, _)| blobs)
+    }
+
     /// The frame table of image `id` (its file `file`), within what is
-    /// left of `budget` bytes, and a warning if addresses were left out.
+    /// left of `budget` bytes, a warning if addresses were left out, and
+    /// whether it holds every code address the trace refers to in the
+    /// image (then nothing else is needed to name them).
     fn frame_table(
         &self,
         id: &BuildId,
         image: &SeenImage,
         file: &std::fs::File,
         budget: &mut usize,
-    ) -> (Vec<Blob>, Option<RecordWarning>) {
+    ) -> (Vec<Blob>, Option<RecordWarning>, bool) {
         let lookups = match self.touched.image(id) {
             Some(t) if self.embed >= EmbedLevel::Symbols => t.lookups(),
             _ => Vec::new(),
         };
         if lookups.is_empty() {
-            return (Vec::new(), None);
+            return (Vec::new(), None, false);
         }
         let incomplete = |reason: String| {
             Some(RecordWarning::FrameTableIncomplete {
@@ -232,7 +263,7 @@ impl Images {
         };
         let file = match file.try_clone() {
             Ok(f) => f,
-            Err(e) => return (Vec::new(), no_table(&e)),
+            Err(e) => return (Vec::new(), no_table(&e), false),
         };
         let path = image.path.strip_suffix(" (deleted)").unwrap_or(&image.path);
         let built = frame_table_for_file(FrameRequest {
@@ -242,11 +273,14 @@ impl Images {
             file_offsets: &lookups,
             max_bytes: MAX_FRAME_TABLE_BYTES.min(*budget),
             debug_roots: &[],
+            // Images without DWARF get a table too: their symbol tables
+            // then need not travel.
+            symbols_alone: true,
         });
         let built = match built {
             Ok(Some(built)) => built,
-            Ok(None) => return (Vec::new(), None),
-            Err(e) => return (Vec::new(), no_table(&e)),
+            Ok(None) => return (Vec::new(), None, false),
+            Err(e) => return (Vec::new(), no_table(&e), false),
         };
         *budget = budget.saturating_sub(built.bytes.len());
         let kind = BlobKind::Table {
@@ -263,7 +297,8 @@ impl Images {
                 MAX_FRAME_TABLES_BYTES >> 10
             ))
         });
-        (blobs, warning.flatten())
+        let complete = left_out == 0 && built.addresses == lookups.len();
+        (blobs, warning.flatten(), complete)
     }
 
     pub fn record_from_maps(&mut self, t: u64, pid: u32, m: &MapsEntry) -> Option<Record> {
@@ -419,9 +454,78 @@ fn without_derived_sections(mut blobs: Vec<Blob>) -> Vec<Blob> {
     blobs
 }
 
+/// `blobs` of one image without the sections an analyzer derives from
+/// others ([`without_derived_sections`]) and, when its frame table names
+/// every code address of the trace in it (`table_complete`) and it has
+/// unwind tables, without its symbol tables: the analyzer names an image's
+/// addresses from the table first, and reads symbol tables otherwise only
+/// for the AArch64 leaf heuristic (frameless leaves in images without
+/// unwind tables), so on AArch64 they stay.
+fn without_named_sections(blobs: Vec<Blob>, table_complete: bool) -> Vec<Blob> {
+    let mut blobs = without_derived_sections(blobs);
+    let name = |b: &Blob| match &b.kind {
+        BlobKind::Section { name, .. } => Some(name.clone()),
+        _ => None,
+    };
+    let unwinds = blobs
+        .iter()
+        .any(|b| matches!(name(b).as_deref(), Some(".eh_frame" | ".debug_frame")));
+    if table_complete && unwinds && !cfg!(target_arch = "aarch64") {
+        blobs.retain(|b| !name(b).is_some_and(|n| SYMBOL_SECTIONS.contains(&n.as_str())));
+    }
+    blobs
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn symbol_tables_stay_unless_the_frame_table_names_everything() {
+        let blob = |name: &str| Blob {
+            build_id: BuildId(vec![1]),
+            kind: BlobKind::Section {
+                name: name.into(),
+                svma: 0,
+            },
+            compressed: false,
+            offset: 0,
+            total_len: 1,
+            data: vec![1],
+        };
+        let names = |blobs: Vec<Blob>| -> Vec<String> {
+            blobs
+                .into_iter()
+                .map(|b| match b.kind {
+                    BlobKind::Section { name, .. } => name,
+                    other => panic!("{other:?}"),
+                })
+                .collect()
+        };
+        let all = || {
+            [
+                ".eh_frame",
+                ".dynsym",
+                ".dynstr",
+                ".symtab",
+                ".strtab",
+                ".rela.plt",
+                ".lrnprof.layout",
+            ]
+            .map(blob)
+            .to_vec()
+        };
+        assert_eq!(names(without_named_sections(all(), false)).len(), 7);
+        let complete = names(without_named_sections(all(), true));
+        if cfg!(target_arch = "aarch64") {
+            assert_eq!(complete.len(), 7);
+        } else {
+            assert_eq!(complete, [".eh_frame", ".lrnprof.layout"]);
+        }
+        // Without unwind tables the symbols stay, whatever the table.
+        let no_unwind = vec![blob(".dynsym"), blob(".dynstr")];
+        assert_eq!(names(without_named_sections(no_unwind, true)).len(), 2);
+    }
 
     #[test]
     fn the_eh_frame_index_is_left_out_only_beside_the_eh_frame() {

@@ -30,9 +30,14 @@ fn embedding_carries_unwind_and_symbol_sections() {
     assert!(stderr.contains("embedded image data"), "{stderr}");
     let (_, records) = load_complete(&out);
     let blobs = section_blobs(&records, &id);
-    for name in [".eh_frame", ".symtab", ".strtab", ".lrnprof.layout"] {
+    for name in [".eh_frame", ".lrnprof.layout"] {
         assert!(blobs.iter().any(|b| b.0 == name), "{name} not embedded");
     }
+    // The frame table names every address of the program in the trace:
+    // its symbol tables stay home (but on AArch64, see docs/recorder.md).
+    assert!(has_frame_table(&records, &id), "no frame table");
+    let symbols = blobs.iter().any(|b| b.0 == ".symtab" || b.0 == ".strtab");
+    assert_eq!(symbols, cfg!(target_arch = "aarch64"), "symbol tables");
     // The index of `.eh_frame` is rebuilt from it by the analyzer.
     assert!(
         !blobs.iter().any(|b| b.0 == ".eh_frame_hdr"),
@@ -41,7 +46,13 @@ fn embedding_carries_unwind_and_symbol_sections() {
     for (name, svma, bytes, compressed) in &blobs {
         if let Some(section) = file.section_by_name(name) {
             assert_eq!(*svma, section.address(), "{name}");
-            assert_eq!(&bytes[..], section.data().unwrap(), "{name}");
+            if name == ".eh_frame" {
+                // Cut to the FDEs the samples reach, entries where they were.
+                assert_eq!(bytes.len(), section.data().unwrap().len());
+                assert_ne!(&bytes[..], section.data().unwrap(), "{name} not cut");
+            } else {
+                assert_eq!(&bytes[..], section.data().unwrap(), "{name}");
+            }
             assert!(!compressed);
         }
     }
@@ -53,11 +64,21 @@ fn embedding_carries_unwind_and_symbol_sections() {
     let out = dir.join("debug.lpt");
     assert_exit_code(&launch(&out, &["--embed", "debug"], &exe, &["300"]), 7);
     let (_, records) = load(&out);
-    let debug_info = section_blobs(&records, &id)
-        .into_iter()
+    let blobs = section_blobs(&records, &id);
+    let debug_info = blobs
+        .iter()
         .find(|b| b.0 == ".debug_info")
         .expect(".debug_info embedded at --embed debug");
     assert!(debug_info.3, "DWARF blobs are compressed");
+    // The analyzer names frames with the DWARF and the symbol tables then.
+    assert!(
+        blobs.iter().any(|b| b.0 == ".symtab"),
+        "no .symtab at debug"
+    );
+    // Whole sections at --embed debug.
+    let eh_frame = blobs.iter().find(|b| b.0 == ".eh_frame").unwrap();
+    let whole = file.section_by_name(".eh_frame").unwrap();
+    assert_eq!(&eh_frame.2[..], whole.data().unwrap());
 
     let out = dir.join("none.lpt");
     assert_exit_code(&launch(&out, &["--embed", "none"], &exe, &["300"]), 7);
@@ -84,6 +105,106 @@ fn folded_count(folded: &str, needle: &str) -> u64 {
         .filter(|l| l.contains(needle))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
         .sum()
+}
+
+/// `lrnprof-analyze trace ARGS --output -`: its stdout.
+fn analyze_out(trace: &Path, args: &[&str]) -> Vec<u8> {
+    let result = Command::new(lrnprof_analyze())
+        .arg(trace)
+        .args(args)
+        .args(["--output", "-"])
+        .output()
+        .expect("running lrnprof-analyze");
+    assert_success(&result);
+    result.stdout
+}
+
+/// A program without frame pointers unwinds through `.eh_frame` only: the
+/// trace's `.eh_frame`, cut to the FDEs its samples reach, gives offline
+/// the folded stacks and pprof profile the local files give.
+#[test]
+fn the_cut_eh_frame_unwinds_offline_as_the_files_do() {
+    require_perf!();
+    let dir = scratch_dir("rec-cut-eh-frame");
+    let exe = build_threads(&dir);
+    offline_is_local(&dir, &exe);
+    remove_scratch_dir(&dir);
+}
+
+/// Without DWARF (no `-g`), the program's frame table is resolved from its
+/// symbol tables, which then stay out of the trace: offline names are
+/// still those of the local analysis.
+#[test]
+fn symbol_tables_give_way_to_a_complete_frame_table() {
+    require_perf!();
+    let dir = scratch_dir("rec-symbols-table");
+    let exe = build_c(
+        &["rec_threads.c"],
+        &["-O2", "-fomit-frame-pointer", "-pthread"],
+        &dir,
+        "rec_threads",
+    );
+    let out = offline_is_local(&dir, &exe);
+    let id = build_id(&exe);
+    let (_, records) = load_complete(&out);
+    let names: Vec<String> = section_blobs(&records, &id)
+        .into_iter()
+        .map(|b| b.0)
+        .collect();
+    assert!(names.iter().any(|n| n == ".eh_frame"), "{names:?}");
+    let symbols = [".symtab", ".strtab", ".dynsym", ".dynstr", ".rela.plt"];
+    if cfg!(target_arch = "aarch64") {
+        assert!(names.iter().any(|n| n == ".symtab"), "{names:?}");
+    } else {
+        assert!(
+            !names.iter().any(|n| symbols.contains(&n.as_str())),
+            "{names:?}"
+        );
+    }
+    assert!(has_frame_table(&records, &id), "no frame table");
+    remove_scratch_dir(&dir);
+}
+
+/// Record rec_threads `exe` (exit code 7) into `dir/t.lpt`; its offline
+/// folded stacks and pprof profile are those of the local analysis, and
+/// the executable's `.eh_frame` was cut. Returns the trace.
+fn offline_is_local(dir: &Path, exe: &Path) -> PathBuf {
+    let out = dir.join("t.lpt");
+    assert_exit_code(&launch(&out, &[], exe, &["800"]), 7);
+    let folded = ["--format", "folded"];
+    let local = String::from_utf8(analyze_out(&out, &folded)).unwrap();
+    assert!(
+        folded_count(&local, "parent_one;leaf_work") > 0
+            && folded_count(&local, "parent_two;leaf_work") > 0,
+        "{local}"
+    );
+    let offline =
+        String::from_utf8(analyze_out(&out, &[&folded[..], &["--offline"]].concat())).unwrap();
+    assert_eq!(offline, local);
+    let pprof = ["--format", "pprof"];
+    let offline = analyze_out(&out, &[&pprof[..], &["--offline"]].concat());
+    assert!(
+        offline == analyze_out(&out, &pprof),
+        "pprof profiles differ"
+    );
+    // The executable's section was cut indeed.
+    let id = build_id(exe);
+    let (_, records) = load_complete(&out);
+    let blobs = section_blobs(&records, &id);
+    let eh_frame = blobs.iter().find(|b| b.0 == ".eh_frame").unwrap();
+    let data = std::fs::read(exe).unwrap();
+    let whole = {
+        use object::{Object, ObjectSection};
+        let file = object::File::parse(&*data).unwrap();
+        file.section_by_name(".eh_frame")
+            .unwrap()
+            .data()
+            .unwrap()
+            .to_vec()
+    };
+    assert_eq!(eh_frame.2.len(), whole.len());
+    assert_ne!(eh_frame.2, whole);
+    out
 }
 
 #[test]
@@ -186,8 +307,9 @@ fn images_inside_a_changed_root_are_found_through_proc() {
     assert!(
         section_blobs(&records, &id)
             .iter()
-            .any(|b| b.0 == ".symtab"),
-        "the program's symbols embedded from inside its root"
+            .any(|b| b.0 == ".eh_frame")
+            && has_frame_table(&records, &id),
+        "the program's data embedded from inside its root"
     );
     remove_scratch_dir(&dir);
 }
@@ -220,6 +342,15 @@ fn a_program_deleted_while_recorded_is_still_embedded() {
     assert_exit_code(&result, 7);
     let (_, records) = load_complete(&out);
     let blobs = section_blobs(&records, &id);
-    assert!(blobs.iter().any(|b| b.0 == ".symtab"), "{blobs:?}");
+    assert!(blobs.iter().any(|b| b.0 == ".eh_frame"), "{blobs:?}");
+    assert!(has_frame_table(&records, &id), "no frame table");
     remove_scratch_dir(&dir);
+}
+
+/// Whether `records` hold a frame table of the image with build id `id`.
+fn has_frame_table(records: &[Record], id: &[u8]) -> bool {
+    records.iter().any(|r| {
+        matches!(r, Record::Blob(b) if b.build_id.0 == id
+            && matches!(&b.kind, lrnprof_format::BlobKind::Table { name } if name == "frames"))
+    })
 }
