@@ -308,12 +308,7 @@ mod tests {
                 .symbols()
                 .find(|s| s.name().is_ok_and(|n| n.contains("split_blob")))
                 .expect("split_blob's symbol");
-            let seg = layout
-                .segments
-                .iter()
-                .find(|s| sym.address() >= s.svma && sym.address() - s.svma < s.file_size)
-                .unwrap();
-            sym.address() - seg.svma + seg.file_offset
+            layout.file_offset_of_svma(sym.address()).unwrap()
         };
         let open = || std::fs::File::open(&exe).unwrap();
         let (cut, how) =

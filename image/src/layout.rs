@@ -93,6 +93,16 @@ impl Layout {
             .map(|s| s.svma.wrapping_add(offset - s.file_offset))
     }
 
+    /// The offset in the file of the byte at `svma`: through the segment
+    /// whose bytes in the file hold it. `None` if no segment does (an
+    /// address in no segment, or in the part of one not in the file).
+    pub fn file_offset_of_svma(&self, svma: u64) -> Option<u64> {
+        self.segments
+            .iter()
+            .find(|s| svma >= s.svma && svma - s.svma < s.file_size)
+            .map(|s| s.file_offset + (svma - s.svma))
+    }
+
     /// The table's bytes: every segment, then every section. Sections with
     /// names the table cannot hold (see [`LayoutSection::name`]) are left
     /// out.
@@ -238,6 +248,10 @@ mod tests {
         assert_eq!(layout.svma_of_file_offset(0x10), Some(0x10));
         assert_eq!(layout.svma_of_file_offset(0x400), Some(0x10400));
         assert_eq!(layout.svma_of_file_offset(0x428), None);
+        assert_eq!(layout.file_offset_of_svma(0x10), Some(0x10));
+        assert_eq!(layout.file_offset_of_svma(0x10400), Some(0x400));
+        assert_eq!(layout.file_offset_of_svma(0x20428), None);
+        assert_eq!(layout.file_offset_of_svma(0x5000), None);
     }
 
     #[test]

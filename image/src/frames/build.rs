@@ -327,12 +327,7 @@ mod tests {
                     .symbols()
                     .find(|s| s.name().is_ok_and(|n| n.contains(name)))
                     .unwrap_or_else(|| panic!("no symbol {name}"));
-                let seg = layout
-                    .segments
-                    .iter()
-                    .find(|s| sym.address() >= s.svma && sym.address() - s.svma < s.file_size)
-                    .unwrap();
-                sym.address() - seg.svma + seg.file_offset
+                layout.file_offset_of_svma(sym.address()).unwrap()
             })
             .collect()
     }
@@ -429,13 +424,7 @@ mod tests {
             .dynamic_symbols()
             .filter(|s| s.kind() == object::SymbolKind::Text && s.size() > 8)
             .step_by(20)
-            .filter_map(|s| {
-                let seg = layout
-                    .segments
-                    .iter()
-                    .find(|g| s.address() >= g.svma && s.address() - g.svma < g.file_size)?;
-                Some(s.address() - seg.svma + seg.file_offset + 4)
-            })
+            .filter_map(|s| Some(layout.file_offset_of_svma(s.address())? + 4))
             .collect();
         offsets.sort_unstable();
         offsets.dedup();

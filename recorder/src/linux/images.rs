@@ -480,28 +480,36 @@ fn without_named_sections(blobs: Vec<Blob>, table_complete: bool) -> Vec<Blob> {
 mod tests {
     use super::*;
 
-    #[test]
-    fn symbol_tables_stay_unless_the_frame_table_names_everything() {
-        let blob = |name: &str| Blob {
+    /// A blob of section `name` of a made-up image.
+    fn section_blob(name: &str) -> Blob {
+        Blob {
             build_id: BuildId(vec![1]),
             kind: BlobKind::Section {
                 name: name.into(),
-                svma: 0,
+                svma: 0x1000,
             },
             compressed: false,
             offset: 0,
-            total_len: 1,
-            data: vec![1],
-        };
-        let names = |blobs: Vec<Blob>| -> Vec<String> {
-            blobs
-                .into_iter()
-                .map(|b| match b.kind {
-                    BlobKind::Section { name, .. } => name,
-                    other => panic!("{other:?}"),
-                })
-                .collect()
-        };
+            total_len: 4,
+            data: vec![0; 4],
+        }
+    }
+
+    /// The names of `blobs`, all sections.
+    fn section_names(blobs: Vec<Blob>) -> Vec<String> {
+        blobs
+            .into_iter()
+            .map(|b| match b.kind {
+                BlobKind::Section { name, .. } => name,
+                other => panic!("{other:?}"),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn symbol_tables_stay_unless_the_frame_table_names_everything() {
+        let blob = section_blob;
+        let names = section_names;
         let all = || {
             [
                 ".eh_frame",
@@ -529,26 +537,8 @@ mod tests {
 
     #[test]
     fn the_eh_frame_index_is_left_out_only_beside_the_eh_frame() {
-        let blob = |name: &str| Blob {
-            build_id: BuildId(vec![1]),
-            kind: BlobKind::Section {
-                name: name.into(),
-                svma: 0x1000,
-            },
-            compressed: false,
-            offset: 0,
-            total_len: 4,
-            data: vec![0; 4],
-        };
-        let names = |blobs: Vec<Blob>| -> Vec<String> {
-            blobs
-                .into_iter()
-                .map(|b| match b.kind {
-                    BlobKind::Section { name, .. } => name,
-                    other => panic!("{other:?}"),
-                })
-                .collect()
-        };
+        let blob = section_blob;
+        let names = section_names;
         let all = vec![blob(".dynsym"), blob(".eh_frame_hdr"), blob(".eh_frame")];
         assert_eq!(
             names(without_derived_sections(all)),
