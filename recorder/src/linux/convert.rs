@@ -731,6 +731,7 @@ impl Converter {
                 lr,
                 callchain,
                 sp,
+                time,
                 stack: live,
             });
         }
@@ -884,6 +885,7 @@ impl Convert for Converter {
                 }
             }
             RawMsg::Round(time) => {
+                self.images.round(time);
                 let before = self.released_before;
                 self.release(before, out);
                 self.released_upto = before;
@@ -913,6 +915,8 @@ impl Convert for Converter {
     ) -> Result<(), RecordError> {
         self.flush_all_switched_out();
         self.release(u64::MAX, out);
+        // Every record has been read: a last look for late mappings.
+        self.images.round(u64::MAX);
         if self.malformed > 0 {
             warnings.push(RecordWarning::MalformedRecords {
                 count: self.malformed,

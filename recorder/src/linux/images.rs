@@ -109,6 +109,12 @@ impl Images {
         }
     }
 
+    /// Every ring has been read past time `before` (see
+    /// [`Touched::round`]).
+    pub fn round(&mut self, before: u64) {
+        self.touched.round(self.spaces.current(), before);
+    }
+
     /// Note the images a sample refers to, and the code addresses in them
     /// (see [`Touched`]).
     pub fn touch_sample(&mut self, sample: &SampleRefs<'_>) {
@@ -588,6 +594,7 @@ mod tests {
             lr: None,
             callchain: &[],
             sp: 0,
+            time: 1,
             stack: &[],
         });
         let ids: Vec<&BuildId> = images.touched.touched_ids();
@@ -633,6 +640,7 @@ mod tests {
             lr: None,
             callchain: &[],
             sp: 0,
+            time: 1,
             stack: &[],
         });
         let mut warnings = Vec::new();

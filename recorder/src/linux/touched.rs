@@ -92,10 +92,48 @@ pub(crate) struct Touched {
     /// the recorder has read the fork from the kernel.
     waiting: HashMap<u32, Vec<(u64, bool)>>,
     waiting_len: usize,
+    /// Per process: lookups that fell in no image, while a late mapping may
+    /// still place them.
+    unplaced: HashMap<u32, Vec<Unplaced>>,
+    unplaced_len: usize,
+    /// Processes whose mappings changed since the last [`Touched::round`].
+    changed: HashSet<u32>,
 }
 
 /// Lookups kept at most while their processes' mappings are unknown.
 const MAX_WAITING: usize = 1 << 20;
+
+/// Lookups kept at most while they may still fall in a mapping heard of
+/// late (see [`Unplaced`]).
+const MAX_UNPLACED: usize = 1 << 20;
+
+/// A lookup that fell in no image of its process. Records come from one
+/// ring per CPU, so the mapping of a sample's code can be heard after the
+/// sample (from another CPU's ring) although it was made before: such
+/// lookups are kept, and looked up again when the process's mappings
+/// change, until every ring has been read past the sample's time.
+#[derive(Debug, Clone, Copy)]
+struct Unplaced {
+    /// The sample's time.
+    time: u64,
+    addr: u64,
+    is_ip: bool,
+}
+
+/// Which missed lookups of a sample are worth keeping as [`Unplaced`].
+struct Keep {
+    time: u64,
+    /// The sample's stack copy: words pointing into it are no code.
+    stack: std::ops::Range<u64>,
+}
+
+impl Keep {
+    /// Whether `addr` may be code: user space, above the lowest pages, not
+    /// in the stack copy.
+    fn may_be_code(&self, addr: u64) -> bool {
+        (0x10000..1 << 47).contains(&addr) && !self.stack.contains(&addr)
+    }
+}
 
 /// What one sample refers to.
 pub(crate) struct SampleRefs<'a> {
@@ -109,6 +147,8 @@ pub(crate) struct SampleRefs<'a> {
     pub callchain: &'a [u64],
     /// AVMA of the stack copy's first byte.
     pub sp: u64,
+    /// The sample's time.
+    pub time: u64,
     /// The stack copy.
     pub stack: &'a [u8],
 }
@@ -126,6 +166,39 @@ impl Touched {
     pub fn mappings_changed(&mut self, pid: u32) {
         self.index.remove(&pid);
         self.dirty.insert(pid);
+        self.changed.insert(pid);
+    }
+
+    /// Every ring has been read past time `before`: look up again what
+    /// fell in no image of a process whose mappings changed since, and
+    /// forget what belongs to samples older than `before` (no mapping
+    /// made before them can come any more).
+    pub fn round(&mut self, maps: &HashMap<u32, Vec<ImageMapRecord>>, before: u64) {
+        for pid in std::mem::take(&mut self.changed) {
+            let Some(list) = self.unplaced.remove(&pid) else {
+                continue;
+            };
+            self.unplaced_len -= list.len();
+            if !maps.contains_key(&pid) {
+                continue;
+            }
+            self.ensure_index(maps, pid);
+            let still: Vec<Unplaced> = list
+                .into_iter()
+                .filter(|u| !self.place(pid, u.addr, u.is_ip))
+                .collect();
+            if !still.is_empty() {
+                self.unplaced_len += still.len();
+                self.unplaced.insert(pid, still);
+            }
+        }
+        let mut len = 0;
+        self.unplaced.retain(|_, list| {
+            list.retain(|u| u.time >= before);
+            len += list.len();
+            !list.is_empty()
+        });
+        self.unplaced_len = len;
     }
 
     /// Process `pid`'s mappings became known: do the lookups that waited
@@ -168,7 +241,11 @@ impl Touched {
             .map(|a| a.wrapping_sub(1));
         let lookups = std::iter::once((s.ip, true)).chain(returns.map(|a| (a, false)));
         if maps.contains_key(&pid) {
-            self.touch(maps, pid, lookups);
+            let keep = Keep {
+                time: s.time,
+                stack: s.sp..s.sp.saturating_add(s.stack.len() as u64),
+            };
+            self.touch_keeping(maps, pid, lookups, Some(&keep));
         } else if self.waiting_len < MAX_WAITING {
             let waiting = self.waiting.entry(pid).or_default();
             let before = waiting.len();
@@ -187,51 +264,86 @@ impl Touched {
         pid: u32,
         lookups: impl IntoIterator<Item = (u64, bool)>,
     ) {
+        self.touch_keeping(maps, pid, lookups, None);
+    }
+
+    /// [`Touched::touch`], keeping what falls in no image as [`Unplaced`]
+    /// as `keep` says.
+    fn touch_keeping(
+        &mut self,
+        maps: &HashMap<u32, Vec<ImageMapRecord>>,
+        pid: u32,
+        lookups: impl IntoIterator<Item = (u64, bool)>,
+        keep: Option<&Keep>,
+    ) {
+        self.ensure_index(maps, pid);
+        let (lo, hi) = match self.index.get(&pid) {
+            Some(ranges) => (
+                ranges.first().map_or(u64::MAX, |r| r.start),
+                ranges.iter().map(|r| r.end).max().unwrap_or(0),
+            ),
+            None => (u64::MAX, 0),
+        };
+        for (addr, is_ip) in lookups {
+            let placed = (lo..hi).contains(&addr) && self.place(pid, addr, is_ip);
+            if placed {
+                continue;
+            }
+            if let Some(k) = keep.filter(|k| k.may_be_code(addr)) {
+                if self.unplaced_len < MAX_UNPLACED {
+                    self.unplaced.entry(pid).or_default().push(Unplaced {
+                        time: k.time,
+                        addr,
+                        is_ip,
+                    });
+                    self.unplaced_len += 1;
+                }
+            }
+        }
+    }
+
+    /// Build process `pid`'s index if its mappings changed.
+    fn ensure_index(&mut self, maps: &HashMap<u32, Vec<ImageMapRecord>>, pid: u32) {
         if self.dirty.remove(&pid) || !self.index.contains_key(&pid) {
             let ranges = self.ranges_of(maps.get(&pid).map_or(&[][..], |m| &m[..]));
             self.index.insert(pid, ranges);
         }
+    }
+
+    /// Note the lookup of `addr` by process `pid` (indexed) in the image
+    /// that holds it; `false` if no image does.
+    fn place(&mut self, pid: u32, addr: u64, is_ip: bool) -> bool {
         let Some(ranges) = self.index.get(&pid) else {
-            return;
+            return false;
         };
-        let (Some(lo), Some(hi)) = (
-            ranges.first().map(|r| r.start),
-            ranges.iter().map(|r| r.end).max(),
-        ) else {
-            return;
+        let i = ranges.partition_point(|r| r.start <= addr);
+        let Some(r) = i.checked_sub(1).map(|i| &ranges[i]) else {
+            return false;
         };
-        for (addr, is_ip) in lookups {
-            if addr < lo || addr >= hi {
-                continue;
-            }
-            let i = ranges.partition_point(|r| r.start <= addr);
-            let Some(r) = i.checked_sub(1).map(|i| &ranges[i]) else {
-                continue;
-            };
-            if addr >= r.end {
-                continue;
-            }
-            let image = &mut self.images[r.image];
-            image.touched = true;
-            if !self.collect {
-                continue;
-            }
-            let offset = addr - r.start + r.file_offset;
-            let set = if is_ip {
-                &mut image.ips
-            } else {
-                &mut image.returns
-            };
-            if set.contains(&offset) {
-                continue;
-            }
-            if self.addresses >= MAX_ADDRESSES {
-                image.left_out += 1;
-                continue;
-            }
-            set.insert(offset);
-            self.addresses += 1;
+        if addr >= r.end {
+            return false;
         }
+        let image = &mut self.images[r.image];
+        image.touched = true;
+        if !self.collect {
+            return true;
+        }
+        let offset = addr - r.start + r.file_offset;
+        let set = if is_ip {
+            &mut image.ips
+        } else {
+            &mut image.returns
+        };
+        if set.contains(&offset) {
+            return true;
+        }
+        if self.addresses >= MAX_ADDRESSES {
+            image.left_out += 1;
+            return true;
+        }
+        set.insert(offset);
+        self.addresses += 1;
+        true
     }
 
     /// The index of `maps` (executable mappings with a build id).
@@ -418,6 +530,7 @@ mod tests {
                 lr: Some(0x1400),
                 callchain: &[0x1100, 0x1500],
                 sp: 0x8000,
+                time: 1,
                 stack: &stack,
             },
         );
@@ -448,6 +561,7 @@ mod tests {
                     lr: None,
                     callchain: &[],
                     sp,
+                    time: 1,
                     stack: &stack,
                 },
             );
@@ -502,6 +616,7 @@ mod tests {
                 lr: None,
                 callchain: &[],
                 sp: 0x8000,
+                time: 1,
                 stack: &stack,
             },
         );
@@ -512,6 +627,55 @@ mod tests {
         let one = t.image(&BuildId(vec![1])).unwrap();
         assert_eq!(one.lookups(), [0x1100, 0x1800]);
         assert!(t.waiting.is_empty() && t.waiting_len == 0);
+    }
+
+    /// A sample's code mapped before it but heard of after it (another
+    /// CPU's ring) is found at the next round; what no mapping placed by
+    /// then is forgotten.
+    #[test]
+    fn lookups_in_no_image_wait_for_late_mappings_until_the_round() {
+        let mut t = Touched::new(true);
+        let words = |w: &[u64]| w.iter().flat_map(|x| x.to_ne_bytes()).collect::<Vec<u8>>();
+        // 0x30801 and 0x8010 (inside the stack copy) are in no image yet.
+        let stack = words(&[0x30801, 0x8010, 0x1801]);
+        let sample = |t: &mut Touched, m: &HashMap<u32, Vec<ImageMapRecord>>, time| {
+            t.sample(
+                m,
+                &SampleRefs {
+                    pid: 1,
+                    tid: 1,
+                    ip: 0x30100,
+                    lr: None,
+                    callchain: &[],
+                    sp: 0x8000,
+                    time,
+                    stack: &stack,
+                },
+            )
+        };
+        let mut list = vec![map(1, 0x1000, 0x2000, 1)];
+        sample(&mut t, &maps(&list), 100);
+        assert_eq!(touched(&t), [1]);
+        // The ip and the word into the future mapping wait; the stack
+        // pointer does not.
+        assert_eq!(t.unplaced_len, 2);
+        // The mapping, made before the sample, is heard of now.
+        list.push(map(1, 0x30000, 0x40000, 2));
+        t.mappings_changed(1);
+        t.round(&maps(&list), 50);
+        assert_eq!(touched(&t), [1, 2]);
+        let two = t.image(&BuildId(vec![2])).unwrap();
+        assert_eq!(two.lookups(), [0x1100, 0x1800]);
+        assert_eq!(t.unplaced_len, 0);
+        // What no mapping places is forgotten once the rings are past it.
+        let mut t = Touched::new(true);
+        sample(&mut t, &maps(&list[..1]), 100);
+        assert_eq!(t.unplaced_len, 2);
+        t.round(&maps(&list[..1]), 100);
+        assert_eq!(t.unplaced_len, 2, "the sample at 100 may still be placed");
+        t.round(&maps(&list[..1]), 101);
+        assert_eq!(t.unplaced_len, 0);
+        assert!(t.unplaced.is_empty());
     }
 
     #[test]
