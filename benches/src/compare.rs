@@ -1,5 +1,6 @@
 //! The side-by-side run: every workload without a profiler, under
-//! `perf record` and under `lrnprof-rec`, then analysis of the traces.
+//! `perf record`, under samply (when given) and under `lrnprof-rec`, then
+//! analysis of the traces.
 
 use crate::error::BenchError;
 use crate::folded::parse_folded;
@@ -31,6 +32,8 @@ pub struct CompareOptions {
     pub rec: PathBuf,
     /// The `lrnprof-analyze` binary.
     pub analyze: PathBuf,
+    /// The samply binary, if samply is to be measured too.
+    pub samply: Option<PathBuf>,
     /// The usual sampling rate, in Hz.
     pub freq: u32,
     /// The high sampling rate, for lost samples, in Hz.
@@ -55,6 +58,9 @@ pub enum Profiler {
     /// `lrnprof-rec --embed none`: no symbol or unwind tables carried in
     /// the trace, so no work after sampling stops.
     LrnprofNoEmbed,
+    /// `samply record --save-only`: stack copies like perf's DWARF mode,
+    /// unwound and symbolicated when the recording ends.
+    Samply,
 }
 
 /// A profiler at a sampling rate.
@@ -74,6 +80,7 @@ impl fmt::Display for Setup {
             Profiler::PerfDwarf => "perf dwarf",
             Profiler::Lrnprof => "lrnprof",
             Profiler::LrnprofNoEmbed => "lrnprof --embed none",
+            Profiler::Samply => "samply",
         };
         write!(f, "{name} @ {} Hz", self.freq)
     }
@@ -187,6 +194,7 @@ pub fn run(options: &CompareOptions, progress: &mut dyn Write) -> Result<Compari
         .map_err(|e| BenchError::io(format!("create {}", options.work_dir.display()), e))?;
     let mut notes = Vec::new();
     let have_perf = check_perf(options, &mut notes);
+    let have_samply = check_samply(options, &mut notes);
     let have_lrnprof = check_file(
         &options.rec,
         "lrnprof-rec",
@@ -213,7 +221,12 @@ pub fn run(options: &CompareOptions, progress: &mut dyn Write) -> Result<Compari
     };
     let mut fixed_cost: BTreeMap<Setup, Vec<Measured>> = BTreeMap::new();
     let log = options.work_dir.join("empty.stderr");
-    for setup in setups(&empty, options, have_perf, have_lrnprof)
+    let usable = Usable {
+        perf: have_perf,
+        lrnprof: have_lrnprof,
+        samply: have_samply,
+    };
+    for setup in setups(&empty, options, usable)
         .into_iter()
         .filter(|s| s.freq == options.freq || s.profiler == Profiler::None)
     {
@@ -229,7 +242,7 @@ pub fn run(options: &CompareOptions, progress: &mut dyn Write) -> Result<Compari
     }
     let mut results = Vec::new();
     for w in list {
-        let setups = setups(&w, options, have_perf, have_lrnprof);
+        let setups = setups(&w, options, usable);
         results.push(run_workload(options, w, &setups, progress));
     }
     Ok(Comparison {
@@ -251,6 +264,57 @@ fn check_file(path: &Path, tool: &str, hint: &str, notes: &mut Vec<String>) -> b
         ));
     }
     ok
+}
+
+/// Whether `samply record` works here (when asked for); says why not in
+/// `notes`.
+fn check_samply(options: &CompareOptions, notes: &mut Vec<String>) -> bool {
+    let Some(samply) = &options.samply else {
+        return false;
+    };
+    if !check_file(
+        samply,
+        "samply",
+        "build it with `cargo install samply --locked`",
+        notes,
+    ) {
+        return false;
+    }
+    let out_file = options.work_dir.join("samply-check.json.gz");
+    let out = Command::new(samply)
+        .args(["record", "--save-only", "-o"])
+        .arg(&out_file)
+        .args(["--", "true"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .output();
+    let _ = std::fs::remove_file(&out_file);
+    match out {
+        Ok(o) if o.status.success() => true,
+        Ok(o) => {
+            notes.push(format!(
+                "samply record does not work here ({}): {}; samply rows are left out (it needs /proc/sys/kernel/perf_event_paranoid at 1 or lower)",
+                o.status,
+                String::from_utf8_lossy(&o.stderr).lines().next().unwrap_or("")
+            ));
+            false
+        }
+        Err(e) => {
+            notes.push(format!(
+                "cannot run {}: {e}; samply rows are left out",
+                samply.display()
+            ));
+            false
+        }
+    }
+}
+
+/// Which profilers can run here.
+#[derive(Debug, Clone, Copy)]
+struct Usable {
+    perf: bool,
+    lrnprof: bool,
+    samply: bool,
 }
 
 /// Whether `perf record` works here; says why not in `notes`.
@@ -291,7 +355,7 @@ fn check_perf(options: &CompareOptions, notes: &mut Vec<String>) -> bool {
     }
 }
 
-fn setups(w: &Workload, o: &CompareOptions, perf: bool, lrnprof: bool) -> Vec<Setup> {
+fn setups(w: &Workload, o: &CompareOptions, usable: Usable) -> Vec<Setup> {
     let mut s = Vec::new();
     if w.fixed_work {
         s.push(Setup {
@@ -307,6 +371,7 @@ fn setups(w: &Workload, o: &CompareOptions, perf: bool, lrnprof: bool) -> Vec<Se
                 Profiler::PerfDwarf,
                 Profiler::Lrnprof,
                 Profiler::LrnprofNoEmbed,
+                Profiler::Samply,
             ][..],
         ),
         (
@@ -316,16 +381,18 @@ fn setups(w: &Workload, o: &CompareOptions, perf: bool, lrnprof: bool) -> Vec<Se
                 Profiler::PerfDwarf,
                 Profiler::Lrnprof,
                 Profiler::LrnprofNoEmbed,
+                Profiler::Samply,
             ][..],
         ),
     ] {
         for &profiler in profilers {
             let usable = match profiler {
                 Profiler::None => true,
-                Profiler::PerfFp | Profiler::PerfDwarf => perf,
-                Profiler::Lrnprof => lrnprof,
+                Profiler::PerfFp | Profiler::PerfDwarf => usable.perf,
+                Profiler::Lrnprof => usable.lrnprof,
                 // Only where overhead is measured.
-                Profiler::LrnprofNoEmbed => lrnprof && w.fixed_work,
+                Profiler::LrnprofNoEmbed => usable.lrnprof && w.fixed_work,
+                Profiler::Samply => usable.samply && w.fixed_work,
             };
             if usable {
                 s.push(Setup { profiler, freq });
@@ -342,6 +409,7 @@ fn trace_path(o: &CompareOptions, w: &Workload, setup: Setup) -> PathBuf {
         Profiler::PerfDwarf => "perf-dwarf.data",
         Profiler::Lrnprof => "lrnprof.lpt",
         Profiler::LrnprofNoEmbed => "lrnprof-noembed.lpt",
+        Profiler::Samply => "samply.json.gz",
     };
     o.work_dir.join(format!("{}-{}-{kind}", w.name, setup.freq))
 }
@@ -508,6 +576,18 @@ fn run_one(
                 .args(&w.argv);
             c
         }
+        Profiler::Samply => {
+            let samply = o
+                .samply
+                .as_ref()
+                .ok_or(BenchError::Internal("a samply setup without samply"))?;
+            let mut c = Command::new(samply);
+            c.args(["record", "--save-only", "--rate", &freq, "-o"])
+                .arg(&trace)
+                .arg("--")
+                .args(&w.argv);
+            c
+        }
     };
     cmd.stdin(Stdio::null()).stdout(Stdio::null());
     let measured = measure(&mut cmd, log, o.timeout, &w.ok_exit_codes)?;
@@ -515,6 +595,7 @@ fn run_one(
         Profiler::None => None,
         Profiler::PerfFp | Profiler::PerfDwarf => Some(perf_facts(&o.perf, &trace)?),
         Profiler::Lrnprof | Profiler::LrnprofNoEmbed => Some(lrnprof_facts(&trace)?),
+        Profiler::Samply => Some(samply_facts(&trace)?),
     };
     let recorder_cpu_s = match setup.profiler {
         Profiler::Lrnprof | Profiler::LrnprofNoEmbed => std::fs::read_to_string(log)
@@ -527,6 +608,44 @@ fn run_one(
         trace,
         recorder_cpu_s,
     })
+}
+
+/// Size and samples of a samply profile (gzipped JSON in the Firefox
+/// profiler's processed format: each thread's `samples.length`). samply
+/// reports no lost samples.
+fn samply_facts(path: &Path) -> Result<TraceFacts, BenchError> {
+    let bytes = std::fs::metadata(path)
+        .map_err(|e| BenchError::io(format!("stat {}", path.display()), e))?
+        .len();
+    let text = output_of(
+        Command::new("gzip").arg("-dc").arg(path),
+        "gzip -dc (samply profile)",
+    )?;
+    let profile: serde_json::Value =
+        serde_json::from_str(&text).map_err(|e| BenchError::BadOutput {
+            tool: "samply profile",
+            message: e.to_string(),
+        })?;
+    Ok(TraceFacts {
+        bytes,
+        samples: samply_samples(&profile),
+        lost: 0,
+        embedded_bytes: 0,
+    })
+}
+
+/// Samples in a processed profile, over every thread of every process.
+fn samply_samples(profile: &serde_json::Value) -> u64 {
+    let threads = profile["threads"].as_array().into_iter().flatten();
+    let nested = profile["processes"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(samply_samples);
+    threads
+        .map(|t| t["samples"]["length"].as_u64().unwrap_or(0))
+        .sum::<u64>()
+        + nested.sum::<u64>()
 }
 
 /// The recorder's own CPU seconds from lrnprof-rec's summary line
@@ -706,5 +825,21 @@ mod tests {
                       lrnprof-rec: recorder CPU 0.650 s, 65000.0 µs per sample\n";
         assert_eq!(recorder_cpu(stderr), Some(0.65));
         assert_eq!(recorder_cpu("lrnprof-rec: wrote t.lpt"), None);
+    }
+
+    #[test]
+    fn samply_samples_are_counted_over_threads_and_processes() {
+        let profile = serde_json::json!({
+            "threads": [
+                {"samples": {"length": 3}},
+                {"samples": {"length": 4}},
+                {"name": "no samples table"}
+            ],
+            "processes": [
+                {"threads": [{"samples": {"length": 5}}], "processes": []}
+            ]
+        });
+        assert_eq!(samply_samples(&profile), 12);
+        assert_eq!(samply_samples(&serde_json::json!({})), 0);
     }
 }

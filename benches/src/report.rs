@@ -118,6 +118,8 @@ fn overhead_table(out: &mut String, c: &Comparison, net: bool) {
             &format!("perf dwarf @ {hi}"),
             &format!("lrnprof @ {hi}"),
             &format!("lrnprof --embed none @ {hi}"),
+            &format!("samply @ {lo}"),
+            &format!("samply @ {hi}"),
         ],
     );
     for r in c.workloads.iter().filter(|r| r.workload.fixed_work) {
@@ -141,6 +143,8 @@ fn overhead_table(out: &mut String, c: &Comparison, net: bool) {
                 cell(o(Profiler::PerfDwarf, hi), pct_signed),
                 cell(o(Profiler::Lrnprof, hi), pct_signed),
                 cell(o(Profiler::LrnprofNoEmbed, hi), pct_signed),
+                cell(o(Profiler::Samply, lo), pct_signed),
+                cell(o(Profiler::Samply, hi), pct_signed),
             ],
         );
     }
@@ -700,6 +704,7 @@ mod tests {
                 perf: "/nonexistent/perf".into(),
                 rec: "/nonexistent/rec".into(),
                 analyze: "/nonexistent/analyze".into(),
+                samply: None,
                 freq: 1000,
                 high_freq: 10000,
                 only: Vec::new(),

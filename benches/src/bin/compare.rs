@@ -47,6 +47,10 @@ struct Args {
     /// The lrnprof-analyze binary (default: next to this program).
     #[arg(long)]
     analyze: Option<PathBuf>,
+    /// Also measure samply (`cargo install samply --locked`; it needs
+    /// /proc/sys/kernel/perf_event_paranoid at 1 or lower): its binary.
+    #[arg(long, value_name = "SAMPLY")]
+    samply: Option<PathBuf>,
     /// Scratch directory for workloads and traces (default: a new one under the temp dir).
     #[arg(long)]
     work_dir: Option<PathBuf>,
@@ -133,6 +137,7 @@ fn run(args: Args) -> anyhow::Result<()> {
         analyze: args
             .analyze
             .unwrap_or_else(|| exe_dir.join("lrnprof-analyze")),
+        samply: args.samply,
         freq: args.freq,
         high_freq: args.high_freq,
         only: args.only,
