@@ -280,33 +280,16 @@ fn check_samply(options: &CompareOptions, notes: &mut Vec<String>) -> bool {
     ) {
         return false;
     }
-    let out_file = options.work_dir.join("samply-check.json.gz");
-    let out = Command::new(samply)
-        .args(["record", "--save-only", "-o"])
-        .arg(&out_file)
-        .args(["--", "true"])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .output();
-    let _ = std::fs::remove_file(&out_file);
-    match out {
-        Ok(o) if o.status.success() => true,
-        Ok(o) => {
-            notes.push(format!(
-                "samply record does not work here ({}): {}; samply rows are left out (it needs /proc/sys/kernel/perf_event_paranoid at 1 or lower)",
-                o.status,
-                String::from_utf8_lossy(&o.stderr).lines().next().unwrap_or("")
-            ));
-            false
-        }
-        Err(e) => {
-            notes.push(format!(
-                "cannot run {}: {e}; samply rows are left out",
-                samply.display()
-            ));
-            false
-        }
-    }
+    let out = options.work_dir.join("samply-check.json.gz");
+    let mut cmd = Command::new(samply);
+    cmd.args(["record", "--save-only", "-o"]).arg(&out);
+    records_here(
+        cmd,
+        &out,
+        "samply",
+        "it needs /proc/sys/kernel/perf_event_paranoid at 1 or lower",
+        notes,
+    )
 }
 
 /// Which profilers can run here.
@@ -327,28 +310,52 @@ fn check_perf(options: &CompareOptions, notes: &mut Vec<String>) -> bool {
     ) {
         return false;
     }
-    let data = options.work_dir.join("perf-check.data");
-    let out = Command::new(&options.perf)
-        .args(["record", "-q", "-e", "cpu-clock", "-o"])
-        .arg(&data)
+    let out = options.work_dir.join("perf-check.data");
+    let mut cmd = Command::new(&options.perf);
+    cmd.args(["record", "-q", "-e", "cpu-clock", "-o"])
+        .arg(&out);
+    records_here(
+        cmd,
+        &out,
+        "perf",
+        "run as root or lower /proc/sys/kernel/perf_event_paranoid",
+        notes,
+    )
+}
+
+/// Whether the recording command `record` (writing `out`, removed after)
+/// records `true` here; says why not in `notes`, with `hint`, leaving
+/// `tool`'s rows out.
+fn records_here(
+    mut record: Command,
+    out: &Path,
+    tool: &str,
+    hint: &str,
+    notes: &mut Vec<String>,
+) -> bool {
+    let ran = record
         .args(["--", "true"])
+        .stdin(Stdio::null())
         .stdout(Stdio::null())
         .output();
-    let _ = std::fs::remove_file(&data);
-    match out {
+    let _ = std::fs::remove_file(out);
+    match ran {
         Ok(o) if o.status.success() => true,
         Ok(o) => {
             notes.push(format!(
-                "perf record does not work here ({}): {}; perf rows are left out (run as root or lower /proc/sys/kernel/perf_event_paranoid)",
+                "{tool} record does not work here ({}): {}; {tool} rows are left out ({hint})",
                 o.status,
-                String::from_utf8_lossy(&o.stderr).lines().next().unwrap_or("")
+                String::from_utf8_lossy(&o.stderr)
+                    .lines()
+                    .next()
+                    .unwrap_or("")
             ));
             false
         }
         Err(e) => {
             notes.push(format!(
-                "cannot run {}: {e}; perf rows are left out",
-                options.perf.display()
+                "cannot run {}: {e}; {tool} rows are left out",
+                record.get_program().to_string_lossy()
             ));
             false
         }
