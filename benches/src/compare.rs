@@ -624,15 +624,10 @@ fn samply_facts(path: &Path) -> Result<TraceFacts, BenchError> {
     let bytes = std::fs::metadata(path)
         .map_err(|e| BenchError::io(format!("stat {}", path.display()), e))?
         .len();
-    let text = output_of(
+    let profile = json_of(
         Command::new("gzip").arg("-dc").arg(path),
         "gzip -dc (samply profile)",
     )?;
-    let profile: serde_json::Value =
-        serde_json::from_str(&text).map_err(|e| BenchError::BadOutput {
-            tool: "samply profile",
-            message: e.to_string(),
-        })?;
     Ok(TraceFacts {
         bytes,
         samples: samply_samples(&profile),
@@ -661,6 +656,18 @@ pub fn recorder_cpu(stderr: &str) -> Option<f64> {
     stderr.lines().find_map(|line| {
         let rest = line.strip_prefix("lrnprof-rec: recorder CPU ")?;
         rest.split_whitespace().next()?.parse().ok()
+    })
+}
+
+/// Run a command that must succeed and parse its standard output as JSON.
+pub(crate) fn json_of(
+    cmd: &mut Command,
+    tool: &'static str,
+) -> Result<serde_json::Value, BenchError> {
+    let text = output_of(cmd, tool)?;
+    serde_json::from_str(&text).map_err(|e| BenchError::BadOutput {
+        tool,
+        message: e.to_string(),
     })
 }
 
@@ -776,15 +783,10 @@ fn lrnprof_completeness(o: &CompareOptions, trace: &Path) -> Result<StackComplet
 
 /// `unwound_to_root_pct` of `lrnprof-analyze info --json`.
 fn lrnprof_root_pct(o: &CompareOptions, trace: &Path) -> Result<f64, BenchError> {
-    let text = output_of(
+    let json = json_of(
         Command::new(&o.analyze).args(["info", "--json"]).arg(trace),
         "lrnprof-analyze info",
     )?;
-    let json: serde_json::Value =
-        serde_json::from_str(&text).map_err(|e| BenchError::BadOutput {
-            tool: "lrnprof-analyze info",
-            message: e.to_string(),
-        })?;
     json.get("unwound_to_root_pct")
         .and_then(|v| v.as_f64())
         .ok_or_else(|| BenchError::BadOutput {

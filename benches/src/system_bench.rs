@@ -21,7 +21,7 @@
 //! profiler records, and the profile's process names are counted.
 
 use crate::cli::build_c_program;
-use crate::compare::{lrnprof_facts, output_of, perf_facts, TraceFacts};
+use crate::compare::{json_of, lrnprof_facts, output_of, perf_facts, TraceFacts};
 use crate::error::BenchError;
 use crate::measure::{command_line, measure, wait_measured, Measured};
 use crate::stats::{median, paired_overheads};
@@ -527,15 +527,10 @@ fn short_lived(
     let expected: BTreeSet<String> = (1..=o.short_programs).map(short_name).collect();
     match setup {
         SystemSetup::Lrnprof => {
-            let text = output_of(
+            let info = json_of(
                 Command::new(&o.analyze).args(["info", "--json"]).arg(&out),
                 "lrnprof-analyze info --json",
             )?;
-            let info: serde_json::Value =
-                serde_json::from_str(&text).map_err(|e| BenchError::BadOutput {
-                    tool: "lrnprof-analyze info --json",
-                    message: e.to_string(),
-                })?;
             let named: Vec<&serde_json::Value> = info["processes"]
                 .as_array()
                 .into_iter()

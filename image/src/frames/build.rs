@@ -225,10 +225,13 @@ fn build_table(
         }
     }
     // With symbols alone, no DWARF, as the analyzer resolves such an image.
-    let dwarf = (own_dwarf || debug.is_some()).then(|| {
-        load_dwarf(|name| EndianSlice::new(sections.get(name).map_or(&[][..], |d| &d[..]), endian))
-    });
-    let dwarf = dwarf.flatten();
+    let dwarf = (own_dwarf || debug.is_some())
+        .then(|| {
+            load_dwarf(|name| {
+                EndianSlice::new(sections.get(name).map_or(&[][..], |d| &d[..]), endian)
+            })
+        })
+        .flatten();
     let resolver = Resolver::new(&symbols, dwarf);
     let mut known = HashSet::new();
     let mut used = 0;
@@ -398,7 +401,7 @@ mod tests {
         assert_eq!(build(&[u64::MAX], 1 << 20).unwrap().addresses, 0);
     }
 
-    /// libc's mapping in this process: its path and file.
+    /// The path of the libc mapped in this process.
     fn libc_path() -> Option<String> {
         let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
         maps.lines()

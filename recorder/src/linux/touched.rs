@@ -128,10 +128,11 @@ struct Keep {
 }
 
 impl Keep {
-    /// Whether `addr` may be code: user space, above the lowest pages, not
-    /// in the stack copy.
+    /// Whether `addr` may be code: user space (top bit clear: AArch64 maps
+    /// libraries just under 2^48, x86-64 with 5-level paging may go above
+    /// 2^47), above the lowest pages, not in the stack copy.
     fn may_be_code(&self, addr: u64) -> bool {
-        (0x10000..1 << 47).contains(&addr) && !self.stack.contains(&addr)
+        (0x10000..1 << 63).contains(&addr) && !self.stack.contains(&addr)
     }
 }
 
