@@ -4,7 +4,7 @@ use crate::cursor::{RawBlock, RecordRef, StackMode};
 use crate::error::FormatError;
 use crate::raw::{BlockHeader, BlockKind, Codec, MAX_BLOCK_RAW_LEN};
 use crate::records::{Record, Regs, Sample, SampleDetail, SampleFlags, SampleKind};
-use crate::stack::{self, RecentStacks, WireStack};
+use crate::stack::{self, RecentStacks, StackHint, WireStack};
 use crate::types::{BlockOffset, Pid, Tid, Timestamp};
 use bincode::Options;
 use serde::{Deserialize, Serialize};
@@ -126,7 +126,7 @@ impl BlockBuilder {
     /// Append a record. Fails if it alone would exceed the block size limit;
     /// the caller should then start a new block (see [`TraceWriter`](crate::TraceWriter)).
     pub fn push(&mut self, record: &Record) -> Result<(), FormatError> {
-        self.append(record)?;
+        self.append(record, None)?;
         if let Record::Sample(s) = record {
             self.recent(s.pid, s.tid)
                 .push(s.stack.start, &s.stack.bytes);
@@ -138,10 +138,23 @@ impl BlockBuilder {
     /// (left with an empty stack) as the base of the thread's next deltas
     /// instead of copying them. On failure `record` is as it was.
     pub fn push_taking_stack(&mut self, record: &mut Record) -> Result<(), FormatError> {
-        self.append(record)?;
+        self.push_taking_stack_hinted(record, None)
+    }
+
+    /// [`push_taking_stack`](Self::push_taking_stack) with what the caller
+    /// knows of a sample's stack (see [`StackHint`]): the same bytes in the
+    /// block, without comparing the stack with the thread's previous one
+    /// when the hint's base is that one.
+    pub fn push_taking_stack_hinted(
+        &mut self,
+        record: &mut Record,
+        hint: Option<&StackHint>,
+    ) -> Result<(), FormatError> {
+        self.append(record, hint)?;
         if let Record::Sample(s) = record {
             let stack = std::mem::take(&mut s.stack);
-            self.recent(s.pid, s.tid).push_owned(stack);
+            self.recent(s.pid, s.tid)
+                .push_owned(stack, hint.map(|h| h.id));
         }
         Ok(())
     }
@@ -157,10 +170,10 @@ impl BlockBuilder {
 
     /// Serialize a record into the block; its stack, if any, is not yet
     /// remembered for later deltas.
-    fn append(&mut self, record: &Record) -> Result<(), FormatError> {
+    fn append(&mut self, record: &Record, hint: Option<&StackHint>) -> Result<(), FormatError> {
         let before = self.raw.len();
         let result = match record {
-            Record::Sample(s) => self.push_sample(s),
+            Record::Sample(s) => self.push_sample(s, hint),
             other => bincode_options()
                 .serialize_into(&mut self.raw, &WireRecordRef::Plain(other))
                 .map_err(|e| FormatError::Encode(e.to_string())),
@@ -189,7 +202,7 @@ impl BlockBuilder {
         Ok(())
     }
 
-    fn push_sample(&mut self, s: &Sample) -> Result<(), FormatError> {
+    fn push_sample(&mut self, s: &Sample, hint: Option<&StackHint>) -> Result<(), FormatError> {
         if s.stack.bytes.len() > stack::MAX_STACK_LEN as usize {
             return Err(FormatError::RecordTooLarge {
                 len: s.stack.bytes.len() as u64,
@@ -198,7 +211,7 @@ impl BlockBuilder {
         }
         let key = (s.pid, s.tid);
         let wire_stack = match self.prev_stacks.get(&key) {
-            Some(recent) => stack::encode_best(&s.stack, recent),
+            Some(recent) => stack::encode_best(&s.stack, recent, hint),
             None => stack::encode(&s.stack, None, 0),
         };
         let wire = WireSample {

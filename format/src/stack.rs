@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 
 /// Shortest run of equal bytes worth a `Same` segment: shorter runs cost more
 /// to describe than to repeat.
-const MIN_SAME_RUN: usize = 16;
+pub const MIN_SAME_RUN: usize = 16;
 
 /// Upper bound on one stack snapshot, in bytes. Recorders copy far less
 /// (Linux caps a copy just under 64 KiB); readers refuse larger claims.
@@ -126,12 +126,103 @@ pub(crate) fn encode(new: &StackSnapshot, prev: Option<&StackSnapshot>, base: u8
     }
 }
 
+/// What the producer of a snapshot already knows of it, so that the block
+/// builder need not compare it with the thread's previous snapshot: the
+/// recorder compares each stack copy with what the thread's earlier copies
+/// held anyway (to find the return addresses that are new), and hands on
+/// the equal runs it found. A hint only saves work: the encoding is the
+/// one a comparison gives, and a hint that does not fit is ignored.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StackHint {
+    /// Names this snapshot for a later hint's `base`: a number given to no
+    /// other snapshot written through the same writer.
+    pub id: u64,
+    /// The snapshot (its hint's `id`) the runs were found against. They
+    /// are used only if it is the thread's latest snapshot in the block.
+    pub base: Option<u64>,
+    /// `(offset, length)` of runs of this snapshot's bytes, in order and
+    /// not overlapping, that equal `base`'s bytes at the same addresses
+    /// wherever `base` has bytes (outside its range they say nothing).
+    /// Given the runs [`same_runs`] finds (against bytes that match `base`
+    /// where it reaches), the trace gets the bytes a comparison gives.
+    pub runs: Vec<(u32, u32)>,
+}
+
+/// Encode `new` against `prev` (the thread's recent snapshot number
+/// `base`) from `runs` of `new` known to equal `prev` at the same AVMAs
+/// within `prev`'s range (see [`StackHint::runs`]), without comparing;
+/// `None` if the runs are out of order or out of `new`.
+fn encode_from_runs(
+    new: &StackSnapshot,
+    prev: &StackSnapshot,
+    runs: &[(u32, u32)],
+    base: u8,
+) -> Option<WireStack> {
+    let bytes = &new.bytes;
+    let overlap_start = new.start.max(prev.start);
+    let overlap_end = new.end().min(prev.end());
+    let (a, b) = if overlap_start < overlap_end {
+        (
+            (overlap_start - new.start) as usize,
+            (overlap_end - new.start) as usize,
+        )
+    } else {
+        (0, 0)
+    };
+    let mut segments = Vec::new();
+    let mut literal_from = 0usize;
+    let mut last_end = 0usize;
+    for &(from, len) in runs {
+        let from = from as usize;
+        let to = from.checked_add(len as usize)?;
+        if from < last_end || to > bytes.len() {
+            return None;
+        }
+        last_end = to;
+        // The part `prev` reaches, as a comparison of the overlap finds it.
+        let (from, to) = (from.max(a), to.min(b));
+        if to < from + MIN_SAME_RUN {
+            continue;
+        }
+        debug_assert_eq!(
+            bytes[from..to],
+            prev.bytes[from - a + (overlap_start - prev.start) as usize..][..to - from],
+            "a hinted run differs from its base"
+        );
+        if literal_from < from {
+            segments.push(Segment::Literal(bytes[literal_from..from].to_vec()));
+        }
+        segments.push(Segment::Same((to - from) as u32));
+        literal_from = to;
+    }
+    if literal_from < bytes.len() {
+        segments.push(Segment::Literal(bytes[literal_from..].to_vec()));
+    }
+    Some(WireStack {
+        start: new.start,
+        len: bytes.len() as u32,
+        base,
+        segments,
+    })
+}
+
 /// Encode `new` against whichever of the thread's recent snapshots leaves
 /// the fewest literal bytes. Older snapshots are only tried when the latest
 /// leaves much to store, so a thread whose leaf alone changed costs one
-/// comparison.
-pub(crate) fn encode_best(new: &StackSnapshot, recent: &RecentStacks) -> WireStack {
-    let mut best = encode(new, recent.get(0), 0);
+/// comparison, or none when `hint` gives its runs against the latest.
+pub(crate) fn encode_best(
+    new: &StackSnapshot,
+    recent: &RecentStacks,
+    hint: Option<&StackHint>,
+) -> WireStack {
+    let hinted = hint.and_then(|h| {
+        let latest = recent.get(0)?;
+        if h.base.is_none() || recent.id(0) != h.base {
+            return None;
+        }
+        encode_from_runs(new, latest, &h.runs, 0)
+    });
+    let mut best = hinted.unwrap_or_else(|| encode(new, recent.get(0), 0));
     let mut best_literal = best.literal_len();
     if best_literal < TRY_OLDER_ABOVE.max(new.bytes.len() / 4) {
         return best;
@@ -305,49 +396,59 @@ pub(crate) fn read_pieces(pieces: &[Piece<'_>], off: u64, buf: &mut [u8]) {
 /// A thread's last [`MAX_BASES`] snapshots in a block, latest first.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct RecentStacks {
-    /// Oldest at index 0, so a push reuses the allocation it evicts.
-    ring: Vec<StackSnapshot>,
+    /// Oldest at index 0, so a push reuses the allocation it evicts; each
+    /// with the id its hint gave it.
+    ring: Vec<(StackSnapshot, Option<u64>)>,
 }
 
 impl RecentStacks {
     /// Snapshot `base` (0 the latest).
     pub fn get(&self, base: usize) -> Option<&StackSnapshot> {
+        self.slot(base).map(|(s, _)| s)
+    }
+
+    /// The id of snapshot `base` (see [`StackHint::id`]).
+    pub fn id(&self, base: usize) -> Option<u64> {
+        self.slot(base).and_then(|&(_, id)| id)
+    }
+
+    fn slot(&self, base: usize) -> Option<&(StackSnapshot, Option<u64>)> {
         self.ring.len().checked_sub(base + 1).map(|i| &self.ring[i])
     }
 
     /// Remember `bytes` at `start` as the latest snapshot, copying into the
     /// allocation of the snapshot that falls out.
     pub fn push(&mut self, start: u64, bytes: &[u8]) {
-        let mut slot = if self.ring.len() >= MAX_BASES {
+        let (mut slot, _) = if self.ring.len() >= MAX_BASES {
             self.ring.remove(0)
         } else {
-            StackSnapshot::default()
+            (StackSnapshot::default(), None)
         };
         slot.start = start;
         slot.bytes.clear();
         slot.bytes.extend_from_slice(bytes);
-        self.ring.push(slot);
+        self.ring.push((slot, None));
     }
 
-    /// Remember `snapshot` as the latest, without copying it.
-    pub fn push_owned(&mut self, snapshot: StackSnapshot) {
+    /// Remember `snapshot`, named `id` by its hint, as the latest, without
+    /// copying it.
+    pub fn push_owned(&mut self, snapshot: StackSnapshot, id: Option<u64>) {
         if self.ring.len() >= MAX_BASES {
             self.ring.remove(0);
         }
-        self.ring.push(snapshot);
+        self.ring.push((snapshot, id));
     }
 }
 
 /// Call `same` with (offset, length) of every run of at least
-/// [`MIN_SAME_RUN`] bytes where `x` and `y` (of equal length) agree and
-/// that is as long as it can be, in order: the runs the encoding stores as
-/// `Same` segments. One pass over both, a word at a time: long equal
+/// [`MIN_SAME_RUN`] bytes where `x` and `y` (of equal length; the shorter
+/// length if not) agree and that is as long as it can be, in order: the
+/// runs the encoding stores as `Same` segments. One pass over both, a word at a time: long equal
 /// stretches (most of a stack) in bulk, and where the bytes differ, each
 /// word's equal bytes at its two ends found from the difference's zero
 /// bytes (a run inside one word is too short to count).
-fn same_runs(x: &[u8], y: &[u8], mut same: impl FnMut(usize, usize)) {
+pub fn same_runs(x: &[u8], y: &[u8], mut same: impl FnMut(usize, usize)) {
     const _: () = assert!(MIN_SAME_RUN > 6, "a run inside one word never counts");
-    debug_assert_eq!(x.len(), y.len());
     let n = x.len().min(y.len());
     // Equal bytes ending at `i`.
     let mut run = 0usize;
@@ -588,6 +689,97 @@ mod tests {
             assert_eq!(w.segments, segments_byte_by_byte(&new, &prev));
             assert_eq!(decode(w, &recent(&[&prev])).unwrap(), new);
         }
+    }
+
+    /// The runs a writer finds against what a thread's copies held (the
+    /// base's bytes where the base reaches, anything elsewhere) give the
+    /// encoding a comparison with the base gives; hints that do not fit
+    /// are ignored.
+    #[test]
+    fn hinted_encoding_is_the_compared_one() {
+        let mut seed = 0x2545_f491_4f6c_dd1du64;
+        let mut next = move |n: u64| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed % n
+        };
+        let mut hinted_runs = 0;
+        for round in 0..2000 {
+            let len = next(3000) as usize;
+            let prev = snap(0x10_000 + next(64) * 8, pattern(len, next(256) as u8));
+            let start = (prev.start as i64 + (next(40) as i64 - 20) * 8) as u64;
+            // What the writer held: the base where it reaches, older bytes
+            // (partly equal to the new ones) below and above it.
+            let (lo, hi) = (
+                prev.start.min(start) - 256,
+                prev.end().max(start + 3000) + 256,
+            );
+            let mut held = pattern((hi - lo) as usize, 9);
+            let p = (prev.start - lo) as usize;
+            held[p..p + prev.bytes.len()].copy_from_slice(&prev.bytes);
+            let new_len = next(3000) as usize;
+            let n = (start - lo) as usize;
+            let mut bytes = held[n..n + new_len].to_vec();
+            for _ in 0..next(30) {
+                if bytes.is_empty() {
+                    break;
+                }
+                let at = next(bytes.len() as u64) as usize;
+                for b in bytes.iter_mut().skip(at).take(1 + next(40) as usize) {
+                    *b = b.wrapping_add(1 + next(255) as u8);
+                }
+            }
+            let new = snap(start, bytes);
+            let mut runs = Vec::new();
+            same_runs(&new.bytes, &held[n..n + new_len], |from, len| {
+                runs.push((from as u32, len as u32))
+            });
+            hinted_runs += runs.len();
+            let mut recent = RecentStacks::default();
+            recent.push_owned(snap(0x1000, pattern(64, 3)), Some(6));
+            recent.push_owned(prev.clone(), Some(7));
+            let compared = encode_best(&new, &recent, None);
+            let hint = |base, runs: &[(u32, u32)]| StackHint {
+                id: 8,
+                base,
+                runs: runs.to_vec(),
+            };
+            assert_eq!(
+                encode_best(&new, &recent, Some(&hint(Some(7), &runs))),
+                compared,
+                "round {round}"
+            );
+            // A hint against another snapshot, or none, is not used.
+            let wrong = [(0, new_len as u32)];
+            assert_eq!(
+                encode_best(&new, &recent, Some(&hint(Some(6), &wrong))),
+                compared
+            );
+            assert_eq!(
+                encode_best(&new, &recent, Some(&hint(None, &wrong))),
+                compared
+            );
+            // Runs out of order or past the end are ignored.
+            if runs.len() >= 2 {
+                let mut swapped = runs.clone();
+                swapped.swap(0, 1);
+                assert_eq!(
+                    encode_best(&new, &recent, Some(&hint(Some(7), &swapped))),
+                    compared
+                );
+            }
+            let past = [(new_len as u32, 16)];
+            assert_eq!(
+                encode_best(&new, &recent, Some(&hint(Some(7), &past))),
+                compared
+            );
+            assert_eq!(decode(compared, &recent).unwrap(), new);
+        }
+        assert!(
+            hinted_runs > 2000,
+            "the rounds compared little: {hinted_runs}"
+        );
     }
 
     #[test]

@@ -4,6 +4,7 @@ use crate::block::{encode_index, BlockBuilder, EncodedBlock, IndexEntry};
 use crate::error::FormatError;
 use crate::raw::{footer_bytes, FileHeader, VERSION};
 use crate::records::Record;
+use crate::stack::StackHint;
 use crate::types::TraceHeader;
 use bincode::Options;
 use std::io::Write;
@@ -96,11 +97,22 @@ impl<W: Write> TraceWriter<W> {
     /// [`write`](Self::write) a record that is not needed afterwards: a
     /// sample's stack bytes are kept as the base of the thread's next
     /// deltas instead of being copied.
-    pub fn write_owned(&mut self, mut record: Record) -> Result<(), FormatError> {
-        match self.builder.push_taking_stack(&mut record) {
+    pub fn write_owned(&mut self, record: Record) -> Result<(), FormatError> {
+        self.write_owned_hinted(record, None)
+    }
+
+    /// [`write_owned`](Self::write_owned) with what the caller knows of a
+    /// sample's stack (see [`StackHint`]): the same trace bytes, with less
+    /// work when the hint fits.
+    pub fn write_owned_hinted(
+        &mut self,
+        mut record: Record,
+        hint: Option<&StackHint>,
+    ) -> Result<(), FormatError> {
+        match self.builder.push_taking_stack_hinted(&mut record, hint) {
             Err(FormatError::RecordTooLarge { .. }) if !self.builder.is_empty() => {
                 self.flush_block()?;
-                self.builder.push_taking_stack(&mut record)?;
+                self.builder.push_taking_stack_hinted(&mut record, hint)?;
             }
             other => other?,
         }

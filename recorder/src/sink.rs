@@ -11,7 +11,7 @@
 use crate::error::RecordError;
 use crate::report::RecordWarning;
 use lrnprof_format::{
-    Pid, Record, Summary, Tid, Timestamp, TraceHeader, TraceWriter, WriterOptions,
+    Pid, Record, StackHint, Summary, Tid, Timestamp, TraceHeader, TraceWriter, WriterOptions,
 };
 use std::collections::HashSet;
 use std::fs::File;
@@ -33,6 +33,13 @@ pub(crate) trait Convert: Send + 'static {
 
     /// Convert one message; push the resulting records onto `out`.
     fn convert(&mut self, raw: Self::Raw, out: &mut Vec<Record>) -> Result<(), RecordError>;
+
+    /// What is known of the stack of `record`, a record this converter
+    /// just pushed onto `out`, asked of each in the order pushed: saves the
+    /// trace writer comparing it with the thread's previous stack.
+    fn stack_hint(&mut self, _record: &Record) -> Option<StackHint> {
+        None
+    }
 
     /// Called first on the writer thread (e.g. to raise its priority).
     fn on_writer_thread(&mut self) {}
@@ -308,7 +315,8 @@ fn run<C: Convert>(
         }
         for r in records.drain(..) {
             counter.count(&r);
-            writer.write_owned(r)?;
+            let hint = converter.stack_hint(&r);
+            writer.write_owned_hinted(r, hint.as_ref())?;
         }
         // A recorder killed with SIGKILL keeps what is in whole blocks:
         // write one at least every second, however few records it holds.
@@ -333,7 +341,8 @@ fn run<C: Convert>(
             blobs_start = Some(writer.bytes_written());
         }
         counter.count(&r);
-        writer.write_owned(r)?;
+        let hint = converter.stack_hint(&r);
+        writer.write_owned_hinted(r, hint.as_ref())?;
     }
     writer.flush_block()?;
     let blob_file_bytes = blobs_start.map_or(0, |s| writer.bytes_written() - s);

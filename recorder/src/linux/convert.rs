@@ -22,8 +22,8 @@ use crate::report::RecordWarning;
 use crate::sink::Convert;
 use lrnprof_format::{
     FreeRecord, LostRecord, LostSource, Pid, ProcessEvent, ProcessRecord, Record, Regs, Sample,
-    SampleDetail, SampleFlags, SampleKind, StackSnapshot, SwitchInRecord, SyscallExitRecord,
-    SyscallTallyRecord, ThreadEvent, ThreadRecord, Tid, Timestamp,
+    SampleDetail, SampleFlags, SampleKind, StackHint, StackSnapshot, SwitchInRecord,
+    SyscallExitRecord, SyscallTallyRecord, ThreadEvent, ThreadRecord, Tid, Timestamp,
 };
 use lrnprof_image::EmbedLevel;
 use std::borrow::Cow;
@@ -76,8 +76,9 @@ pub(crate) struct Initial {
 /// `HEAP_HOLD_NS`) costs no moving of records at every release.
 #[derive(Default)]
 struct Held {
-    /// By arrival number minus `first`; `None` once released.
-    records: VecDeque<Option<Record>>,
+    /// By arrival number minus `first`, samples with what the comparison
+    /// of their stacks found; `None` once released.
+    records: VecDeque<Option<(Record, Option<StackHint>)>>,
     /// Arrival number of `records[0]`.
     first: u64,
     /// (time, arrival number) of each record held, in order when
@@ -87,9 +88,9 @@ struct Held {
 }
 
 impl Held {
-    fn push(&mut self, time: u64, record: Record) {
+    fn push(&mut self, time: u64, record: Record, hint: Option<StackHint>) {
         let seq = self.first + self.records.len() as u64;
-        self.records.push_back(Some(record));
+        self.records.push_back(Some((record, hint)));
         if self.keys.is_empty() {
             self.sorted = true;
         } else if self.keys.back().is_some_and(|&last| last > (time, seq)) {
@@ -99,8 +100,9 @@ impl Held {
     }
 
     /// Move the records older than `before` to `out`, oldest first (and,
-    /// for equal times, in arrival order).
-    fn release(&mut self, before: u64, out: &mut Vec<Record>) {
+    /// for equal times, in arrival order), and what is known of each
+    /// sample's stack to `hints`, in the same order.
+    fn release(&mut self, before: u64, out: &mut Vec<Record>, hints: &mut VecDeque<SampleHint>) {
         if !self.sorted {
             // A stable sort merges the runs there are (what was left
             // sorted, one per drained buffer) with few moves.
@@ -113,13 +115,31 @@ impl Held {
             }
             self.keys.pop_front();
             let slot = &mut self.records[(seq - self.first) as usize];
-            out.extend(slot.take());
+            if let Some((record, hint)) = slot.take() {
+                if let Record::Sample(s) = &record {
+                    hints.push_back(SampleHint {
+                        tid: s.tid.0,
+                        time: s.time.0,
+                        hint,
+                    });
+                }
+                out.push(record);
+            }
         }
         while let Some(None) = self.records.front() {
             self.records.pop_front();
             self.first += 1;
         }
     }
+}
+
+/// What the touched-image scan found of a released sample's stack (see
+/// [`StackHint`]), with the thread and time of the sample it belongs to.
+#[derive(Debug)]
+struct SampleHint {
+    tid: u32,
+    time: u64,
+    hint: Option<StackHint>,
 }
 
 /// Writable memory ranges of a process, to trim stack copies at the end
@@ -142,9 +162,12 @@ pub(crate) struct Converter {
     payloads: Option<SyscallPayloads>,
     /// Per thread: its switch-out sample, until the `PERF_RECORD_SWITCH`
     /// written right after it says whether the thread was preempted.
-    switched_out: HashMap<u32, Sample>,
+    switched_out: HashMap<u32, (Sample, Option<StackHint>)>,
     /// Records not released yet.
     pending: Held,
+    /// What is known of the stacks of the samples released, in order, until
+    /// the trace writer asks ([`Convert::stack_hint`]).
+    released_hints: VecDeque<SampleHint>,
     /// Records older than this may be released.
     released_before: u64,
     /// Records older than this have been released.
@@ -244,6 +267,7 @@ impl Converter {
             sample_kind,
             payloads,
             switched_out: HashMap::new(),
+            released_hints: VecDeque::new(),
             pending: Held::default(),
             released_before: 0,
             released_upto: 0,
@@ -313,12 +337,17 @@ impl Converter {
     }
 
     fn push(&mut self, time: u64, record: Record) {
+        self.push_hinted(time, record, None);
+    }
+
+    /// [`push`](Self::push) a record with what is known of its stack.
+    fn push_hinted(&mut self, time: u64, record: Record, hint: Option<StackHint>) {
         self.last_time = self.last_time.max(time);
-        self.pending.push(time, record);
+        self.pending.push(time, record, hint);
     }
 
     fn release(&mut self, before: u64, out: &mut Vec<Record>) {
-        self.pending.release(before, out);
+        self.pending.release(before, out, &mut self.released_hints);
     }
 
     fn initial(&mut self, init: Initial) {
@@ -544,9 +573,9 @@ impl Converter {
                     return;
                 };
                 if out {
-                    if let Some(mut s) = self.switched_out.remove(&tid) {
+                    if let Some((mut s, hint)) = self.switched_out.remove(&tid) {
                         s.detail = SampleDetail::OffCpu { preempted };
-                        self.push(s.time.0, Record::Sample(s));
+                        self.push_hinted(s.time.0, Record::Sample(s), hint);
                     }
                 } else {
                     self.flush_switched_out(tid);
@@ -574,8 +603,8 @@ impl Converter {
     /// Write `tid`'s switch-out sample still waiting for its switch record
     /// (which was lost, or is in the next drain): not known to be preempted.
     fn flush_switched_out(&mut self, tid: u32) {
-        if let Some(s) = self.switched_out.remove(&tid) {
-            self.push(s.time.0, Record::Sample(s));
+        if let Some((s, hint)) = self.switched_out.remove(&tid) {
+            self.push_hinted(s.time.0, Record::Sample(s), hint);
         }
     }
 
@@ -658,7 +687,7 @@ impl Converter {
             Some(bytes) => Cow::Owned(bytes),
             None => Cow::Borrowed(s.stack),
         };
-        let sample =
+        let (sample, hint) =
             self.sample_with_stack(s.time, s.pid, s.tid, regs, stack, &s.callchain, Some(room));
         let sample = Sample {
             cpu: s.cpu,
@@ -671,16 +700,17 @@ impl Converter {
         };
         if s.role == Role::Switch {
             self.flush_switched_out(s.tid);
-            self.switched_out.insert(s.tid, sample);
+            self.switched_out.insert(s.tid, (sample, hint));
         } else {
-            self.push(s.time, Record::Sample(sample));
+            self.push_hinted(s.time, Record::Sample(sample), hint);
         }
     }
 
     /// A sample of thread `tid` with `regs` and the stack copy `stack`
     /// (from the stack pointer up), trimmed at the end of the stack's
     /// mapping, its images noted for embedding; kind, weight, CPU and
-    /// callchain for the caller to set. `kernel`:
+    /// callchain for the caller to set. With it, what the scan for images
+    /// found of the stack, for the trace writer. `kernel`:
     /// the copy was made by the kernel, which stops at pages the thread
     /// never touched (see `untouched`), with room for this much.
     #[allow(clippy::too_many_arguments)]
@@ -693,7 +723,7 @@ impl Converter {
         stack: Cow<'_, [u8]>,
         callchain: &[u64],
         kernel: Option<KernelCopy>,
-    ) -> Sample {
+    ) -> (Sample, Option<StackHint>) {
         let sp = regs.sp();
         let mut live = &stack[..];
         let mut flags = SampleFlags::default();
@@ -716,6 +746,7 @@ impl Converter {
             }
         }
         self.pids_seen.insert(pid);
+        let mut hint = None;
         if self.images.embedding() {
             // Return addresses are somewhere in the stack copy: any word
             // pointing into an image marks it as needed for unwinding, and
@@ -724,7 +755,7 @@ impl Converter {
                 Regs::Aarch64(r) => Some(r.lr),
                 Regs::X86_64(_) => None,
             };
-            self.images.touch_sample(&SampleRefs {
+            hint = Some(self.images.touch_sample(&SampleRefs {
                 pid,
                 tid,
                 ip: regs.ip(),
@@ -733,7 +764,7 @@ impl Converter {
                 sp,
                 time,
                 stack: live,
-            });
+            }));
         }
         let keep = live.len();
         let bytes = match stack {
@@ -743,7 +774,7 @@ impl Converter {
                 v
             }
         };
-        Sample {
+        let sample = Sample {
             time: Timestamp(time),
             pid: Pid(pid),
             tid: Tid(tid),
@@ -757,7 +788,8 @@ impl Converter {
             kernel_frames: Vec::new(),
             flags,
             detail: SampleDetail::None,
-        }
+        };
+        (sample, hint)
     }
 
     fn heap_event(&mut self, event: HeapEvent) {
@@ -779,8 +811,8 @@ impl Converter {
                 let time = stats.place(pid, tid, time, released);
                 let regs = super::regs::from_sampler(self.regs.arch, regs);
                 let stack = Cow::Owned(stack);
-                let sample = self.sample_with_stack(time, pid, tid, regs, stack, &[], None);
-                self.push(
+                let (sample, hint) = self.sample_with_stack(time, pid, tid, regs, stack, &[], None);
+                self.push_hinted(
                     time,
                     Record::Sample(Sample {
                         kind: SampleKind::Allocation,
@@ -788,6 +820,7 @@ impl Converter {
                         detail: SampleDetail::Allocation { address },
                         ..sample
                     }),
+                    hint,
                 );
             }
             HeapEvent::Free {
@@ -860,6 +893,23 @@ impl Convert for Converter {
         super::sys::normal_thread_priority();
         self.writer_thread
             .store(super::sys::thread_id(), Ordering::Release);
+    }
+
+    fn stack_hint(&mut self, record: &Record) -> Option<StackHint> {
+        let Record::Sample(s) = record else {
+            return None;
+        };
+        // Released samples come to the writer in the order released: a
+        // sample not the next one here means they did not (a record
+        // written some other way), and no hint is trusted until the next
+        // release.
+        match self.released_hints.pop_front() {
+            Some(h) if (h.tid, h.time) == (s.tid.0, s.time.0) => h.hint,
+            _ => {
+                self.released_hints.clear();
+                None
+            }
+        }
     }
 
     fn convert(&mut self, raw: RawMsg, out: &mut Vec<Record>) -> Result<(), RecordError> {
@@ -945,6 +995,7 @@ impl Convert for Converter {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use lrnprof_format::{TraceHeader, TraceReader, TraceWriter};
 
     #[test]
     fn exec_names_are_cut_like_the_kernel_does() {
@@ -1187,6 +1238,69 @@ mod tests {
         assert_eq!(s.stack.bytes[..8], 0x5000u64.to_ne_bytes());
     }
 
+    /// Each released sample comes with what the scan for images found of
+    /// its stack, named by the copy it was compared with (the thread's
+    /// previous one in arrival order); written with those hints, the
+    /// trace holds the stacks as given, also where a sample arrived out of
+    /// time order and its hint names a copy the writer has not written.
+    #[rustfmt::skip]
+    #[test]
+    fn samples_come_with_what_their_stack_comparison_found() {
+        let layouts = || Layouts::single(Role::Cpu, parse::Layout {
+            sample_type: parse::sample::TID | parse::sample::TIME
+                | parse::sample::REGS_USER | parse::sample::STACK_USER,
+            user_regs: 3,
+        });
+        let sample = |time: u64, leaf: u64| {
+            let mut body = u64s(&[(11 << 32) | 10, time]);        // pid 10, tid 11, time
+            body.extend(u64s(&[2, 0x7ff0, 0x7000, 0x401000]));    // regs: bp sp ip
+            body.extend(u64s(&[4096]));                           // stack size
+            let mut words: Vec<u64> = (0..512).map(|i| 0x5000 + i).collect();
+            words[0] = leaf;
+            body.extend(u64s(&words));
+            body.extend(u64s(&[4096]));                           // dyn_size
+            perf_record(parse::kind::SAMPLE, 0, &body)
+        };
+        let mut c = Converter::new(ConvertSettings {
+            layouts: layouts(),
+            embed: EmbedLevel::Symbols,
+            ..settings()
+        });
+        // Arrival order 500, 600, 550 (another CPU's ring read late).
+        let mut chunk = Chunk::default();
+        for (time, leaf) in [(500, 1), (600, 2), (550, 3)] {
+            chunk.push_record(&layouts(), &sample(time, leaf));
+        }
+        let mut out = Vec::new();
+        c.convert(RawMsg::Chunk(chunk), &mut out).unwrap();
+        c.finish(&mut out, &mut Vec::new()).unwrap();
+        let samples: Vec<&Record> = out.iter().filter(|r| matches!(r, Record::Sample(_))).collect();
+        let hints: Vec<StackHint> = samples
+            .iter()
+            .map(|r| c.stack_hint(r).expect("a hint per sample"))
+            .collect();
+        let times: Vec<u64> = samples.iter().map(|r| r.time().unwrap().0).collect();
+        assert_eq!(times, [500, 550, 600]);
+        let (first, late, second) = (&hints[0], &hints[1], &hints[2]);
+        assert_eq!(first.base, None);
+        assert_eq!(second.base, Some(first.id));
+        assert_eq!(late.base, Some(second.id));
+        // Equal but for the leaf word's low byte.
+        assert_eq!(second.runs, [(1, 4095)]);
+        // Asked out of order, or for a record of no hint: none is trusted.
+        assert_eq!(c.stack_hint(samples[0]), None);
+
+        let mut trace = Vec::new();
+        let mut w = TraceWriter::new(&mut trace, &TraceHeader::example(), Default::default()).unwrap();
+        for (r, h) in samples.iter().zip(&hints) {
+            w.write_owned_hinted((*r).clone(), Some(h)).unwrap();
+        }
+        w.finish().unwrap();
+        let read: Vec<Record> = TraceReader::new(trace).unwrap().records().map(Result::unwrap).collect();
+        let expected: Vec<Record> = samples.into_iter().cloned().collect();
+        assert_eq!(read, expected);
+    }
+
     /// Held records come out as a stable sort by time would give them,
     /// whatever runs they arrive in and wherever releases cut.
     #[test]
@@ -1215,7 +1329,7 @@ mod tests {
             let mut id = 0;
             let release = |held: &mut Held, model: &mut Vec<(u64, u64)>, before: u64| {
                 let mut out = Vec::new();
-                held.release(before, &mut out);
+                held.release(before, &mut out, &mut VecDeque::new());
                 // A stable sort by time of what is older than `before`.
                 let mut expected: Vec<(u64, u64)> =
                     model.iter().copied().filter(|&(t, _)| t < before).collect();
@@ -1231,7 +1345,7 @@ mod tests {
                     for _ in 0..next(30) {
                         t += next(3);
                         id += 1;
-                        held.push(t, lost(t, id));
+                        held.push(t, lost(t, id), None);
                         model.push((t, id));
                     }
                 }

@@ -8,7 +8,9 @@ use super::spaces::AddressSpaces;
 use super::sys;
 use super::touched::{SampleRefs, Touched};
 use crate::report::RecordWarning;
-use lrnprof_format::{Blob, BlobKind, BuildId, ImageKind, ImageMapRecord, Pid, Record, Timestamp};
+use lrnprof_format::{
+    Blob, BlobKind, BuildId, ImageKind, ImageMapRecord, Pid, Record, StackHint, Timestamp,
+};
 use lrnprof_image::{
     blobs_for_open_file, blobs_for_touched_file, build_id_of_bytes, build_id_of_file,
     frame_table_for_file, split_blob, EmbedLevel, FrameRequest, FRAMES_TABLE, MAX_BLOB_PART,
@@ -117,8 +119,8 @@ impl Images {
 
     /// Note the images a sample refers to, and the code addresses in them
     /// (see [`Touched`]).
-    pub fn touch_sample(&mut self, sample: &SampleRefs<'_>) {
-        self.touched.sample(self.spaces.current(), sample);
+    pub fn touch_sample(&mut self, sample: &SampleRefs<'_>) -> StackHint {
+        self.touched.sample(self.spaces.current(), sample)
     }
 
     /// The blobs to embed: sections of every touched image, the vDSO's

@@ -8,7 +8,7 @@
 //! the same address are looked at, and each lookup is a bounds test and a
 //! binary search.
 
-use lrnprof_format::{common_prefix_len, BuildId, ImageMapRecord};
+use lrnprof_format::{same_runs, BuildId, ImageMapRecord, StackHint};
 use std::collections::{HashMap, HashSet};
 
 /// Code addresses remembered at most, over all images (about 40 bytes
@@ -98,6 +98,8 @@ pub(crate) struct Touched {
     unplaced_len: usize,
     /// Processes whose mappings changed since the last [`Touched::round`].
     changed: HashSet<u32>,
+    /// The id of the last stack copy compared (see [`StackHint::id`]).
+    last_id: u64,
 }
 
 /// Lookups kept at most while their processes' mappings are unknown.
@@ -214,8 +216,14 @@ impl Touched {
     /// Note what a sample refers to. `maps` are the executable mappings
     /// of each process. Unchanged stack words were looked up when they
     /// first appeared; every copy is scanned whole again after its
-    /// process's mappings change.
-    pub fn sample(&mut self, maps: &HashMap<u32, Vec<ImageMapRecord>>, s: &SampleRefs<'_>) {
+    /// process's mappings change. Returns what the comparison found of
+    /// the stack copy, for the trace writer (see [`StackHint`]): the runs
+    /// equal to the thread's previous copy, when it is held whole.
+    pub fn sample(
+        &mut self,
+        maps: &HashMap<u32, Vec<ImageMapRecord>>,
+        s: &SampleRefs<'_>,
+    ) -> StackHint {
         let (pid, tid) = (s.pid, s.tid);
         if self.dirty.contains(&pid) {
             self.seen_stacks.retain(|&(p, _), _| p != pid);
@@ -233,7 +241,12 @@ impl Touched {
         };
         let mut words = std::mem::take(&mut self.words);
         words.clear();
-        seen.update(s.sp, s.stack, |w| words.push(w));
+        self.last_id += 1;
+        let mut hint = StackHint {
+            id: self.last_id,
+            ..StackHint::default()
+        };
+        hint.base = seen.update(s.sp, s.stack, hint.id, &mut hint.runs, |w| words.push(w));
         let returns = chain
             .iter()
             .copied()
@@ -255,6 +268,7 @@ impl Touched {
         }
         self.words = words;
         self.seen_stacks.insert((pid, tid), seen);
+        hint
     }
 
     /// Note that process `pid` refers to each of `lookups` (AVMA, whether
@@ -406,40 +420,57 @@ struct SeenStack {
     /// AVMA of `bytes[0]`.
     start: u64,
     bytes: Vec<u8>,
+    /// The id of the last copy written over `bytes`, which hold it whole.
+    last: Option<u64>,
 }
 
 impl SeenStack {
     /// Call `changed` with each aligned word of `stack` (starting at AVMA
     /// `sp`) that differs from what is held at its address, as a
     /// native-endian value (zero, no code address, left out), and hold
-    /// `stack` from now on.
-    fn update(&mut self, sp: u64, stack: &[u8], mut changed: impl FnMut(u64)) {
-        self.cover(sp, stack.len() as u64);
+    /// `stack`, named `id`, from now on. `runs` gets the runs of `stack`
+    /// equal to what was held ([`same_runs`]); returns the id of the copy
+    /// they are equal to wherever that copy reaches (the last one, if it
+    /// is held whole).
+    fn update(
+        &mut self,
+        sp: u64,
+        stack: &[u8],
+        id: u64,
+        runs: &mut Vec<(u32, u32)>,
+        mut changed: impl FnMut(u64),
+    ) -> Option<u64> {
+        let base = if self.cover(sp, stack.len() as u64) {
+            self.last
+        } else {
+            None
+        };
+        self.last = Some(id);
         let off = (sp - self.start) as usize;
-        // Whole words only: the bytes past the last one are no address.
-        let len = stack.len() / 8 * 8;
-        let new = &stack[..len];
-        let held = &mut self.bytes[off..off + len];
-        let mut i = 0;
-        while i < len {
-            // Skip what is held already, in bulk, to the word that differs.
-            i += common_prefix_len(&new[i..], &held[i..]) / 8 * 8;
-            if i >= len {
-                break;
+        let held = &mut self.bytes[off..off + stack.len()];
+        runs.clear();
+        same_runs(stack, held, |from, len| {
+            runs.push((from as u32, len as u32))
+        });
+        // Between the runs: look at the words, and hold the new bytes.
+        let mut from = 0;
+        for i in 0..=runs.len() {
+            let (to, next) = match runs.get(i) {
+                Some(&(at, len)) => (at as usize, (at + len) as usize),
+                None => (stack.len(), stack.len()),
+            };
+            if from < to {
+                hold(stack, held, from, to, &mut changed);
             }
-            let word = &new[i..i + 8];
-            let value = u64::from_ne_bytes(word.try_into().expect("8 bytes"));
-            if value != 0 {
-                changed(value);
-            }
-            held[i..i + 8].copy_from_slice(word);
-            i += 8;
+            from = next;
         }
+        base
     }
 
     /// Widen the range held to cover `len` bytes at `sp`, with word
     /// boundaries where `sp`'s are; start afresh when that cannot be.
-    fn cover(&mut self, sp: u64, len: u64) {
+    /// Returns whether what was held is kept.
+    fn cover(&mut self, sp: u64, len: u64) -> bool {
         let end = self.start + self.bytes.len() as u64;
         let (lo, hi) = (self.start.min(sp), end.max(sp.saturating_add(len)));
         if self.bytes.is_empty()
@@ -449,7 +480,7 @@ impl SeenStack {
             self.start = sp;
             self.bytes.clear();
             self.bytes.resize(len as usize, 0);
-            return;
+            return false;
         }
         if lo < self.start {
             // Grow downwards with room to spare (within the span, above
@@ -465,7 +496,26 @@ impl SeenStack {
         if need > self.bytes.len() {
             self.bytes.resize(need, 0);
         }
+        true
     }
+}
+
+/// Call `changed` with each aligned word of `new` (whole words only: the
+/// bytes past the last one are no address) that has bytes in `from..to`
+/// and differs from `held`'s, unless zero; then copy those bytes of `new`
+/// over `held` (of the same length).
+fn hold(new: &[u8], held: &mut [u8], from: usize, to: usize, changed: &mut impl FnMut(u64)) {
+    let words_end = to.min(new.len() / 8 * 8);
+    let mut at = from / 8 * 8;
+    while at < words_end {
+        let value = u64::from_ne_bytes(new[at..at + 8].try_into().expect("8 bytes"));
+        if value != u64::from_ne_bytes(held[at..at + 8].try_into().expect("8 bytes")) && value != 0
+        {
+            changed(value);
+        }
+        at += 8;
+    }
+    held[from..to].copy_from_slice(&new[from..to]);
 }
 
 #[cfg(test)]
@@ -590,7 +640,7 @@ mod tests {
         // SeenStack itself: only the differing, aligned words.
         let update = |seen: &mut SeenStack, sp: u64, w: &[u64]| {
             let mut changed = Vec::new();
-            seen.update(sp, &words(w), |w| changed.push(w));
+            seen.update(sp, &words(w), 0, &mut Vec::new(), |w| changed.push(w));
             changed
         };
         let mut seen = SeenStack::default();
@@ -684,7 +734,7 @@ mod tests {
         let words = |w: &[u64]| w.iter().flat_map(|x| x.to_ne_bytes()).collect::<Vec<u8>>();
         let update = |seen: &mut SeenStack, sp: u64, w: &[u64]| {
             let mut changed = Vec::new();
-            seen.update(sp, &words(w), |w| changed.push(w));
+            seen.update(sp, &words(w), 0, &mut Vec::new(), |w| changed.push(w));
             changed
         };
         let mut seen = SeenStack::default();
@@ -712,5 +762,70 @@ mod tests {
         assert_eq!(update(&mut seen, 0x1000, &[0, 7, 0]), [7]);
         // A copy too far from what is held starts afresh.
         assert_eq!(update(&mut seen, 0x1000 + MAX_SEEN_SPAN, &[7]), [7]);
+    }
+
+    /// What the comparison hands the trace writer: runs equal to the last
+    /// copy, named by its id, and no base once the copy is not held whole.
+    #[test]
+    fn each_copy_names_the_copy_its_runs_equal() {
+        let words = |w: &[u64]| w.iter().flat_map(|x| x.to_ne_bytes()).collect::<Vec<u8>>();
+        let mut seen = SeenStack::default();
+        let mut runs = Vec::new();
+        let deep: Vec<u64> = (1..=64).map(|i| 0x5000_0000 + i).collect();
+        let top = 0x7fff_0000u64;
+        let sp = top - 8 * deep.len() as u64;
+        assert_eq!(seen.update(sp, &words(&deep), 1, &mut runs, |_| ()), None);
+        assert!(runs.is_empty());
+        // The leaf word changed: the rest is one run, against copy 1.
+        let mut next = deep.clone();
+        next[0] = 0x6000_0000;
+        assert_eq!(
+            seen.update(sp, &words(&next), 2, &mut runs, |_| ()),
+            Some(1)
+        );
+        // (The changed word's high bytes are equal too.)
+        assert_eq!(runs, [(4, 63 * 8 + 4)]);
+        // Shallower, then deeper again: the runs also cover what an older
+        // copy left held below the last one (the writer clips them to it).
+        assert_eq!(
+            seen.update(top - 80, &words(&next[54..]), 3, &mut runs, |_| ()),
+            Some(2)
+        );
+        assert_eq!(runs, [(0, 80)]);
+        assert_eq!(
+            seen.update(sp, &words(&next), 4, &mut runs, |_| ()),
+            Some(3)
+        );
+        assert_eq!(runs, [(0, 64 * 8)]);
+        // Misaligned with what is held: started afresh, no base.
+        assert_eq!(
+            seen.update(sp + 4, &words(&deep), 5, &mut runs, |_| ()),
+            None
+        );
+        assert!(runs.is_empty());
+        // A whole sample: ids count up, the base is the thread's last copy.
+        let mut t = Touched::new(true);
+        let list = vec![map(1, 0x1000, 0x2000, 1)];
+        let stack = words(&deep);
+        let refs = |tid| SampleRefs {
+            pid: 1,
+            tid,
+            ip: 0x1100,
+            lr: None,
+            callchain: &[],
+            sp,
+            time: 5,
+            stack: &stack,
+        };
+        let first = t.sample(&maps(&list), &refs(10));
+        let other = t.sample(&maps(&list), &refs(11));
+        let second = t.sample(&maps(&list), &refs(10));
+        assert_eq!((first.base, other.base), (None, None));
+        assert_eq!(second.base, Some(first.id));
+        assert_eq!(second.runs, [(0, stack.len() as u32)]);
+        assert!(first.id < other.id && other.id < second.id);
+        // New mappings: every copy of the process is compared afresh.
+        t.mappings_changed(1);
+        assert_eq!(t.sample(&maps(&list), &refs(10)).base, None);
     }
 }
