@@ -34,6 +34,9 @@ pub struct CompareOptions {
     pub analyze: PathBuf,
     /// The samply binary, if samply is to be measured too.
     pub samply: Option<PathBuf>,
+    /// Another `lrnprof-rec` (say, built from an earlier commit) measured
+    /// in the same rounds with its defaults, for a before/after comparison.
+    pub baseline: Option<PathBuf>,
     /// The usual sampling rate, in Hz.
     pub freq: u32,
     /// The high sampling rate, for lost samples, in Hz.
@@ -58,6 +61,8 @@ pub enum Profiler {
     /// `lrnprof-rec --embed none`: no symbol or unwind tables carried in
     /// the trace, so no work after sampling stops.
     LrnprofNoEmbed,
+    /// Another `lrnprof-rec` with its defaults (`--baseline`).
+    LrnprofBaseline,
     /// `samply record --save-only`: stack copies like perf's DWARF mode,
     /// unwound and symbolicated when the recording ends.
     Samply,
@@ -80,6 +85,7 @@ impl fmt::Display for Setup {
             Profiler::PerfDwarf => "perf dwarf",
             Profiler::Lrnprof => "lrnprof",
             Profiler::LrnprofNoEmbed => "lrnprof --embed none",
+            Profiler::LrnprofBaseline => "baseline lrnprof",
             Profiler::Samply => "samply",
         };
         write!(f, "{name} @ {} Hz", self.freq)
@@ -195,6 +201,14 @@ pub fn run(options: &CompareOptions, progress: &mut dyn Write) -> Result<Compari
     let mut notes = Vec::new();
     let have_perf = check_perf(options, &mut notes);
     let have_samply = check_samply(options, &mut notes);
+    let have_baseline = options.baseline.as_ref().is_some_and(|rec| {
+        check_file(
+            rec,
+            "the baseline lrnprof-rec",
+            "give the path of an lrnprof-rec binary",
+            &mut notes,
+        )
+    });
     let have_lrnprof = check_file(
         &options.rec,
         "lrnprof-rec",
@@ -225,6 +239,7 @@ pub fn run(options: &CompareOptions, progress: &mut dyn Write) -> Result<Compari
         perf: have_perf,
         lrnprof: have_lrnprof,
         samply: have_samply,
+        baseline: have_baseline,
     };
     for setup in setups(&empty, options, usable)
         .into_iter()
@@ -298,6 +313,7 @@ struct Usable {
     perf: bool,
     lrnprof: bool,
     samply: bool,
+    baseline: bool,
 }
 
 /// Whether `perf record` works here; says why not in `notes`.
@@ -378,6 +394,7 @@ fn setups(w: &Workload, o: &CompareOptions, usable: Usable) -> Vec<Setup> {
                 Profiler::PerfDwarf,
                 Profiler::Lrnprof,
                 Profiler::LrnprofNoEmbed,
+                Profiler::LrnprofBaseline,
                 Profiler::Samply,
             ][..],
         ),
@@ -388,6 +405,7 @@ fn setups(w: &Workload, o: &CompareOptions, usable: Usable) -> Vec<Setup> {
                 Profiler::PerfDwarf,
                 Profiler::Lrnprof,
                 Profiler::LrnprofNoEmbed,
+                Profiler::LrnprofBaseline,
                 Profiler::Samply,
             ][..],
         ),
@@ -399,6 +417,7 @@ fn setups(w: &Workload, o: &CompareOptions, usable: Usable) -> Vec<Setup> {
                 Profiler::Lrnprof => usable.lrnprof,
                 // Only where overhead is measured.
                 Profiler::LrnprofNoEmbed => usable.lrnprof && w.fixed_work,
+                Profiler::LrnprofBaseline => usable.baseline && w.fixed_work,
                 Profiler::Samply => usable.samply && w.fixed_work,
             };
             if usable {
@@ -416,6 +435,7 @@ fn trace_path(o: &CompareOptions, w: &Workload, setup: Setup) -> PathBuf {
         Profiler::PerfDwarf => "perf-dwarf.data",
         Profiler::Lrnprof => "lrnprof.lpt",
         Profiler::LrnprofNoEmbed => "lrnprof-noembed.lpt",
+        Profiler::LrnprofBaseline => "lrnprof-baseline.lpt",
         Profiler::Samply => "samply.json.gz",
     };
     o.work_dir.join(format!("{}-{}-{kind}", w.name, setup.freq))
@@ -572,8 +592,15 @@ fn run_one(
             c.arg("-o").arg(&trace).arg("--").args(&w.argv);
             c
         }
-        Profiler::Lrnprof | Profiler::LrnprofNoEmbed => {
-            let mut c = Command::new(&o.rec);
+        Profiler::Lrnprof | Profiler::LrnprofNoEmbed | Profiler::LrnprofBaseline => {
+            let rec = match setup.profiler {
+                Profiler::LrnprofBaseline => o
+                    .baseline
+                    .as_ref()
+                    .ok_or(BenchError::Internal("a baseline setup without a baseline"))?,
+                _ => &o.rec,
+            };
+            let mut c = Command::new(rec);
             if setup.profiler == Profiler::LrnprofNoEmbed {
                 c.args(["--embed", "none"]);
             }
@@ -601,13 +628,17 @@ fn run_one(
     let trace = match setup.profiler {
         Profiler::None => None,
         Profiler::PerfFp | Profiler::PerfDwarf => Some(perf_facts(&o.perf, &trace)?),
-        Profiler::Lrnprof | Profiler::LrnprofNoEmbed => Some(lrnprof_facts(&trace)?),
+        Profiler::Lrnprof | Profiler::LrnprofNoEmbed | Profiler::LrnprofBaseline => {
+            Some(lrnprof_facts(&trace)?)
+        }
         Profiler::Samply => Some(samply_facts(&trace)?),
     };
     let recorder_cpu_s = match setup.profiler {
-        Profiler::Lrnprof | Profiler::LrnprofNoEmbed => std::fs::read_to_string(log)
-            .ok()
-            .and_then(|text| recorder_cpu(&text)),
+        Profiler::Lrnprof | Profiler::LrnprofNoEmbed | Profiler::LrnprofBaseline => {
+            std::fs::read_to_string(log)
+                .ok()
+                .and_then(|text| recorder_cpu(&text))
+        }
         _ => None,
     };
     Ok(RunFacts {

@@ -120,6 +120,8 @@ fn overhead_table(out: &mut String, c: &Comparison, net: bool) {
             &format!("lrnprof --embed none @ {hi}"),
             &format!("samply @ {lo}"),
             &format!("samply @ {hi}"),
+            &format!("baseline lrnprof @ {lo}"),
+            &format!("baseline lrnprof @ {hi}"),
         ],
     );
     for r in c.workloads.iter().filter(|r| r.workload.fixed_work) {
@@ -145,6 +147,8 @@ fn overhead_table(out: &mut String, c: &Comparison, net: bool) {
                 cell(o(Profiler::LrnprofNoEmbed, hi), pct_signed),
                 cell(o(Profiler::Samply, lo), pct_signed),
                 cell(o(Profiler::Samply, hi), pct_signed),
+                cell(o(Profiler::LrnprofBaseline, lo), pct_signed),
+                cell(o(Profiler::LrnprofBaseline, hi), pct_signed),
             ],
         );
     }
@@ -298,6 +302,8 @@ pub fn markdown(c: &Comparison) -> String {
             &format!("lrnprof --embed none @ {lo}"),
             &format!("lrnprof @ {hi}"),
             &format!("lrnprof --embed none @ {hi}"),
+            &format!("baseline lrnprof @ {lo}"),
+            &format!("baseline lrnprof @ {hi}"),
         ],
     );
     for r in &c.workloads {
@@ -310,6 +316,8 @@ pub fn markdown(c: &Comparison) -> String {
                 cell(per_sample(Profiler::LrnprofNoEmbed, lo), us),
                 cell(per_sample(Profiler::Lrnprof, hi), us),
                 cell(per_sample(Profiler::LrnprofNoEmbed, hi), us),
+                cell(per_sample(Profiler::LrnprofBaseline, lo), us),
+                cell(per_sample(Profiler::LrnprofBaseline, hi), us),
             ],
         );
     }
@@ -705,6 +713,7 @@ mod tests {
                 rec: "/nonexistent/rec".into(),
                 analyze: "/nonexistent/analyze".into(),
                 samply: None,
+                baseline: None,
                 freq: 1000,
                 high_freq: 10000,
                 only: Vec::new(),

@@ -51,6 +51,10 @@ struct Args {
     /// /proc/sys/kernel/perf_event_paranoid at 1 or lower): its binary.
     #[arg(long, value_name = "SAMPLY")]
     samply: Option<PathBuf>,
+    /// Another lrnprof-rec (say, built from an earlier commit) measured in
+    /// the same rounds with its defaults, for a before/after comparison.
+    #[arg(long, value_name = "REC")]
+    baseline: Option<PathBuf>,
     /// Scratch directory for workloads and traces (default: a new one under the temp dir).
     #[arg(long)]
     work_dir: Option<PathBuf>,
@@ -138,6 +142,7 @@ fn run(args: Args) -> anyhow::Result<()> {
             .analyze
             .unwrap_or_else(|| exe_dir.join("lrnprof-analyze")),
         samply: args.samply,
+        baseline: args.baseline,
         freq: args.freq,
         high_freq: args.high_freq,
         only: args.only,
