@@ -569,6 +569,17 @@ mod tests {
         })
     }
 
+    /// A generator of pseudo-random numbers below its argument
+    /// (xorshift, from `seed`), the same in every run.
+    fn random_below(mut seed: u64) -> impl FnMut(u64) -> u64 {
+        move |n| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed % n
+        }
+    }
+
     fn snap(start: u64, bytes: Vec<u8>) -> StackSnapshot {
         StackSnapshot { start, bytes }
     }
@@ -646,13 +657,7 @@ mod tests {
     /// are placed and aligned.
     #[test]
     fn encoding_matches_a_byte_by_byte_walk() {
-        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
-        let mut next = move |n: u64| {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            seed % n
-        };
+        let mut next = random_below(0x9e37_79b9_7f4a_7c15);
         for _ in 0..3000 {
             let len = next(3000) as usize;
             let prev = snap(0x10_000 + next(64), pattern(len, next(256) as u8));
@@ -697,13 +702,7 @@ mod tests {
     /// are ignored.
     #[test]
     fn hinted_encoding_is_the_compared_one() {
-        let mut seed = 0x2545_f491_4f6c_dd1du64;
-        let mut next = move |n: u64| {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            seed % n
-        };
+        let mut next = random_below(0x2545_f491_4f6c_dd1d);
         let mut hinted_runs = 0;
         for round in 0..2000 {
             let len = next(3000) as usize;
