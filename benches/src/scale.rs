@@ -361,7 +361,8 @@ fn count_samples(trace: &Path) -> Result<u64, BenchError> {
 }
 
 /// Run both analyzers in every output format (and `info --json`), with
-/// one and two jobs, and compare the bytes.
+/// one and two jobs, and compare the bytes; pprof's after gunzip, so that
+/// a baseline with another deflate implementation compares by content.
 fn compare_outputs(
     o: &ScaleOptions,
     base: &Path,
@@ -392,6 +393,11 @@ fn compare_outputs(
             let args = ["--format", format, "--jobs", jobs];
             let a = run(base, &args, &out("base", format))?;
             let b = run(&o.analyze, &args, &out("current", format))?;
+            let (a, b) = if format == "pprof" {
+                (gunzip(a)?, gunzip(b)?)
+            } else {
+                (a, b)
+            };
             report.compared += 1;
             if a != b {
                 report
@@ -415,6 +421,34 @@ fn compare_outputs(
         report.differences.push(format!("{}: info --json", t.name));
     }
     Ok(())
+}
+
+/// `data` inflated by `gzip -dc`, or `data` itself where it is not gzip
+/// (a failed run's message).
+fn gunzip(data: Vec<u8>) -> Result<Vec<u8>, BenchError> {
+    if !data.starts_with(&[0x1f, 0x8b]) {
+        return Ok(data);
+    }
+    let mut child = Command::new("gzip")
+        .arg("-dc")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .map_err(|e| BenchError::io("run gzip -dc (install gzip)".to_string(), e))?;
+    let mut stdin = child.stdin.take();
+    let feed = std::thread::spawn(move || {
+        let _ = stdin.as_mut().map(|s| s.write_all(&data));
+    });
+    let out = child
+        .wait_with_output()
+        .map_err(|e| BenchError::io("run gzip -dc".to_string(), e))?;
+    let _ = feed.join();
+    Ok(if out.status.success() {
+        out.stdout
+    } else {
+        format!("gzip -dc failed: {}", out.status).into_bytes()
+    })
 }
 
 /// The report as markdown tables.
@@ -492,7 +526,7 @@ pub fn scale_markdown(r: &ScaleReport, o: &ScaleOptions) -> String {
     if o.baseline.is_some() {
         let _ = writeln!(
             s,
-            "\nOutputs compared byte for byte (pprof, folded, speedscope, svg, firefox with 1 and 2 jobs, info --json): {}, {} differing{}",
+            "\nOutputs compared byte for byte (pprof decompressed, folded, speedscope, svg, firefox with 1 and 2 jobs, info --json): {}, {} differing{}",
             r.compared,
             r.differences.len(),
             if r.differences.is_empty() {
