@@ -1,16 +1,16 @@
 //! The analysis pipeline: first pass (timeline, blobs), image loading,
-//! parallel unwinding a chunk of blocks at a time, streaming aggregation
-//! into a [`ProfileBuilder`], then symbolication of each unique address
-//! once.
+//! parallel unwinding block by block, streaming aggregation in trace
+//! order into a [`ProfileBuilder`], then symbolication of each unique
+//! address once.
 
 use crate::error::AnalyzeError;
 #[cfg(test)]
 use crate::options::SampleFilter;
 use crate::options::{AnalyzeOptions, Progress};
+use crate::ordered::for_each_in_order;
 use crate::pipeline::{open, pool, prepare_keeping, TraceBytes};
 use crate::profile::{kinds_of, HeapScale, Profile, ProfileBuilder, UnwoundBlock};
 use crate::symbolicate::symbolicate;
-use crate::ordered::for_each_in_order;
 use crate::timeline::{chunk_blocks, KeptBlocks};
 use crate::unwind::{unwind_block, BlockContext};
 use lrnprof_format::{BlockInfo, Timestamp, TraceReader};
@@ -129,7 +129,10 @@ fn run(
         },
         |i, unwound| {
             builder.add_block(&unwound);
-            spare.lock().unwrap_or_else(|e| e.into_inner()).push(unwound);
+            spare
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(unwound);
             progress.update("unwinding", i as u64 + 1, total);
         },
     );
