@@ -10,7 +10,8 @@
 //! order ready applies it (one at a time), then goes back to blocks.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard};
 
 /// Results done but not yet consumed, from index `next` on.
@@ -59,6 +60,9 @@ pub(crate) fn for_each_in_order<T: Send>(
         slots: VecDeque::with_capacity(window),
     });
     let advanced = Condvar::new();
+    // Set when `work` or `consume` panicked: the others stop instead of
+    // waiting for a result that will not come, and the panic goes on.
+    let failed = AtomicBool::new(false);
     let consumer = Mutex::new(consume);
     // Consume what is ready in order, unless another worker is at it;
     // look again after letting go, for a result put in meanwhile by a
@@ -76,9 +80,9 @@ pub(crate) fn for_each_in_order<T: Send>(
             return;
         }
     };
-    let worker = || loop {
+    let work_on = || loop {
         let index = claimed.fetch_add(1, Ordering::Relaxed);
-        if index >= n {
+        if index >= n || failed.load(Ordering::SeqCst) {
             return;
         }
         {
@@ -86,6 +90,9 @@ pub(crate) fn for_each_in_order<T: Send>(
             // The result at `next` is being worked on by another worker
             // (this one claimed a later index), so the wait ends.
             while index >= r.next + window {
+                if failed.load(Ordering::SeqCst) {
+                    return;
+                }
                 r = advanced.wait(r).unwrap_or_else(|e| e.into_inner());
             }
         }
@@ -100,14 +107,26 @@ pub(crate) fn for_each_in_order<T: Send>(
         }
         drain();
     };
+    let worker = || {
+        if let Err(panic) = catch_unwind(AssertUnwindSafe(work_on)) {
+            failed.store(true, Ordering::SeqCst);
+            // Under the lock, so that no waiter misses it between its
+            // check and its wait.
+            let _r = lock(&ready);
+            advanced.notify_all();
+            drop(_r);
+            resume_unwind(panic);
+        }
+    };
     if rayon::current_num_threads() <= 1 || n <= 1 {
         worker();
     } else {
         rayon::broadcast(|_| worker());
     }
-    // Every index was consumed: each result is put before its worker
-    // drains, and a drain that finds the consumer busy leaves it to the
-    // busy one, which looks again before it returns.
+    // Every index was consumed (nothing panicked, or the panic went on
+    // above): each result is put before its worker drains, and a drain
+    // that finds the consumer busy leaves it to the busy one, which looks
+    // again before it returns.
     debug_assert_eq!(lock(&ready).next, n);
 }
 
@@ -155,6 +174,40 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn a_panic_in_work_goes_on_instead_of_hanging() {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(2)
+            .build()
+            .unwrap();
+        let one_done = AtomicBool::new(false);
+        let result = std::panic::catch_unwind(AssertUnwindSafe(|| {
+            pool.install(|| {
+                for_each_in_order(
+                    100,
+                    2,
+                    |i| {
+                        // Index 0 panics once index 1 is done, when the
+                        // other worker goes on to index 2, past the
+                        // window, to wait for index 0.
+                        if i == 0 {
+                            while !one_done.load(Ordering::SeqCst) {
+                                std::thread::yield_now();
+                            }
+                            panic!("block 0");
+                        }
+                        if i == 1 {
+                            one_done.store(true, Ordering::SeqCst);
+                        }
+                        i
+                    },
+                    |_, _| {},
+                )
+            })
+        }));
+        assert!(result.is_err());
     }
 
     #[test]
