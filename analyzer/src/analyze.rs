@@ -1,19 +1,19 @@
 //! The analysis pipeline: first pass (timeline, blobs), image loading,
-//! parallel unwinding a chunk of blocks at a time, streaming aggregation
-//! into a [`ProfileBuilder`], then symbolication of each unique address
-//! once.
+//! parallel unwinding block by block, streaming aggregation in trace
+//! order into a [`ProfileBuilder`], then symbolication of each unique
+//! address once.
 
 use crate::error::AnalyzeError;
 #[cfg(test)]
 use crate::options::SampleFilter;
 use crate::options::{AnalyzeOptions, Progress};
+use crate::ordered::for_each_in_order;
 use crate::pipeline::{open, pool, prepare_keeping, TraceBytes};
 use crate::profile::{kinds_of, HeapScale, Profile, ProfileBuilder, UnwoundBlock};
 use crate::symbolicate::symbolicate;
 use crate::timeline::{chunk_blocks, KeptBlocks};
 use crate::unwind::{unwind_block, BlockContext};
-use lrnprof_format::{BlockInfo, RawBlock, Timestamp, TraceReader};
-use rayon::prelude::*;
+use lrnprof_format::{BlockInfo, Timestamp, TraceReader};
 use std::path::Path;
 use std::sync::Mutex;
 
@@ -101,55 +101,41 @@ fn run(
     };
     let blocks = reader.blocks();
     let total = blocks.len() as u64;
-    let mut done = 0;
-    let mut first = 0;
-    // Each block is decoded once and unwound by one worker; the builder
-    // takes a chunk's blocks in order while the next chunk is unwound.
-    let mut pending: Vec<UnwoundBlock> = Vec::new();
+    let kept = Mutex::new(kept);
     // Blocks the builder is done with, their buffers for the next ones.
     let spare: Mutex<Vec<UnwoundBlock>> = Mutex::new(Vec::new());
-    let take_spare = || {
-        spare
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .pop()
-            .unwrap_or_default()
-    };
-    let add = |builder: &mut ProfileBuilder, pending: &mut Vec<UnwoundBlock>| {
-        for b in pending.drain(..) {
-            builder.add_block(&b);
-            spare.lock().unwrap_or_else(|e| e.into_inner()).push(b);
-        }
-    };
-    for chunk in blocks.chunks(chunk_blocks()) {
-        let raws: Vec<Option<RawBlock>> =
-            (first..first + chunk.len()).map(|i| kept.take(i)).collect();
-        let (unwound, ()) = rayon::join(
-            || {
-                chunk
-                    .par_iter()
-                    .zip(raws)
-                    .enumerate()
-                    .map(|(i, (b, raw))| {
-                        if prepared.timeline.bad_blocks.contains(&(first + i)) {
-                            return UnwoundBlock::default();
-                        }
-                        match raw.map_or_else(|| reader.raw_block(b), Ok) {
-                            Ok(raw) => unwind_block(&cx, &raw, take_spare()),
-                            Err(_) => UnwoundBlock::default(),
-                        }
-                    })
-                    .collect()
-            },
-            || add(&mut builder, &mut pending),
-        );
-        pending = unwound;
-        reader_release(reader, chunk);
-        first += chunk.len();
-        done += chunk.len() as u64;
-        progress.update("unwinding", done, total);
-    }
-    add(&mut builder, &mut pending);
+    // Each block is decoded once and unwound by one worker; the builder
+    // takes the blocks in trace order while the workers unwind the next.
+    for_each_in_order(
+        blocks.len(),
+        chunk_blocks() * 2,
+        |i| {
+            if prepared.timeline.bad_blocks.contains(&i) {
+                return UnwoundBlock::default();
+            }
+            let b = &blocks[i];
+            let raw = kept.lock().unwrap_or_else(|e| e.into_inner()).take(i);
+            let buffers = spare
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .pop()
+                .unwrap_or_default();
+            let unwound = match raw.map_or_else(|| reader.raw_block(b), Ok) {
+                Ok(raw) => unwind_block(&cx, &raw, buffers),
+                Err(_) => UnwoundBlock::default(),
+            };
+            reader_release(reader, &blocks[i..=i]);
+            unwound
+        },
+        |i, unwound| {
+            builder.add_block(&unwound);
+            spare
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(unwound);
+            progress.update("unwinding", i as u64 + 1, total);
+        },
+    );
     drop(spare);
 
     let lines = symbolicate(

@@ -35,6 +35,7 @@ mod error;
 mod image;
 mod info;
 mod options;
+mod ordered;
 mod outcomes;
 mod output;
 mod pack;

@@ -4,6 +4,7 @@
 
 use crate::blobs::BlobStore;
 use crate::options::Progress;
+use crate::ordered::for_each_in_order;
 use crate::outcomes::Outcomes;
 use crate::tallies::SyscallTallies;
 use lrnprof_format::{
@@ -11,13 +12,13 @@ use lrnprof_format::{
     RecordRef, Sample, SampleDetail, SampleKind, StackMode, Summary, Tid, Timestamp, TraceHeader,
     TraceReader,
 };
-use rayon::prelude::*;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
 /// Blocks decoded at once: two per worker, so memory stays a few decoded
 /// blocks per worker whatever the trace's length (a chunk being decoded
-/// and one being applied).
+/// and one being applied). The passes that apply blocks in order keep
+/// twice that many in flight ([`for_each_in_order`]'s window).
 pub(crate) fn chunk_blocks() -> usize {
     rayon::current_num_threads().max(1) * 2
 }
@@ -399,10 +400,11 @@ enum Item {
     },
 }
 
-/// Read every block once (in parallel, a chunk at a time, applying one
-/// chunk while the next is decoded) and build the timeline. Stacks are
-/// checked but not expanded. Blocks that fail to decode are skipped with a
-/// warning and listed in [`Timeline::bad_blocks`].
+/// Read every block once (in parallel, each block's records applied in
+/// trace order as soon as they and those before them are read) and build
+/// the timeline. Stacks are checked but not expanded. Blocks that fail to
+/// decode are skipped with a warning and listed in
+/// [`Timeline::bad_blocks`].
 /// `release` is told the blocks the pass is done with; `kept` keeps what
 /// decompressed blocks fit in its budget.
 pub(crate) fn scan<D: AsRef<[u8]> + Sync>(
@@ -414,28 +416,20 @@ pub(crate) fn scan<D: AsRef<[u8]> + Sync>(
     let mut timeline = Timeline::new(reader.header().clone());
     let blocks = reader.blocks();
     let total = blocks.len() as u64;
-    let mut done = 0;
-    let mut pending: Vec<Decoded> = Vec::new();
-    let mut first = 0;
     let keep = kept.budget > 0;
-    for chunk in blocks.chunks(chunk_blocks()) {
-        let (decoded, ()) = rayon::join(
-            || {
-                chunk
-                    .par_iter()
-                    .enumerate()
-                    .map(|(i, b)| (first + i, items_of(reader, b, keep)))
-                    .collect()
-            },
-            || timeline.apply_blocks(std::mem::take(&mut pending), blocks, kept),
-        );
-        pending = decoded;
-        release(chunk);
-        first += chunk.len();
-        done += chunk.len() as u64;
-        progress.update("reading", done, total);
-    }
-    timeline.apply_blocks(pending, blocks, kept);
+    for_each_in_order(
+        blocks.len(),
+        chunk_blocks() * 2,
+        |i| {
+            let items = items_of(reader, &blocks[i], keep);
+            release(&blocks[i..=i]);
+            items
+        },
+        |i, items| {
+            timeline.apply_block(i, items, blocks, kept);
+            progress.update("reading", i as u64 + 1, total);
+        },
+    );
     for (i, key) in timeline.threads.keys().enumerate() {
         timeline.thread_index.insert(*key, i as u32);
     }
@@ -445,9 +439,9 @@ pub(crate) fn scan<D: AsRef<[u8]> + Sync>(
     timeline
 }
 
-/// A block as the first pass read it: its index, what it keeps of the
-/// records, and the decompressed block if asked for.
-type Decoded = (usize, Result<(Vec<Item>, Option<RawBlock>), FormatError>);
+/// What the first pass read of a block: what it keeps of the records,
+/// and the decompressed block if asked for.
+type Decoded = Result<(Vec<Item>, Option<RawBlock>), FormatError>;
 
 /// What the first pass keeps of a block's records (and, with `keep`, the
 /// decompressed block).
@@ -489,22 +483,26 @@ impl Item {
 }
 
 impl Timeline {
-    fn apply_blocks(&mut self, decoded: Vec<Decoded>, blocks: &[BlockInfo], kept: &mut KeptBlocks) {
-        for (i, items) in decoded {
-            match items {
-                Ok((items, raw)) => {
-                    items.into_iter().for_each(|item| self.apply(item));
-                    if let Some(raw) = raw {
-                        kept.offer(i, raw, &blocks[i]);
-                    }
+    fn apply_block(
+        &mut self,
+        i: usize,
+        decoded: Decoded,
+        blocks: &[BlockInfo],
+        kept: &mut KeptBlocks,
+    ) {
+        match decoded {
+            Ok((items, raw)) => {
+                items.into_iter().for_each(|item| self.apply(item));
+                if let Some(raw) = raw {
+                    kept.offer(i, raw, &blocks[i]);
                 }
-                Err(e) => {
-                    self.bad_blocks.insert(i);
-                    self.warnings.push(format!(
-                        "block at offset {} could not be decoded and was skipped: {e}",
-                        blocks[i].offset.0
-                    ))
-                }
+            }
+            Err(e) => {
+                self.bad_blocks.insert(i);
+                self.warnings.push(format!(
+                    "block at offset {} could not be decoded and was skipped: {e}",
+                    blocks[i].offset.0
+                ))
             }
         }
     }

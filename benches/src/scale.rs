@@ -57,6 +57,10 @@ pub enum Analyzer {
     Current,
     /// `perf report --stdio` of a perf.data file of the same workload.
     PerfReport,
+    /// Not an analyzer: a trivially parallel loop on `jobs` threads, whose
+    /// wall-time speedup from two threads is what the machine allows in
+    /// the same round (see [`parallel_loop`]).
+    ParallelLoop,
 }
 
 /// Measurements of one trace under one analyzer and job count.
@@ -127,9 +131,14 @@ pub fn run_scale(o: &ScaleOptions, progress: &mut dyn Write) -> Result<ScaleRepo
     let traces = record_traces(o, &mut report, progress)?;
     let log = o.work_dir.join("analyze.stderr");
     for t in &traces {
-        let mut setups = vec![(Analyzer::Current, 1), (Analyzer::Current, 2)];
+        let mut setups = vec![
+            (Analyzer::ParallelLoop, 1),
+            (Analyzer::ParallelLoop, 2),
+            (Analyzer::Current, 1),
+            (Analyzer::Current, 2),
+        ];
         if o.baseline.is_some() {
-            setups.splice(0..0, [(Analyzer::Baseline, 1), (Analyzer::Baseline, 2)]);
+            setups.splice(2..2, [(Analyzer::Baseline, 1), (Analyzer::Baseline, 2)]);
         }
         let mut rows: Vec<ScaleRow> = setups
             .iter()
@@ -154,6 +163,21 @@ pub fn run_scale(o: &ScaleOptions, progress: &mut dyn Write) -> Result<ScaleRepo
         // them alike.
         for round in 0..o.runs {
             for row in rows.iter_mut() {
+                if row.analyzer == Analyzer::ParallelLoop {
+                    let m = parallel_loop(row.jobs)?;
+                    let _ = writeln!(
+                        progress,
+                        "[{}] round {}/{} parallel loop on {} threads: {:.3} s CPU, {:.3} s wall",
+                        t.name,
+                        round + 1,
+                        o.runs,
+                        row.jobs,
+                        m.cpu_s(),
+                        m.wall_s
+                    );
+                    row.runs.push(m);
+                    continue;
+                }
                 let mut cmd = match row.analyzer {
                     Analyzer::PerfReport => {
                         let mut c = Command::new(&o.perf);
@@ -204,6 +228,74 @@ pub fn run_scale(o: &ScaleOptions, progress: &mut dyn Write) -> Result<ScaleRepo
         }
     }
     Ok(report)
+}
+
+/// Items of [`parallel_loop`]'s work, each about 2 ms of one core.
+const LOOP_ITEMS: u64 = 200;
+
+/// Run a trivially parallel loop (independent integer work per item, no
+/// memory traffic, no shared data but a counter) on `threads` threads, each
+/// taking the next item when done with one, as rayon's workers do: its wall
+/// time with two threads against one is the most any parallel work gains
+/// on this machine at the moment (the vCPUs' sharing, other load). CPU
+/// time is this process's during the loop.
+pub fn parallel_loop(threads: usize) -> Result<Measured, BenchError> {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    let next = AtomicU64::new(0);
+    let before = self_cpu();
+    let start = std::time::Instant::now();
+    let sum = std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..threads.max(1))
+            .map(|_| {
+                scope.spawn(|| {
+                    let mut sum = 0u64;
+                    loop {
+                        let i = next.fetch_add(1, Ordering::Relaxed);
+                        if i >= LOOP_ITEMS {
+                            return sum;
+                        }
+                        let mut x = i;
+                        for _ in 0..1_000_000 {
+                            x = x
+                                .wrapping_mul(6364136223846793005)
+                                .wrapping_add(1442695040888963407);
+                            x ^= x >> 29;
+                        }
+                        sum = sum.wrapping_add(x);
+                    }
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .map(|w| w.join())
+            .try_fold(0u64, |acc, r| r.map(|v| acc.wrapping_add(v)))
+    });
+    let wall_s = start.elapsed().as_secs_f64();
+    let after = self_cpu();
+    let sum = sum.map_err(|_| {
+        BenchError::io(
+            "run the parallel loop",
+            std::io::Error::other("a loop thread panicked".to_string()),
+        )
+    })?;
+    std::hint::black_box(sum);
+    Ok(Measured {
+        user_s: after.0 - before.0,
+        sys_s: after.1 - before.1,
+        wall_s,
+        peak_rss_kib: 0,
+    })
+}
+
+/// User and system CPU seconds of this process so far.
+fn self_cpu() -> (f64, f64) {
+    // Safety: getrusage only writes the struct it is given.
+    let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+    // Safety: as above; RUSAGE_SELF is always valid.
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut u) };
+    let s = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    (s(u.ru_utime), s(u.ru_stime))
 }
 
 fn record_traces(
@@ -361,7 +453,8 @@ fn count_samples(trace: &Path) -> Result<u64, BenchError> {
 }
 
 /// Run both analyzers in every output format (and `info --json`), with
-/// one and two jobs, and compare the bytes.
+/// one and two jobs, and compare the bytes; pprof's after gunzip, so that
+/// a baseline with another deflate implementation compares by content.
 fn compare_outputs(
     o: &ScaleOptions,
     base: &Path,
@@ -392,6 +485,11 @@ fn compare_outputs(
             let args = ["--format", format, "--jobs", jobs];
             let a = run(base, &args, &out("base", format))?;
             let b = run(&o.analyze, &args, &out("current", format))?;
+            let (a, b) = if format == "pprof" {
+                (gunzip(a)?, gunzip(b)?)
+            } else {
+                (a, b)
+            };
             report.compared += 1;
             if a != b {
                 report
@@ -417,6 +515,34 @@ fn compare_outputs(
     Ok(())
 }
 
+/// `data` inflated by `gzip -dc`, or `data` itself where it is not gzip
+/// (a failed run's message).
+fn gunzip(data: Vec<u8>) -> Result<Vec<u8>, BenchError> {
+    if !data.starts_with(&[0x1f, 0x8b]) {
+        return Ok(data);
+    }
+    let mut child = Command::new("gzip")
+        .arg("-dc")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .map_err(|e| BenchError::io("run gzip -dc (install gzip)".to_string(), e))?;
+    let mut stdin = child.stdin.take();
+    let feed = std::thread::spawn(move || {
+        let _ = stdin.as_mut().map(|s| s.write_all(&data));
+    });
+    let out = child
+        .wait_with_output()
+        .map_err(|e| BenchError::io("run gzip -dc".to_string(), e))?;
+    let _ = feed.join();
+    Ok(if out.status.success() {
+        out.stdout
+    } else {
+        format!("gzip -dc failed: {}", out.status).into_bytes()
+    })
+}
+
 /// The report as markdown tables.
 pub fn scale_markdown(r: &ScaleReport, o: &ScaleOptions) -> String {
     let mut s = String::new();
@@ -436,6 +562,7 @@ pub fn scale_markdown(r: &ScaleReport, o: &ScaleOptions) -> String {
             Analyzer::Baseline => "baseline",
             Analyzer::Current => "current",
             Analyzer::PerfReport => "perf report",
+            Analyzer::ParallelLoop => "parallel loop",
         };
         let _ = writeln!(
             s,
@@ -445,8 +572,16 @@ pub fn scale_markdown(r: &ScaleReport, o: &ScaleOptions) -> String {
             row.jobs,
             f(row.cpu_s(), 3),
             f(row.wall_s(), 3),
-            f(row.samples_per_cpu_s(), 0),
-            f(row.peak_mib(), 1)
+            if row.analyzer == Analyzer::ParallelLoop {
+                "-".to_string()
+            } else {
+                f(row.samples_per_cpu_s(), 0)
+            },
+            if row.analyzer == Analyzer::ParallelLoop {
+                "-".to_string()
+            } else {
+                f(row.peak_mib(), 1)
+            }
         );
     }
     let find = |trace: &str, a: Analyzer, jobs: usize| {
@@ -458,21 +593,23 @@ pub fn scale_markdown(r: &ScaleReport, o: &ScaleOptions) -> String {
     traces.dedup();
     let _ = writeln!(
         s,
-        "\n| trace | samples/CPU-s, current / baseline (1 job) | wall, 1 job / 2 jobs (current) | peak RSS MiB, current 1 job / 2 jobs | current / perf report, samples per CPU-s |"
+        "\n| trace | samples/CPU-s, current / baseline (1 job) | wall, 1 job / 2 jobs (current) | the same, parallel loop (the machine's cap) | peak RSS MiB, current 1 job / 2 jobs | current / perf report, samples per CPU-s |"
     );
-    let _ = writeln!(s, "| --- | --- | --- | --- | --- |");
+    let _ = writeln!(s, "| --- | --- | --- | --- | --- | --- |");
     for t in traces {
         let cur1 = find(t, Analyzer::Current, 1);
         let cur2 = find(t, Analyzer::Current, 2);
         let base1 = find(t, Analyzer::Baseline, 1);
         let perf = find(t, Analyzer::PerfReport, 1);
+        let loop1 = find(t, Analyzer::ParallelLoop, 1);
+        let loop2 = find(t, Analyzer::ParallelLoop, 2);
         let ratio = |a: Option<f64>, b: Option<f64>| match (a, b) {
             (Some(a), Some(b)) if b > 0.0 => format!("{:.2}×", a / b),
             _ => "-".into(),
         };
         let _ = writeln!(
             s,
-            "| {t} | {} | {} | {} / {} | {} |",
+            "| {t} | {} | {} | {} | {} / {} | {} |",
             ratio(
                 cur1.and_then(ScaleRow::samples_per_cpu_s),
                 base1.and_then(ScaleRow::samples_per_cpu_s)
@@ -480,6 +617,10 @@ pub fn scale_markdown(r: &ScaleReport, o: &ScaleOptions) -> String {
             ratio(
                 cur1.and_then(ScaleRow::wall_s),
                 cur2.and_then(ScaleRow::wall_s)
+            ),
+            ratio(
+                loop1.and_then(ScaleRow::wall_s),
+                loop2.and_then(ScaleRow::wall_s)
             ),
             f(cur1.and_then(ScaleRow::peak_mib), 1),
             f(cur2.and_then(ScaleRow::peak_mib), 1),
@@ -492,7 +633,7 @@ pub fn scale_markdown(r: &ScaleReport, o: &ScaleOptions) -> String {
     if o.baseline.is_some() {
         let _ = writeln!(
             s,
-            "\nOutputs compared byte for byte (pprof, folded, speedscope, svg, firefox with 1 and 2 jobs, info --json): {}, {} differing{}",
+            "\nOutputs compared byte for byte (pprof decompressed, folded, speedscope, svg, firefox with 1 and 2 jobs, info --json): {}, {} differing{}",
             r.compared,
             r.differences.len(),
             if r.differences.is_empty() {
