@@ -1201,16 +1201,27 @@ mod tests {
         assert_eq!(child, [(0x5000, 300), (0x7000, 300), (0x9000, 300), (0xb000, 300)], "{out:#?}");
     }
 
+    /// CPU samples with thread, time, three registers (bp sp ip) and a
+    /// stack copy.
+    fn stack_layouts() -> Layouts {
+        Layouts::single(
+            Role::Cpu,
+            parse::Layout {
+                sample_type: parse::sample::TID
+                    | parse::sample::TIME
+                    | parse::sample::REGS_USER
+                    | parse::sample::STACK_USER,
+                user_regs: 3,
+            },
+        )
+    }
+
     /// A stack the draining thread took out of its record (see `Chunk`)
     /// makes the same sample as one left in it.
     #[rustfmt::skip]
     #[test]
     fn stacks_taken_out_of_their_records_convert_the_same() {
-        let layouts = || Layouts::single(Role::Cpu, parse::Layout {
-            sample_type: parse::sample::TID | parse::sample::TIME
-                | parse::sample::REGS_USER | parse::sample::STACK_USER,
-            user_regs: 3,
-        });
+        let layouts = stack_layouts;
         let mut body = u64s(&[(11 << 32) | 10, 500]);         // pid 10, tid 11, time
         body.extend(u64s(&[2, 0x7ff0, 0x7000, 0x401000]));    // regs: bp sp ip
         body.extend(u64s(&[8192]));                           // stack size
@@ -1246,11 +1257,7 @@ mod tests {
     #[rustfmt::skip]
     #[test]
     fn samples_come_with_what_their_stack_comparison_found() {
-        let layouts = || Layouts::single(Role::Cpu, parse::Layout {
-            sample_type: parse::sample::TID | parse::sample::TIME
-                | parse::sample::REGS_USER | parse::sample::STACK_USER,
-            user_regs: 3,
-        });
+        let layouts = stack_layouts;
         let sample = |time: u64, leaf: u64| {
             let mut body = u64s(&[(11 << 32) | 10, time]);        // pid 10, tid 11, time
             body.extend(u64s(&[2, 0x7ff0, 0x7000, 0x401000]));    // regs: bp sp ip
