@@ -655,16 +655,28 @@ fn samply_facts(path: &Path) -> Result<TraceFacts, BenchError> {
     let bytes = std::fs::metadata(path)
         .map_err(|e| BenchError::io(format!("stat {}", path.display()), e))?
         .len();
-    let profile = json_of(
-        Command::new("gzip").arg("-dc").arg(path),
-        "gzip -dc (samply profile)",
-    )?;
+    let gzipped =
+        std::fs::read(path).map_err(|e| BenchError::io(format!("read {}", path.display()), e))?;
+    let bad = |message: String| BenchError::BadOutput {
+        tool: "samply",
+        message,
+    };
+    let json = gunzip(&gzipped).map_err(|e| bad(e.to_string()))?;
+    let profile: serde_json::Value =
+        serde_json::from_slice(&json).map_err(|e| bad(e.to_string()))?;
     Ok(TraceFacts {
         bytes,
         samples: samply_samples(&profile),
         lost: 0,
         embedded_bytes: 0,
     })
+}
+
+/// `data` inflated from gzip.
+pub(crate) fn gunzip(data: &[u8]) -> std::io::Result<Vec<u8>> {
+    let mut out = Vec::new();
+    std::io::Read::read_to_end(&mut flate2::read::GzDecoder::new(data), &mut out)?;
+    Ok(out)
 }
 
 /// Samples in a processed profile, over every thread of every process.
@@ -865,6 +877,16 @@ mod tests {
                       lrnprof-rec: recorder CPU 0.650 s, 65000.0 µs per sample\n";
         assert_eq!(recorder_cpu(stderr), Some(0.65));
         assert_eq!(recorder_cpu("lrnprof-rec: wrote t.lpt"), None);
+    }
+
+    #[test]
+    fn gzip_data_inflates_and_other_data_does_not() {
+        use std::io::Write;
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+        gz.write_all(b"{\"threads\": []}").unwrap();
+        let gzipped = gz.finish().unwrap();
+        assert_eq!(gunzip(&gzipped).unwrap(), b"{\"threads\": []}");
+        assert!(gunzip(b"not gzip").is_err());
     }
 
     #[test]

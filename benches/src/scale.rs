@@ -7,6 +7,7 @@
 //! fixed amount of work, at two lengths (the long one `long_factor` times
 //! the work), so that "memory does not grow with the trace" can be checked.
 
+use crate::compare::gunzip;
 use crate::error::BenchError;
 use crate::measure::{measure, Measured};
 use crate::stats::median;
@@ -486,7 +487,7 @@ fn compare_outputs(
             let a = run(base, &args, &out("base", format))?;
             let b = run(&o.analyze, &args, &out("current", format))?;
             let (a, b) = if format == "pprof" {
-                (gunzip(a)?, gunzip(b)?)
+                (gunzip_output(a), gunzip_output(b))
             } else {
                 (a, b)
             };
@@ -515,32 +516,13 @@ fn compare_outputs(
     Ok(())
 }
 
-/// `data` inflated by `gzip -dc`, or `data` itself where it is not gzip
-/// (a failed run's message).
-fn gunzip(data: Vec<u8>) -> Result<Vec<u8>, BenchError> {
+/// `data` inflated from gzip, or `data` itself where it is not gzip (a
+/// failed run's message), or why it does not inflate.
+fn gunzip_output(data: Vec<u8>) -> Vec<u8> {
     if !data.starts_with(&[0x1f, 0x8b]) {
-        return Ok(data);
+        return data;
     }
-    let mut child = Command::new("gzip")
-        .arg("-dc")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .map_err(|e| BenchError::io("run gzip -dc (install gzip)".to_string(), e))?;
-    let mut stdin = child.stdin.take();
-    let feed = std::thread::spawn(move || {
-        let _ = stdin.as_mut().map(|s| s.write_all(&data));
-    });
-    let out = child
-        .wait_with_output()
-        .map_err(|e| BenchError::io("run gzip -dc".to_string(), e))?;
-    let _ = feed.join();
-    Ok(if out.status.success() {
-        out.stdout
-    } else {
-        format!("gzip -dc failed: {}", out.status).into_bytes()
-    })
+    gunzip(&data).unwrap_or_else(|e| format!("gzip data that does not inflate: {e}").into_bytes())
 }
 
 /// The report as markdown tables.
