@@ -120,7 +120,9 @@ impl Images {
     /// Note the images a sample refers to, and the code addresses in them
     /// (see [`Touched`]).
     pub fn touch_sample(&mut self, sample: &SampleRefs<'_>) -> StackHint {
-        self.touched.sample(self.spaces.current(), sample)
+        let then = self.spaces.then_if_ended(sample.pid, sample.time);
+        self.touched
+            .sample(self.spaces.current(), then.as_deref(), sample)
     }
 
     /// The blobs to embed: sections of every touched image, the vDSO's
@@ -601,6 +603,48 @@ mod tests {
         });
         let ids: Vec<&BuildId> = images.touched.touched_ids();
         assert_eq!(ids, [&BuildId(vec![3])]);
+    }
+
+    /// A sample heard after its process's exit (or exec) from another
+    /// CPU's ring refers to what the process had mapped when it was taken.
+    #[test]
+    fn a_sample_heard_after_its_process_ended_finds_its_images() {
+        let mut images = Images::new(EmbedLevel::Symbols);
+        images.remember(&ImageMapRecord {
+            time: Timestamp(10),
+            ..map(1, 0x1000, 0x2000, 1)
+        });
+        images.forget_process(1, 30);
+        images.remember(&ImageMapRecord {
+            time: Timestamp(40),
+            ..map(1, 0x1000, 0x2000, 2)
+        });
+        for (time, ip) in [(20, 0x1800), (50, 0x1900)] {
+            images.touch_sample(&SampleRefs {
+                pid: 1,
+                tid: 1,
+                ip,
+                lr: None,
+                callchain: &[],
+                sp: 0,
+                time,
+                stack: &[],
+            });
+        }
+        let ips = |id: u8| {
+            let mut ips: Vec<u64> = images
+                .touched
+                .image(&BuildId(vec![id]))
+                .unwrap()
+                .ips
+                .iter()
+                .copied()
+                .collect();
+            ips.sort_unstable();
+            ips
+        };
+        assert_eq!(ips(1), [0x800]);
+        assert_eq!(ips(2), [0x900]);
     }
 
     /// This test binary, as if mapped in a process of ours: its sections

@@ -37,6 +37,9 @@ struct Space {
     replaced: Vec<u64>,
     /// Its children and when it forked them.
     forks: Vec<(u32, u64)>,
+    /// No mapping ended later than this (an upper bound), so samples
+    /// taken after it see `current` as it was.
+    ended: u64,
 }
 
 /// The mappings of each process over time.
@@ -54,6 +57,31 @@ impl AddressSpaces {
     /// The mappings of each process that have not ended.
     pub fn current(&self) -> &HashMap<u32, Vec<ImageMapRecord>> {
         &self.current
+    }
+
+    /// The mappings process `pid` had at time `t`, when some of them have
+    /// ended since (by an exec, the process's exit, or a mapping over
+    /// them) and so are no longer [`current`](AddressSpaces::current):
+    /// a sample can be heard from one CPU's ring after such a change
+    /// heard from another's. `None` when `current` still has all of them.
+    pub fn then_if_ended(&self, pid: u32, t: u64) -> Option<Vec<ImageMapRecord>> {
+        let space = self.spaces.get(&pid)?;
+        if space.ended <= t
+            || !space
+                .mappings
+                .iter()
+                .any(|m| m.until.is_some() && m.live_at(t))
+        {
+            return None;
+        }
+        Some(
+            space
+                .mappings
+                .iter()
+                .filter(|m| m.live_at(t))
+                .map(|m| m.record.clone())
+                .collect(),
+        )
     }
 
     /// `m` is mapped in its process from its time on, over what was mapped
@@ -97,6 +125,7 @@ impl AddressSpaces {
         for m in &mut space.mappings {
             if m.record.time.0 < time && m.until.is_none_or(|u| u > time) {
                 m.until = Some(time);
+                space.ended = space.ended.max(time);
             }
         }
         space.replaced.push(time);
@@ -143,10 +172,14 @@ impl AddressSpaces {
             if old.record.time.0 <= t {
                 if old.until.is_none_or(|u| u > t) {
                     old.until = Some(t);
+                    space.ended = space.ended.max(t);
                 }
             } else {
                 until = Some(until.map_or(old.record.time.0, |u| u.min(old.record.time.0)));
             }
+        }
+        if let Some(u) = until {
+            space.ended = space.ended.max(u);
         }
         space.mappings.push(Mapping { record: m, until });
         self.refresh(pid);
@@ -287,6 +320,25 @@ mod tests {
         // gone from its current mappings since its exec.
         assert_eq!(copied_ids(&given), [2]);
         assert_eq!(ids(&s, 9), [7]);
+    }
+
+    #[test]
+    fn what_a_process_had_mapped_is_known_after_it_ended() {
+        let mut s = AddressSpaces::default();
+        s.map(&map(1, 10, 0x1000, 1));
+        s.map(&map(1, 10, 0x5000, 2));
+        // Nothing ended: the current mappings are those of any time.
+        assert_eq!(s.then_if_ended(1, 15), None);
+        s.map(&map(1, 20, 0x5000, 3));
+        let then = |s: &AddressSpaces, t| s.then_if_ended(1, t).map(|m| copied_ids(&m));
+        assert_eq!(then(&s, 15), Some(vec![1, 2]));
+        assert_eq!(then(&s, 25), None);
+        // Exec (or exit) at 30: before it, what was mapped then.
+        s.replace(1, 30);
+        assert_eq!(then(&s, 25), Some(vec![1, 3]));
+        assert_eq!(then(&s, 15), Some(vec![1, 2]));
+        assert_eq!(then(&s, 35), None);
+        assert_eq!(s.then_if_ended(2, 15), None);
     }
 
     #[test]

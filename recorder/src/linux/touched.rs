@@ -186,10 +186,12 @@ impl Touched {
                 continue;
             }
             self.ensure_index(maps, pid);
+            let ranges = self.index.remove(&pid).unwrap_or_default();
             let still: Vec<Unplaced> = list
                 .into_iter()
-                .filter(|u| !self.place(pid, u.addr, u.is_ip))
+                .filter(|u| !self.place(&ranges, u.addr, u.is_ip))
                 .collect();
+            self.index.insert(pid, ranges);
             if !still.is_empty() {
                 self.unplaced_len += still.len();
                 self.unplaced.insert(pid, still);
@@ -213,15 +215,19 @@ impl Touched {
         }
     }
 
-    /// Note what a sample refers to. `maps` are the executable mappings
-    /// of each process. Unchanged stack words were looked up when they
-    /// first appeared; every copy is scanned whole again after its
-    /// process's mappings change. Returns what the comparison found of
-    /// the stack copy, for the trace writer (see [`StackHint`]): the runs
-    /// equal to the thread's previous copy, when it is held whole.
+    /// Note what a sample refers to. `maps` are the current executable
+    /// mappings of each process; `then`, those the sample's process had at
+    /// its time when some have ended since (the sample heard after its
+    /// process exec'd, exited or unmapped them). Unchanged stack words
+    /// were looked up when they first appeared; every copy is scanned
+    /// whole again after its process's mappings change. Returns what the
+    /// comparison found of the stack copy, for the trace writer (see
+    /// [`StackHint`]): the runs equal to the thread's previous copy, when
+    /// it is held whole.
     pub fn sample(
         &mut self,
         maps: &HashMap<u32, Vec<ImageMapRecord>>,
+        then: Option<&[ImageMapRecord]>,
         s: &SampleRefs<'_>,
     ) -> StackHint {
         let (pid, tid) = (s.pid, s.tid);
@@ -254,11 +260,14 @@ impl Touched {
             .chain(words.iter().copied())
             .map(|a| a.wrapping_sub(1));
         let lookups = std::iter::once((s.ip, true)).chain(returns.map(|a| (a, false)));
-        if maps.contains_key(&pid) {
-            let keep = Keep {
-                time: s.time,
-                stack: s.sp..s.sp.saturating_add(s.stack.len() as u64),
-            };
+        let keep = Keep {
+            time: s.time,
+            stack: s.sp..s.sp.saturating_add(s.stack.len() as u64),
+        };
+        if let Some(then) = then {
+            let ranges = self.ranges_of(then);
+            self.touch_in(&ranges, pid, lookups, Some(&keep));
+        } else if maps.contains_key(&pid) {
             self.touch_keeping(maps, pid, lookups, Some(&keep));
         } else if self.waiting_len < MAX_WAITING {
             let waiting = self.waiting.entry(pid).or_default();
@@ -292,15 +301,25 @@ impl Touched {
         keep: Option<&Keep>,
     ) {
         self.ensure_index(maps, pid);
-        let (lo, hi) = match self.index.get(&pid) {
-            Some(ranges) => (
-                ranges.first().map_or(u64::MAX, |r| r.start),
-                ranges.iter().map(|r| r.end).max().unwrap_or(0),
-            ),
-            None => (u64::MAX, 0),
-        };
+        let ranges = self.index.remove(&pid).unwrap_or_default();
+        self.touch_in(&ranges, pid, lookups, keep);
+        self.index.insert(pid, ranges);
+    }
+
+    /// Note each of `lookups` of process `pid` in the image of `ranges`
+    /// that holds it, keeping what falls in none as [`Unplaced`] as `keep`
+    /// says.
+    fn touch_in(
+        &mut self,
+        ranges: &[TouchRange],
+        pid: u32,
+        lookups: impl IntoIterator<Item = (u64, bool)>,
+        keep: Option<&Keep>,
+    ) {
+        let lo = ranges.first().map_or(u64::MAX, |r| r.start);
+        let hi = ranges.iter().map(|r| r.end).max().unwrap_or(0);
         for (addr, is_ip) in lookups {
-            let placed = (lo..hi).contains(&addr) && self.place(pid, addr, is_ip);
+            let placed = (lo..hi).contains(&addr) && self.place(ranges, addr, is_ip);
             if placed {
                 continue;
             }
@@ -325,12 +344,9 @@ impl Touched {
         }
     }
 
-    /// Note the lookup of `addr` by process `pid` (indexed) in the image
-    /// that holds it; `false` if no image does.
-    fn place(&mut self, pid: u32, addr: u64, is_ip: bool) -> bool {
-        let Some(ranges) = self.index.get(&pid) else {
-            return false;
-        };
+    /// Note the lookup of `addr` in the image of `ranges` (sorted by
+    /// start) that holds it; `false` if no image does.
+    fn place(&mut self, ranges: &[TouchRange], addr: u64, is_ip: bool) -> bool {
         let i = ranges.partition_point(|r| r.start <= addr);
         let Some(r) = i.checked_sub(1).map(|i| &ranges[i]) else {
             return false;
@@ -574,6 +590,7 @@ mod tests {
         let stack = words(&[0x1234, 0x9999, 0x1001]);
         t.sample(
             &m,
+            None,
             &SampleRefs {
                 pid: 1,
                 tid: 7,
@@ -605,6 +622,7 @@ mod tests {
             let stack = words(w);
             t.sample(
                 &maps(list),
+                None,
                 &SampleRefs {
                     pid: 1,
                     tid: 7,
@@ -660,6 +678,7 @@ mod tests {
         let none = HashMap::new();
         t.sample(
             &none,
+            None,
             &SampleRefs {
                 pid: 9,
                 tid: 9,
@@ -692,6 +711,7 @@ mod tests {
         let sample = |t: &mut Touched, m: &HashMap<u32, Vec<ImageMapRecord>>, time| {
             t.sample(
                 m,
+                None,
                 &SampleRefs {
                     pid: 1,
                     tid: 1,
@@ -727,6 +747,36 @@ mod tests {
         t.round(&maps(&list[..1]), 101);
         assert_eq!(t.unplaced_len, 0);
         assert!(t.unplaced.is_empty());
+    }
+
+    /// A sample whose process's mappings changed after it (heard first)
+    /// is looked up in what was mapped at its time, not in what is now.
+    #[test]
+    fn samples_older_than_a_change_use_the_mappings_of_their_time() {
+        let mut t = Touched::new(true);
+        let now = maps(&[map(1, 0x1000, 0x2000, 2)]);
+        let then = [map(1, 0x1000, 0x2000, 1), map(1, 0x5000, 0x6000, 3)];
+        let stack: Vec<u8> = 0x5801u64.to_ne_bytes().to_vec();
+        t.sample(
+            &now,
+            Some(&then),
+            &SampleRefs {
+                pid: 1,
+                tid: 1,
+                ip: 0x1100,
+                lr: None,
+                callchain: &[],
+                sp: 0x8000,
+                time: 1,
+                stack: &stack,
+            },
+        );
+        assert_eq!(touched(&t), [1, 3]);
+        assert_eq!(t.image(&BuildId(vec![1])).unwrap().lookups(), [0x1100]);
+        assert_eq!(t.image(&BuildId(vec![3])).unwrap().lookups(), [0x1800]);
+        // The same process's index of current mappings is untouched.
+        t.touch(&now, 1, [(0x1200, true)]);
+        assert_eq!(touched(&t), [1, 2, 3]);
     }
 
     #[test]
@@ -817,15 +867,15 @@ mod tests {
             time: 5,
             stack: &stack,
         };
-        let first = t.sample(&maps(&list), &refs(10));
-        let other = t.sample(&maps(&list), &refs(11));
-        let second = t.sample(&maps(&list), &refs(10));
+        let first = t.sample(&maps(&list), None, &refs(10));
+        let other = t.sample(&maps(&list), None, &refs(11));
+        let second = t.sample(&maps(&list), None, &refs(10));
         assert_eq!((first.base, other.base), (None, None));
         assert_eq!(second.base, Some(first.id));
         assert_eq!(second.runs, [(0, stack.len() as u32)]);
         assert!(first.id < other.id && other.id < second.id);
         // New mappings: every copy of the process is compared afresh.
         t.mappings_changed(1);
-        assert_eq!(t.sample(&maps(&list), &refs(10)).base, None);
+        assert_eq!(t.sample(&maps(&list), None, &refs(10)).base, None);
     }
 }
