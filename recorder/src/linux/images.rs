@@ -114,7 +114,10 @@ impl Images {
     /// Every ring has been read past time `before` (see
     /// [`Touched::round`]).
     pub fn round(&mut self, before: u64) {
-        self.touched.round(self.spaces.current(), before);
+        let spaces = &self.spaces;
+        self.touched.round(spaces.current(), before, |pid, time| {
+            spaces.then_if_ended(pid, time)
+        });
     }
 
     /// Note the images a sample refers to, and the code addresses in them
@@ -606,7 +609,8 @@ mod tests {
     }
 
     /// A sample heard after its process's exit (or exec) from another
-    /// CPU's ring refers to what the process had mapped when it was taken.
+    /// CPU's ring refers to what the process had mapped when it was taken,
+    /// also when that mapping is heard later still.
     #[test]
     fn a_sample_heard_after_its_process_ended_finds_its_images() {
         let mut images = Images::new(EmbedLevel::Symbols);
@@ -619,7 +623,7 @@ mod tests {
             time: Timestamp(40),
             ..map(1, 0x1000, 0x2000, 2)
         });
-        for (time, ip) in [(20, 0x1800), (50, 0x1900)] {
+        for (time, ip) in [(20, 0x1800), (50, 0x1900), (25, 0x17100)] {
             images.touch_sample(&SampleRefs {
                 pid: 1,
                 tid: 1,
@@ -631,7 +635,7 @@ mod tests {
                 stack: &[],
             });
         }
-        let ips = |id: u8| {
+        let ips = |images: &Images, id: u8| {
             let mut ips: Vec<u64> = images
                 .touched
                 .image(&BuildId(vec![id]))
@@ -643,8 +647,15 @@ mod tests {
             ips.sort_unstable();
             ips
         };
-        assert_eq!(ips(1), [0x800]);
-        assert_eq!(ips(2), [0x900]);
+        assert_eq!(ips(&images, 1), [0x800]);
+        assert_eq!(ips(&images, 2), [0x900]);
+        // Mapped before the sample at 25, heard after it and the exit.
+        images.remember(&ImageMapRecord {
+            time: Timestamp(15),
+            ..map(1, 0x17000, 0x18000, 4)
+        });
+        images.round(26);
+        assert_eq!(ips(&images, 4), [0x100]);
     }
 
     /// This test binary, as if mapped in a process of ours: its sections

@@ -176,22 +176,41 @@ impl Touched {
     /// fell in no image of a process whose mappings changed since, and
     /// forget what belongs to samples older than `before` (no mapping
     /// made before them can come any more).
-    pub fn round(&mut self, maps: &HashMap<u32, Vec<ImageMapRecord>>, before: u64) {
+    /// `then(pid, time)` gives what `pid` had mapped at `time` when some
+    /// of it has ended since (see [`Touched::sample`]).
+    pub fn round(
+        &mut self,
+        maps: &HashMap<u32, Vec<ImageMapRecord>>,
+        before: u64,
+        then: impl Fn(u32, u64) -> Option<Vec<ImageMapRecord>>,
+    ) {
         for pid in std::mem::take(&mut self.changed) {
             let Some(list) = self.unplaced.remove(&pid) else {
                 continue;
             };
             self.unplaced_len -= list.len();
-            if !maps.contains_key(&pid) {
-                continue;
-            }
-            self.ensure_index(maps, pid);
-            let ranges = self.index.remove(&pid).unwrap_or_default();
+            let ranges = if maps.contains_key(&pid) {
+                self.ensure_index(maps, pid);
+                self.index.remove(&pid).unwrap_or_default()
+            } else {
+                Vec::new()
+            };
             let still: Vec<Unplaced> = list
                 .into_iter()
-                .filter(|u| !self.place(&ranges, u.addr, u.is_ip))
+                .filter(|u| {
+                    if self.place(&ranges, u.addr, u.is_ip) {
+                        return false;
+                    }
+                    let Some(old) = then(pid, u.time) else {
+                        return true;
+                    };
+                    let old = self.ranges_of(&old);
+                    !self.place(&old, u.addr, u.is_ip)
+                })
                 .collect();
-            self.index.insert(pid, ranges);
+            if maps.contains_key(&pid) {
+                self.index.insert(pid, ranges);
+            }
             if !still.is_empty() {
                 self.unplaced_len += still.len();
                 self.unplaced.insert(pid, still);
@@ -733,7 +752,7 @@ mod tests {
         // The mapping, made before the sample, is heard of now.
         list.push(map(1, 0x30000, 0x40000, 2));
         t.mappings_changed(1);
-        t.round(&maps(&list), 50);
+        t.round(&maps(&list), 50, |_, _| None);
         assert_eq!(touched(&t), [1, 2]);
         let two = t.image(&BuildId(vec![2])).unwrap();
         assert_eq!(two.lookups(), [0x1100, 0x1800]);
@@ -742,9 +761,9 @@ mod tests {
         let mut t = Touched::new(true);
         sample(&mut t, &maps(&list[..1]), 100);
         assert_eq!(t.unplaced_len, 2);
-        t.round(&maps(&list[..1]), 100);
+        t.round(&maps(&list[..1]), 100, |_, _| None);
         assert_eq!(t.unplaced_len, 2, "the sample at 100 may still be placed");
-        t.round(&maps(&list[..1]), 101);
+        t.round(&maps(&list[..1]), 101, |_, _| None);
         assert_eq!(t.unplaced_len, 0);
         assert!(t.unplaced.is_empty());
     }
