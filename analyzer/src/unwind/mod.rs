@@ -38,15 +38,46 @@ pub(crate) enum ArchUnwinder {
 
 /// Per-worker unwind cache.
 pub(crate) enum ArchCache {
-    X86_64(Box<x86_64::Cache>),
-    Aarch64(Box<aarch64::Cache>),
+    X86_64(RuleCaches<x86_64::Cache>),
+    Aarch64(RuleCaches<aarch64::Cache>),
+}
+
+/// framehop's rule caches used together as one larger cache.
+///
+/// A framehop cache keeps one unwind rule per slot, the slot being the
+/// lookup address modulo 509 (framehop's `CACHE_ENTRY_COUNT`). An
+/// interpreter's hot code reaches more addresses than that: on a python
+/// workload about a quarter of the rule lookups missed, and each miss
+/// searches `.eh_frame_hdr` and evaluates the function's CFI from its
+/// start. Choosing one of [`RULE_CACHES`] caches by the address divided by
+/// 509 makes them one direct-mapped cache of 509 × [`RULE_CACHES`] slots,
+/// which two addresses share only when they are equal modulo that.
+pub(crate) struct RuleCaches<C>(Box<[C]>);
+
+/// framehop caches per worker (each about 16 KiB).
+const RULE_CACHES: usize = 16;
+
+/// Slots of one framehop cache, for choosing the cache: should framehop
+/// change it, the caches still work, only shared less evenly.
+const FRAMEHOP_CACHE_SLOTS: u64 = 509;
+
+impl<C> RuleCaches<C> {
+    fn new(make: impl Fn() -> C) -> RuleCaches<C> {
+        RuleCaches((0..RULE_CACHES).map(|_| make()).collect())
+    }
+
+    /// The cache for the rule of `address`.
+    fn of(&mut self, address: FrameAddress) -> &mut C {
+        let slot = address.address_for_lookup() / FRAMEHOP_CACHE_SLOTS;
+        &mut self.0[(slot % RULE_CACHES as u64) as usize]
+    }
 }
 
 impl ArchCache {
     pub fn new(arch: Arch) -> ArchCache {
         match arch {
-            Arch::X86_64 => ArchCache::X86_64(Box::new(x86_64::Cache::new())),
-            Arch::Aarch64 => ArchCache::Aarch64(Box::new(aarch64::Cache::new())),
+            Arch::X86_64 => ArchCache::X86_64(RuleCaches::new(x86_64::Cache::new)),
+            Arch::Aarch64 => ArchCache::Aarch64(RuleCaches::new(aarch64::Cache::new)),
         }
     }
 
@@ -196,7 +227,7 @@ impl ArchUnwinder {
 /// Walk a whole stack (no earlier sample to reuse) into frames.
 fn walk_whole<A: UnwindArch>(
     unwinder: &A::Unwinder,
-    cache: &mut A::Cache,
+    cache: &mut RuleCaches<A::Cache>,
     regs: &Regs,
     stack: &StackView<'_>,
     little_endian: bool,
@@ -231,7 +262,7 @@ pub(crate) trait UnwindArch {
     /// The unwinder of this arch in `u`, if it is of this arch.
     fn unwinder(u: &ArchUnwinder) -> Option<&Self::Unwinder>;
     /// The cache of this arch in `c`, if it is of this arch.
-    fn cache(c: &mut ArchCache) -> Option<&mut Self::Cache>;
+    fn cache(c: &mut ArchCache) -> Option<&mut RuleCaches<Self::Cache>>;
     /// The instruction pointer and unwind registers of a sample's
     /// registers, if they are of this arch.
     fn start(u: &Self::Unwinder, regs: &Regs) -> Option<(u64, Self::Regs)>;
@@ -292,7 +323,7 @@ impl UnwindArch for X86_64Arch {
             ArchUnwinder::Aarch64(_) => None,
         }
     }
-    fn cache(c: &mut ArchCache) -> Option<&mut Self::Cache> {
+    fn cache(c: &mut ArchCache) -> Option<&mut RuleCaches<Self::Cache>> {
         match c {
             ArchCache::X86_64(c) => Some(c),
             ArchCache::Aarch64(_) => None,
@@ -322,7 +353,7 @@ impl UnwindArch for Aarch64Arch {
             ArchUnwinder::X86_64(_) => None,
         }
     }
-    fn cache(c: &mut ArchCache) -> Option<&mut Self::Cache> {
+    fn cache(c: &mut ArchCache) -> Option<&mut RuleCaches<Self::Cache>> {
         match c {
             ArchCache::Aarch64(c) => Some(c),
             ArchCache::X86_64(_) => None,
@@ -410,7 +441,7 @@ pub(crate) fn chain<R: Copy>(arena: &[Node<R>], leaf: u32) -> impl Iterator<Item
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn walk<A: UnwindArch>(
     unwinder: &A::Unwinder,
-    cache: &mut A::Cache,
+    cache: &mut RuleCaches<A::Cache>,
     pc: u64,
     mut regs: A::Regs,
     stack: &StackView<'_>,
@@ -471,7 +502,7 @@ pub(crate) fn walk<A: UnwindArch>(
             hi = hi.max(addr.saturating_add(8));
             words.read_u64(addr).ok_or(())
         };
-        let next = unwinder.unwind_frame(this, &mut regs, cache, &mut read);
+        let next = unwinder.unwind_frame(this, &mut regs, cache.of(this), &mut read);
         let parent = arena.len() as u32 + 1;
         arena.push(Node {
             address: this,
@@ -558,6 +589,28 @@ pub(crate) fn continue_with_callchain(frames: &mut Vec<u64>, chain: &[u64]) -> b
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::HashSet;
+
+    /// Addresses share a framehop cache slot (one evicting the other) only
+    /// when equal modulo 509 × RULE_CACHES; a return address is looked up
+    /// one byte back, as framehop does.
+    #[test]
+    fn rule_caches_act_as_one_larger_cache() {
+        let mut caches = RuleCaches::new(|| 0u32);
+        let mut pick = |a: FrameAddress| caches.of(a) as *mut u32 as usize;
+        let ip = |a: u64| FrameAddress::InstructionPointer(a);
+        let span = FRAMEHOP_CACHE_SLOTS * RULE_CACHES as u64;
+        let first = pick(ip(0x40_1000));
+        assert_eq!(pick(ip(0x40_1000 + span)), first);
+        assert_eq!(pick(ip(0x40_1000 + 3 * span)), first);
+        let mut used = HashSet::new();
+        for i in 0..RULE_CACHES as u64 {
+            used.insert(pick(ip(0x40_1000 + i * FRAMEHOP_CACHE_SLOTS)));
+        }
+        assert_eq!(used.len(), RULE_CACHES);
+        let ra = FrameAddress::from_return_address(0x40_1001).unwrap();
+        assert_eq!(pick(ra), first);
+    }
 
     #[test]
     fn callchain_continues_after_the_last_unwound_frame() {
