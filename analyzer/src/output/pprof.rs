@@ -14,7 +14,7 @@ use super::ProfileWriter;
 use crate::profile::{Profile, ValueKind};
 use flate2::write::GzEncoder;
 use flate2::Compression;
-use std::collections::HashMap;
+use rustc_hash::FxHashMap;
 use std::io::{self, Write};
 
 /// Writes gzipped pprof protobuf.
@@ -24,14 +24,14 @@ pub struct PprofWriter;
 /// The string table, interned in insertion order ("" first).
 struct Strings {
     table: Vec<String>,
-    ids: HashMap<String, u64>,
+    ids: FxHashMap<String, u64>,
 }
 
 impl Strings {
     fn new() -> Strings {
         let mut s = Strings {
             table: Vec::new(),
-            ids: HashMap::new(),
+            ids: FxHashMap::default(),
         };
         s.id("");
         s
@@ -227,7 +227,11 @@ fn period(profile: &Profile, strings: &mut Strings) -> (Message, i64) {
 impl ProfileWriter for PprofWriter {
     fn write(&self, profile: &Profile, out: &mut dyn Write) -> io::Result<()> {
         // The gzip header has no file name and mtime 0: output is deterministic.
-        let mut gz = GzEncoder::new(out, Compression::default());
+        // Level 2 (Go's runtime/pprof writes at its fastest level): on a
+        // python profile of 358 KB, 79 KB instead of 71 KB at the default
+        // level in much less time (level 1, zlib-rs's quick strategy, gave
+        // 97 KB).
+        let mut gz = GzEncoder::new(out, Compression::new(2));
         gz.write_all(&encode(profile))?;
         gz.finish()?;
         Ok(())
