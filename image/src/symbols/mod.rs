@@ -65,7 +65,10 @@ pub fn symbol_table(
     labels: Vec<Symbol>,
     text: Option<(u64, u64)>,
 ) -> Vec<Symbol> {
-    functions.sort();
+    // Unstable sorts give what stable ones would: elements that compare
+    // equal are equal in every field. They need no buffer, which made the
+    // stable sort most of the cost of a large symbol table.
+    functions.sort_unstable();
     let covered = |svma: u64| {
         let i = functions.partition_point(|(f, _)| f.svma <= svma);
         functions[..i]
@@ -81,7 +84,7 @@ pub fn symbol_table(
         None => Vec::new(),
     };
     functions.append(&mut kept);
-    functions.sort();
+    functions.sort_unstable();
     functions.dedup_by(|a, b| a.0.svma == b.0.svma);
     let (mut symbols, ends): (Vec<Symbol>, Vec<u64>) = functions.into_iter().unzip();
     bound_sizeless(&mut symbols, &ends);
@@ -183,7 +186,8 @@ pub fn merge_symbols(into: &mut Vec<Symbol>, from: Vec<Symbol>) {
         *into = from;
     } else if !from.is_empty() {
         into.extend(from);
-        into.sort();
+        // As in `symbol_table`: the same order as a stable sort.
+        into.sort_unstable();
         into.dedup_by(|a, b| a.svma == b.svma);
     }
 }
