@@ -10,7 +10,7 @@
 use crate::compare::gunzip;
 use crate::error::BenchError;
 use crate::measure::{measure, Measured};
-use crate::stats::median;
+use crate::stats::{median, paired_ratios};
 use lrnprof_format::{Record, TraceReader};
 use std::ffi::OsString;
 use std::fmt::Write as _;
@@ -229,6 +229,67 @@ pub fn run_scale(o: &ScaleOptions, progress: &mut dyn Write) -> Result<ScaleRepo
         }
     }
     Ok(report)
+}
+
+/// The summary's ratios taken within each round, then their median: on a
+/// machine whose speed drifts from round to round, a ratio of two medians
+/// can hide what every round shows.
+fn paired_table(s: &mut String, r: &ScaleReport) {
+    let find = |trace: &str, a: Analyzer, jobs: usize| {
+        r.rows
+            .iter()
+            .find(|x| x.trace == trace && x.analyzer == a && x.jobs == jobs)
+    };
+    // Per round: the ratio of `a`'s to `b`'s value; their median and how
+    // many are below 1.
+    let paired = |a: Option<&ScaleRow>,
+                  b: Option<&ScaleRow>,
+                  value: &dyn Fn(&ScaleRow, &Measured) -> f64|
+     -> Option<(f64, usize, usize)> {
+        let values = |row: &ScaleRow| row.runs.iter().map(|m| value(row, m)).collect::<Vec<f64>>();
+        let ratios = paired_ratios(&values(a?), &values(b?));
+        let below = ratios.iter().filter(|x| **x < 1.0).count();
+        Some((median(&ratios)?, below, ratios.len()))
+    };
+    let show =
+        |p: Option<(f64, usize, usize)>| p.map_or("-".to_string(), |(m, _, _)| format!("{m:.2}×"));
+    let show_below = |p: Option<(f64, usize, usize)>| {
+        p.map_or("-".to_string(), |(m, below, n)| {
+            format!("{m:.2}× ({below} of {n} below 1)")
+        })
+    };
+    let cpu = |_: &ScaleRow, m: &Measured| m.cpu_s();
+    let wall = |_: &ScaleRow, m: &Measured| m.wall_s;
+    let throughput = |row: &ScaleRow, m: &Measured| {
+        let c = m.cpu_s();
+        if c > 0.0 {
+            row.samples as f64 / c
+        } else {
+            f64::NAN
+        }
+    };
+    let mut traces: Vec<&str> = r.rows.iter().map(|x| x.trace.as_str()).collect();
+    traces.dedup();
+    let _ = writeln!(
+        s,
+        "\nPaired by round (each ratio taken within a round, then the median):\n\n| trace | CPU, current / baseline (1 job; rounds below 1) | wall, 1 job / 2 jobs (current) | the same, parallel loop | current / perf report, samples per CPU-s |"
+    );
+    let _ = writeln!(s, "| --- | --- | --- | --- | --- |");
+    for t in traces {
+        let cur1 = find(t, Analyzer::Current, 1);
+        let _ = writeln!(
+            s,
+            "| {t} | {} | {} | {} | {} |",
+            show_below(paired(cur1, find(t, Analyzer::Baseline, 1), &cpu)),
+            show(paired(cur1, find(t, Analyzer::Current, 2), &wall)),
+            show(paired(
+                find(t, Analyzer::ParallelLoop, 1),
+                find(t, Analyzer::ParallelLoop, 2),
+                &wall
+            )),
+            show(paired(cur1, find(t, Analyzer::PerfReport, 1), &throughput)),
+        );
+    }
 }
 
 /// Items of [`parallel_loop`]'s work, each about 2 ms of one core.
@@ -612,6 +673,7 @@ pub fn scale_markdown(r: &ScaleReport, o: &ScaleOptions) -> String {
             ),
         );
     }
+    paired_table(&mut s, r);
     if o.baseline.is_some() {
         let _ = writeln!(
             s,
@@ -629,4 +691,69 @@ pub fn scale_markdown(r: &ScaleReport, o: &ScaleOptions) -> String {
         let _ = writeln!(s, "\nNote: {n}");
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(analyzer: Analyzer, jobs: usize, samples: u64, cpu_wall: &[(f64, f64)]) -> ScaleRow {
+        ScaleRow {
+            trace: "t".into(),
+            samples,
+            analyzer,
+            jobs,
+            runs: cpu_wall
+                .iter()
+                .map(|&(cpu, wall)| Measured {
+                    user_s: cpu,
+                    sys_s: 0.0,
+                    wall_s: wall,
+                    peak_rss_kib: 0,
+                })
+                .collect(),
+        }
+    }
+
+    /// Each round's ratio, then the median: a baseline that is slower in
+    /// every round is shown so even when the medians of the rows are equal.
+    #[test]
+    fn paired_ratios_are_taken_within_rounds() {
+        let r = ScaleReport {
+            rows: vec![
+                row(
+                    Analyzer::Baseline,
+                    1,
+                    100,
+                    &[(1.0, 1.0), (2.0, 2.0), (4.0, 4.0)],
+                ),
+                row(
+                    Analyzer::Current,
+                    1,
+                    100,
+                    &[(0.5, 1.0), (1.0, 1.0), (2.0, 2.0)],
+                ),
+                row(
+                    Analyzer::Current,
+                    2,
+                    100,
+                    &[(0.5, 0.5), (1.0, 0.5), (2.0, 1.25)],
+                ),
+                row(
+                    Analyzer::PerfReport,
+                    1,
+                    10,
+                    &[(2.0, 2.0), (4.0, 4.0), (8.0, 8.0)],
+                ),
+            ],
+            ..ScaleReport::default()
+        };
+        let mut s = String::new();
+        paired_table(&mut s, &r);
+        let line = s.lines().last().unwrap();
+        assert_eq!(
+            line, "| t | 0.50× (3 of 3 below 1) | 2.00× | - | 40.00× |",
+            "{s}"
+        );
+    }
 }

@@ -32,9 +32,29 @@ pub fn paired_overheads(baseline: &[f64], profiled: &[f64]) -> Vec<f64> {
         .collect()
 }
 
+/// Per-round ratios `a[i] / b[i]` of two lists measured in the same
+/// rounds (none if their lengths differ: a failed run shifted one), for
+/// rounds where `b` is positive.
+pub fn paired_ratios(a: &[f64], b: &[f64]) -> Vec<f64> {
+    if a.len() != b.len() {
+        return Vec::new();
+    }
+    a.iter()
+        .zip(b)
+        .filter(|(_, b)| **b > 0.0)
+        .map(|(a, b)| a / b)
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn paired_ratios_need_the_same_rounds() {
+        assert_eq!(paired_ratios(&[2.0, 3.0], &[1.0, 0.0]), vec![2.0]);
+        assert!(paired_ratios(&[2.0, 3.0], &[1.0]).is_empty());
+    }
 
     #[test]
     fn median_of_odd_and_even_counts() {
