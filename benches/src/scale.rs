@@ -103,6 +103,22 @@ impl ScaleRow {
     }
 }
 
+impl ScaleReport {
+    /// The row of `trace` analyzed by `analyzer` with `jobs` jobs.
+    fn row(&self, trace: &str, analyzer: Analyzer, jobs: usize) -> Option<&ScaleRow> {
+        self.rows
+            .iter()
+            .find(|x| x.trace == trace && x.analyzer == analyzer && x.jobs == jobs)
+    }
+
+    /// The traces, in the order of their rows.
+    fn traces(&self) -> Vec<&str> {
+        let mut traces: Vec<&str> = self.rows.iter().map(|x| x.trace.as_str()).collect();
+        traces.dedup();
+        traces
+    }
+}
+
 /// Everything one scaling run found.
 #[derive(Debug, Clone, Default)]
 pub struct ScaleReport {
@@ -235,11 +251,7 @@ pub fn run_scale(o: &ScaleOptions, progress: &mut dyn Write) -> Result<ScaleRepo
 /// machine whose speed drifts from round to round, a ratio of two medians
 /// can hide what every round shows.
 fn paired_table(s: &mut String, r: &ScaleReport) {
-    let find = |trace: &str, a: Analyzer, jobs: usize| {
-        r.rows
-            .iter()
-            .find(|x| x.trace == trace && x.analyzer == a && x.jobs == jobs)
-    };
+    let find = |trace: &str, a: Analyzer, jobs: usize| r.row(trace, a, jobs);
     // Per round: the ratio of `a`'s to `b`'s value; their median and how
     // many are below 1.
     let paired = |a: Option<&ScaleRow>,
@@ -268,14 +280,12 @@ fn paired_table(s: &mut String, r: &ScaleReport) {
             f64::NAN
         }
     };
-    let mut traces: Vec<&str> = r.rows.iter().map(|x| x.trace.as_str()).collect();
-    traces.dedup();
     let _ = writeln!(
         s,
         "\nPaired by round (each ratio taken within a round, then the median):\n\n| trace | CPU, current / baseline (1 job; rounds below 1) | wall, 1 job / 2 jobs (current) | the same, parallel loop | current / perf report, samples per CPU-s |"
     );
     let _ = writeln!(s, "| --- | --- | --- | --- | --- |");
-    for t in traces {
+    for t in r.traces() {
         let cur1 = find(t, Analyzer::Current, 1);
         let _ = writeln!(
             s,
@@ -627,19 +637,13 @@ pub fn scale_markdown(r: &ScaleReport, o: &ScaleOptions) -> String {
             }
         );
     }
-    let find = |trace: &str, a: Analyzer, jobs: usize| {
-        r.rows
-            .iter()
-            .find(|x| x.trace == trace && x.analyzer == a && x.jobs == jobs)
-    };
-    let mut traces: Vec<&str> = r.rows.iter().map(|x| x.trace.as_str()).collect();
-    traces.dedup();
+    let find = |trace: &str, a: Analyzer, jobs: usize| r.row(trace, a, jobs);
     let _ = writeln!(
         s,
         "\n| trace | samples/CPU-s, current / baseline (1 job) | wall, 1 job / 2 jobs (current) | the same, parallel loop (the machine's cap) | peak RSS MiB, current 1 job / 2 jobs | current / perf report, samples per CPU-s |"
     );
     let _ = writeln!(s, "| --- | --- | --- | --- | --- | --- |");
-    for t in traces {
+    for t in r.traces() {
         let cur1 = find(t, Analyzer::Current, 1);
         let cur2 = find(t, Analyzer::Current, 2);
         let base1 = find(t, Analyzer::Baseline, 1);
