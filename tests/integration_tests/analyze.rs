@@ -223,10 +223,23 @@ fn unwinding_only_what_changed_gives_the_stacks_of_full_walks() {
     let dir = scratch_dir("an-incremental");
     let deep = build_c(&["rec_deep.c"], NO_FP, &dir, "rec_deep");
     let threads = build_c(&["rec_threads.c"], NO_FP, &dir, "rec_threads");
-    for (name, exe, args) in [
-        ("deep", &deep, &["400", "300"][..]),
-        ("threads", &threads, &["400"][..]),
-    ] {
+    // What each full walk must show, so that the comparison is not of
+    // empty or shallow profiles: the whole recursion (all samples may be
+    // in its one leaf), and the threads' two changing leaves.
+    let deep_enough = |folded: &str| {
+        folded
+            .lines()
+            .any(|l| l.matches(";descend").count() >= 300 && l.contains(";main;"))
+    };
+    let both_leaves = |folded: &str| {
+        folded.contains("parent_one;leaf_work") && folded.contains("parent_two;leaf_work")
+    };
+    type Shows<'a> = &'a dyn Fn(&str) -> bool;
+    let cases: [(&str, &Path, &[&str], Shows); 2] = [
+        ("deep", &deep, &["400", "300"], &deep_enough),
+        ("threads", &threads, &["400"], &both_leaves),
+    ];
+    for (name, exe, args, shows) in cases {
         let trace = record(&dir, name, &["--freq", "4000"], exe, args);
         let stripped = dir.join(format!("{name}-stripped.lpt"));
         ok(&[
@@ -236,7 +249,7 @@ fn unwinding_only_what_changed_gives_the_stacks_of_full_walks() {
             stripped.to_str().unwrap(),
         ]);
         let whole = folded_text(&stripped, &[]);
-        assert!(whole.lines().count() > 1, "{name}: {whole}");
+        assert!(shows(&whole), "{name}: {whole}");
         assert_eq!(folded_text(&trace, &[]), whole, "{name}");
         assert_eq!(folded_text(&trace, &["--jobs", "2"]), whole, "{name}");
     }
