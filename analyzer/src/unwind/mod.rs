@@ -54,7 +54,7 @@ pub(crate) enum ArchCache {
 /// which two addresses share only when they are equal modulo that.
 pub(crate) struct RuleCaches<C>(Box<[C]>);
 
-/// framehop caches per worker (each about 16 KiB).
+/// framehop caches per worker (509 rules each).
 const RULE_CACHES: usize = 16;
 
 /// Slots of one framehop cache, for choosing the cache: should framehop

@@ -66,8 +66,7 @@ pub fn symbol_table(
     text: Option<(u64, u64)>,
 ) -> Vec<Symbol> {
     // Unstable sorts give what stable ones would: elements that compare
-    // equal are equal in every field. They need no buffer, which made the
-    // stable sort most of the cost of a large symbol table.
+    // equal are equal in every field. They need no buffer.
     functions.sort_unstable();
     let covered = |svma: u64| {
         let i = functions.partition_point(|(f, _)| f.svma <= svma);

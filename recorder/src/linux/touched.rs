@@ -189,16 +189,15 @@ impl Touched {
                 continue;
             };
             self.unplaced_len -= list.len();
-            let ranges = if maps.contains_key(&pid) {
+            if maps.contains_key(&pid) {
                 self.ensure_index(maps, pid);
-                self.index.remove(&pid).unwrap_or_default()
-            } else {
-                Vec::new()
-            };
+            }
+            let index = std::mem::take(&mut self.index);
+            let ranges = index.get(&pid).map_or(&[][..], Vec::as_slice);
             let still: Vec<Unplaced> = list
                 .into_iter()
                 .filter(|u| {
-                    if self.place(&ranges, u.addr, u.is_ip) {
+                    if self.place(ranges, u.addr, u.is_ip) {
                         return false;
                     }
                     let Some(old) = then(pid, u.time) else {
@@ -208,9 +207,7 @@ impl Touched {
                     !self.place(&old, u.addr, u.is_ip)
                 })
                 .collect();
-            if maps.contains_key(&pid) {
-                self.index.insert(pid, ranges);
-            }
+            self.index = index;
             if !still.is_empty() {
                 self.unplaced_len += still.len();
                 self.unplaced.insert(pid, still);
@@ -320,9 +317,11 @@ impl Touched {
         keep: Option<&Keep>,
     ) {
         self.ensure_index(maps, pid);
-        let ranges = self.index.remove(&pid).unwrap_or_default();
-        self.touch_in(&ranges, pid, lookups, keep);
-        self.index.insert(pid, ranges);
+        // Out of `self` while placing (moving the map costs no hashing).
+        let index = std::mem::take(&mut self.index);
+        let ranges = index.get(&pid).map_or(&[][..], Vec::as_slice);
+        self.touch_in(ranges, pid, lookups, keep);
+        self.index = index;
     }
 
     /// Note each of `lookups` of process `pid` in the image of `ranges`
