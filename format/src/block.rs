@@ -81,7 +81,14 @@ pub struct BlockBuilder {
     first_time: Option<u64>,
     last_time: u64,
     prev_stacks: HashMap<(Pid, Tid), RecentStacks>,
+    /// Buffers of snapshots no longer a base of any delta, for the
+    /// caller's next stacks ([`take_spare_stack`](Self::take_spare_stack)).
+    spare: Vec<Vec<u8>>,
 }
+
+/// Spare stack buffers kept at most: enough for a block's worth of busy
+/// threads, dropped past that.
+const MAX_SPARE_STACKS: usize = 64;
 
 impl Default for BlockBuilder {
     fn default() -> Self {
@@ -99,6 +106,7 @@ impl BlockBuilder {
             first_time: None,
             last_time: 0,
             prev_stacks: HashMap::new(),
+            spare: Vec::new(),
         }
     }
 
@@ -153,10 +161,22 @@ impl BlockBuilder {
         self.append(record, hint)?;
         if let Record::Sample(s) = record {
             let stack = std::mem::take(&mut s.stack);
-            self.recent(s.pid, s.tid)
+            let evicted = self
+                .recent(s.pid, s.tid)
                 .push_owned(stack, hint.map(|h| h.id));
+            if let Some(bytes) = evicted {
+                keep_spare(&mut self.spare, bytes);
+            }
         }
         Ok(())
+    }
+
+    /// The buffer of a stack snapshot the builder no longer needs (empty,
+    /// its capacity kept), if it has one: a caller that hands stacks over
+    /// with [`push_taking_stack`](Self::push_taking_stack) can fill it
+    /// instead of allocating a new one.
+    pub fn take_spare_stack(&mut self) -> Option<Vec<u8>> {
+        self.spare.pop()
     }
 
     /// The thread's recent snapshots, bounding how many threads are kept.
@@ -249,8 +269,20 @@ impl BlockBuilder {
         self.count = 0;
         self.first_time = None;
         self.last_time = 0;
-        self.prev_stacks.clear();
+        for (_, recent) in self.prev_stacks.drain() {
+            for bytes in recent.into_buffers() {
+                keep_spare(&mut self.spare, bytes);
+            }
+        }
         Ok(block)
+    }
+}
+
+/// Keep `bytes`, a snapshot's buffer, in `spare` unless enough are kept.
+fn keep_spare(spare: &mut Vec<Vec<u8>>, mut bytes: Vec<u8>) {
+    if spare.len() < MAX_SPARE_STACKS && bytes.capacity() > 0 {
+        bytes.clear();
+        spare.push(bytes);
     }
 }
 
@@ -344,4 +376,81 @@ pub(crate) fn decode_index(raw: &[u8]) -> Result<Vec<IndexEntry>, String> {
         .with_limit(raw.len() as u64)
         .deserialize(raw)
         .map_err(|e| e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::records::{Regs, RegsX86_64, SampleDetail, SampleFlags, SampleKind, StackSnapshot};
+    use crate::stack::MAX_BASES;
+    use crate::types::Timestamp;
+
+    fn sample(tid: u32, i: u64) -> Record {
+        let mut bytes = vec![7u8; 4096];
+        bytes[(i as usize * 8) % 4096] = i as u8;
+        Record::Sample(Sample {
+            time: Timestamp(1000 + i),
+            pid: Pid(1),
+            tid: Tid(tid),
+            cpu: None,
+            kind: SampleKind::CpuTime,
+            weight: 1,
+            regs: Regs::X86_64(RegsX86_64::default()),
+            stack: StackSnapshot {
+                start: 0x7000_0000,
+                bytes,
+            },
+            kernel_callchain: Vec::new(),
+            frames: Vec::new(),
+            kernel_frames: Vec::new(),
+            flags: SampleFlags::default(),
+            detail: SampleDetail::None,
+        })
+    }
+
+    /// A snapshot's buffer comes back once no later delta can refer to it:
+    /// when it falls out of its thread's recent snapshots, and when the
+    /// block is finished; never while it is still a base.
+    #[test]
+    fn stack_buffers_come_back_once_no_delta_needs_them() {
+        let mut b = BlockBuilder::new();
+        for i in 0..MAX_BASES as u64 {
+            b.push_taking_stack(&mut sample(1, i)).unwrap();
+            assert!(b.take_spare_stack().is_none(), "still a base");
+        }
+        b.push_taking_stack(&mut sample(1, 99)).unwrap();
+        let spare = b.take_spare_stack().expect("the oldest fell out");
+        assert!(spare.is_empty() && spare.capacity() >= 4096);
+        assert!(b.take_spare_stack().is_none());
+        b.push_taking_stack(&mut sample(2, 0)).unwrap();
+        b.finish(1).unwrap();
+        let mut back = 0;
+        while let Some(s) = b.take_spare_stack() {
+            assert!(s.is_empty() && s.capacity() >= 4096);
+            back += 1;
+        }
+        assert_eq!(back, MAX_BASES + 1);
+    }
+
+    /// Samples whose stacks reuse the spare buffers encode as samples with
+    /// freshly allocated stacks do.
+    #[test]
+    fn reused_buffers_change_no_byte_of_the_block() {
+        let records: Vec<Record> = (0..40).map(|i| sample(1 + (i % 3) as u32, i)).collect();
+        let mut fresh = BlockBuilder::new();
+        let mut reusing = BlockBuilder::new();
+        for r in &records {
+            fresh.push_taking_stack(&mut r.clone()).unwrap();
+            let mut r = r.clone();
+            if let (Record::Sample(s), Some(mut buf)) = (&mut r, reusing.take_spare_stack()) {
+                buf.extend_from_slice(&s.stack.bytes);
+                s.stack.bytes = buf;
+            }
+            reusing.push_taking_stack(&mut r).unwrap();
+        }
+        assert_eq!(
+            fresh.finish(1).unwrap().bytes,
+            reusing.finish(1).unwrap().bytes
+        );
+    }
 }

@@ -431,12 +431,16 @@ impl RecentStacks {
     }
 
     /// Remember `snapshot`, named `id` by its hint, as the latest, without
-    /// copying it.
-    pub fn push_owned(&mut self, snapshot: StackSnapshot, id: Option<u64>) {
-        if self.ring.len() >= MAX_BASES {
-            self.ring.remove(0);
-        }
+    /// copying it; returns the bytes of the snapshot that falls out.
+    pub fn push_owned(&mut self, snapshot: StackSnapshot, id: Option<u64>) -> Option<Vec<u8>> {
+        let evicted = (self.ring.len() >= MAX_BASES).then(|| self.ring.remove(0).0.bytes);
         self.ring.push((snapshot, id));
+        evicted
+    }
+
+    /// The snapshots' bytes, forgetting them.
+    pub fn into_buffers(self) -> impl Iterator<Item = Vec<u8>> {
+        self.ring.into_iter().map(|(s, _)| s.bytes)
     }
 }
 

@@ -119,6 +119,12 @@ impl<W: Write> TraceWriter<W> {
         self.flush_if_full()
     }
 
+    /// The buffer of a sample's stack the writer no longer needs, if any
+    /// (see [`BlockBuilder::take_spare_stack`]).
+    pub fn take_spare_stack(&mut self) -> Option<Vec<u8>> {
+        self.builder.take_spare_stack()
+    }
+
     fn flush_if_full(&mut self) -> Result<(), FormatError> {
         if self.builder.raw_len() >= self.options.block_size
             || self.builder.decoded_len() >= crate::block::BLOCK_DECODED_TARGET

@@ -912,6 +912,12 @@ impl Convert for Converter {
         }
     }
 
+    fn recycle_stack(&mut self, bytes: Vec<u8>) {
+        if let Some(pool) = &self.chunks {
+            pool.give_stack(bytes);
+        }
+    }
+
     fn convert(&mut self, raw: RawMsg, out: &mut Vec<Record>) -> Result<(), RecordError> {
         match raw {
             RawMsg::Initial(init) => self.initial(init),
@@ -925,7 +931,10 @@ impl Convert for Converter {
                         Ok(r) => self.perf_record(r),
                         Err(_) => self.malformed += 1,
                     }
-                    self.detached = None;
+                    // A stack no sample took (a malformed record).
+                    if let (Some(bytes), Some(pool)) = (self.detached.take(), &self.chunks) {
+                        pool.give_stack(bytes);
+                    }
                 }
                 // A switch record follows its sample in the same buffer:
                 // what did not come by the end of the drain never will.
@@ -1236,7 +1245,7 @@ mod tests {
             out
         };
         let mut detached = Chunk::default();
-        detached.push_record(&layouts(), &rec);
+        detached.push_record(&layouts(), &rec, None);
         assert_eq!(detached.stacks.len(), 1);
         let mut compacted = Vec::new();
         super::super::ring::compact_record(&layouts(), &rec, &mut compacted);
@@ -1276,7 +1285,7 @@ mod tests {
         // Arrival order 500, 600, 550 (another CPU's ring read late).
         let mut chunk = Chunk::default();
         for (time, leaf) in [(500, 1), (600, 2), (550, 3)] {
-            chunk.push_record(&layouts(), &sample(time, leaf));
+            chunk.push_record(&layouts(), &sample(time, leaf), None);
         }
         let mut out = Vec::new();
         c.convert(RawMsg::Chunk(chunk), &mut out).unwrap();
