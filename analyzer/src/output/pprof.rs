@@ -63,6 +63,33 @@ fn process_of(profile: &Profile, pid: u32) -> Option<&crate::profile::ProcessInf
     profile.processes.get(i)
 }
 
+/// The labels (field 3 of a `Sample`) of the stacks of `profile`'s thread
+/// number `t`: thread, tid, pid, and its process's name and cgroup.
+fn thread_labels(profile: &Profile, t: usize, strings: &mut Strings) -> Message {
+    let thread = &profile.threads[t];
+    let mut s = Message::default();
+    let mut label = Message::default();
+    label.int(1, strings.id("thread") as i64);
+    label.int(2, strings.id(&thread.label()) as i64);
+    s.message(3, &label);
+    for (key, num) in [("tid", thread.tid.0), ("pid", thread.pid.0)] {
+        let mut label = Message::default();
+        label.int(1, strings.id(key) as i64).int(3, i64::from(num));
+        s.message(3, &label);
+    }
+    if let Some(p) = process_of(profile, thread.pid.0) {
+        for (key, text) in [("process", &p.name), ("cgroup", &p.cgroup)] {
+            if let Some(text) = text {
+                let mut label = Message::default();
+                label.int(1, strings.id(key) as i64);
+                label.int(2, strings.id(text) as i64);
+                s.message(3, &label);
+            }
+        }
+    }
+    s
+}
+
 /// The encoded (not yet gzipped) profile.
 pub(crate) fn encode(profile: &Profile) -> Vec<u8> {
     let mut strings = Strings::new();
@@ -72,30 +99,27 @@ pub(crate) fn encode(profile: &Profile) -> Vec<u8> {
         p.message(1, &t);
     }
 
+    // A thread's labels are the same on each of its stacks: encoded at its
+    // first one (so strings get the ids they got when encoded per stack).
+    let mut labels: Vec<Option<Vec<u8>>> = vec![None; profile.threads.len()];
+    let mut s = Message::default();
+    let mut scratch = Vec::new();
     for stack in &profile.stacks {
-        let thread = &profile.threads[stack.thread as usize];
-        let mut s = Message::default();
-        s.packed(1, stack.locations.iter().map(|&l| u64::from(l) + 1));
-        s.packed(2, stack.values.iter().copied());
-        let mut label = Message::default();
-        label.int(1, strings.id("thread") as i64);
-        label.int(2, strings.id(&thread.label()) as i64);
-        s.message(3, &label);
-        for (key, num) in [("tid", thread.tid.0), ("pid", thread.pid.0)] {
-            let mut label = Message::default();
-            label.int(1, strings.id(key) as i64).int(3, i64::from(num));
-            s.message(3, &label);
-        }
-        if let Some(p) = process_of(profile, thread.pid.0) {
-            for (key, text) in [("process", &p.name), ("cgroup", &p.cgroup)] {
-                if let Some(text) = text {
-                    let mut label = Message::default();
-                    label.int(1, strings.id(key) as i64);
-                    label.int(2, strings.id(text) as i64);
-                    s.message(3, &label);
-                }
+        let t = stack.thread as usize;
+        s.buf.clear();
+        s.packed_with(
+            1,
+            stack.locations.iter().map(|&l| u64::from(l) + 1),
+            &mut scratch,
+        );
+        s.packed_with(2, stack.values.iter().copied(), &mut scratch);
+        let encoded = match labels.get_mut(t) {
+            Some(slot) => {
+                &**slot.get_or_insert_with(|| thread_labels(profile, t, &mut strings).buf)
             }
-        }
+            None => &[][..],
+        };
+        s.buf.extend_from_slice(encoded);
         p.message(2, &s);
     }
 

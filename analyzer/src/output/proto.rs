@@ -50,12 +50,23 @@ impl Message {
 
     /// A packed repeated varint field (omitted when empty).
     pub fn packed(&mut self, field: u32, values: impl IntoIterator<Item = u64>) -> &mut Self {
-        let mut inner = Vec::new();
+        self.packed_with(field, values, &mut Vec::new())
+    }
+
+    /// [`packed`](Self::packed), encoding the values in `scratch` first
+    /// (a buffer kept between calls).
+    pub fn packed_with(
+        &mut self,
+        field: u32,
+        values: impl IntoIterator<Item = u64>,
+        scratch: &mut Vec<u8>,
+    ) -> &mut Self {
+        scratch.clear();
         for v in values {
-            varint(&mut inner, v);
+            varint(scratch, v);
         }
-        if !inner.is_empty() {
-            self.bytes(field, &inner);
+        if !scratch.is_empty() {
+            self.bytes(field, scratch);
         }
         self
     }
