@@ -70,6 +70,7 @@ mod frames;
 mod layout;
 mod resolve;
 mod sections;
+mod source;
 mod symbols;
 mod units;
 mod universal;

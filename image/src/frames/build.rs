@@ -8,6 +8,7 @@ use crate::debug_file::debug_file_candidates;
 use crate::layout::Layout;
 use crate::resolve::{load_dwarf, FrameLine, Resolver};
 use crate::sections::{canonical_section_name, DEBUG_SECTION_PREFIX};
+use crate::source::FileSource;
 use crate::symbols::{merge_symbols, symbols_of_object};
 use crate::units::{hide_units, inflate_zlib, units_to_hide, unused_dwarf};
 use crate::ImageError;
@@ -153,9 +154,18 @@ fn build_table(
         debug_roots,
         symbols_alone,
     } = request;
-    let cache = ReadCache::new(&file);
-    let image = object::File::parse(&cache).map_err(|e| ImageError::NotAnImage(e.to_string()))?;
+    let not_an_image = |e: object::Error| ImageError::NotAnImage(e.to_string());
+    // A file with DWARF is read whole (see `FileSource`) when small: most
+    // of it is read anyway. One without is read through the cache, which
+    // reads only its headers and symbol tables.
+    let cached = FileSource::Cached(ReadCache::new(&file));
+    let whole;
+    let mut image = object::File::parse(&cached).map_err(not_an_image)?;
     let own_dwarf = has_dwarf(&image);
+    if own_dwarf {
+        whole = FileSource::of(&file);
+        image = object::File::parse(&whole).map_err(not_an_image)?;
+    }
     let found = if own_dwarf {
         None
     } else {
@@ -165,9 +175,9 @@ fn build_table(
             None => return Ok(None),
         }
     };
-    let debug_cache = found.as_ref().map(|(_, f)| ReadCache::new(f));
+    let debug_cache = found.as_ref().map(|(_, f)| FileSource::of(f));
     let debug = match &debug_cache {
-        Some(c) => Some(object::File::parse(c).map_err(|e| ImageError::NotAnImage(e.to_string()))?),
+        Some(c) => Some(object::File::parse(c).map_err(not_an_image)?),
         None => None,
     };
     let bytes = dwarf_size(&image) + debug.as_ref().map_or(0, dwarf_size);
