@@ -135,18 +135,22 @@ pub(crate) fn read_sample<'a>(
     Some((sample, bytes.len() - r.rest.len()))
 }
 
-/// The unread bytes of a record.
+/// The unread bytes of a record. Its reads are inlined into
+/// [`read_sample`]: called once per field (some 25 per sample), they were
+/// not, and the calls were a good part of what reading a sample cost.
 struct Reader<'a> {
     rest: &'a [u8],
 }
 
 impl<'a> Reader<'a> {
+    #[inline(always)]
     fn byte(&mut self) -> Option<u8> {
         let (&b, rest) = self.rest.split_first()?;
         self.rest = rest;
         Some(b)
     }
 
+    #[inline(always)]
     fn take(&mut self, n: usize) -> Option<&'a [u8]> {
         if n > self.rest.len() {
             return None;
@@ -156,12 +160,14 @@ impl<'a> Reader<'a> {
         Some(head)
     }
 
+    #[inline(always)]
     fn array<const N: usize>(&mut self) -> Option<[u8; N]> {
         self.take(N)?.try_into().ok()
     }
 
     /// A varint, as bincode reads one (non-minimal encodings included;
     /// the 16-byte marker is refused, as for a u64 there).
+    #[inline(always)]
     fn u64(&mut self) -> Option<u64> {
         match self.byte()? {
             b @ 0..=250 => Some(b.into()),
@@ -172,15 +178,18 @@ impl<'a> Reader<'a> {
         }
     }
 
+    #[inline(always)]
     fn u32(&mut self) -> Option<u32> {
         u32::try_from(self.u64()?).ok()
     }
 
+    #[inline(always)]
     fn len(&mut self) -> Option<usize> {
         usize::try_from(self.u64()?).ok()
     }
 
     /// A list of varints; with `keep` false read past, left empty.
+    #[inline(always)]
     fn u64s(&mut self, keep: bool) -> Option<Vec<u64>> {
         let n = self.len()?;
         // At least a byte each.
