@@ -31,12 +31,7 @@ const POOL_STACK_BYTES: usize = 64 << 10;
 impl ChunkPool {
     /// An empty buffer with room for at least `capacity` bytes.
     pub fn take(&self, capacity: usize) -> Vec<u8> {
-        let mut v = self
-            .0
-            .lock()
-            .ok()
-            .and_then(|mut pool| pool.chunks.pop())
-            .unwrap_or_default();
+        let mut v = self.pop(|p| &mut p.chunks);
         v.reserve(capacity);
         v
     }
@@ -48,12 +43,7 @@ impl ChunkPool {
 
     /// A copy of `bytes` in a kept stack buffer, or a new one.
     pub fn stack_copy(&self, bytes: &[u8]) -> Vec<u8> {
-        let mut v = self
-            .0
-            .lock()
-            .ok()
-            .and_then(|mut pool| pool.stacks.pop())
-            .unwrap_or_default();
+        let mut v = self.pop(|p| &mut p.stacks);
         v.extend_from_slice(bytes);
         v
     }
@@ -62,6 +52,15 @@ impl ChunkPool {
     /// are kept.
     pub fn give_stack(&self, v: Vec<u8>) {
         self.keep(v, POOL_STACK_BYTES, POOL_STACKS, |p| &mut p.stacks);
+    }
+
+    /// A kept buffer of `list`, or a new (empty) one.
+    fn pop(&self, list: impl FnOnce(&mut Pools) -> &mut Vec<Vec<u8>>) -> Vec<u8> {
+        self.0
+            .lock()
+            .ok()
+            .and_then(|mut pool| list(&mut pool).pop())
+            .unwrap_or_default()
     }
 
     fn keep(
