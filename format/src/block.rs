@@ -381,31 +381,12 @@ pub(crate) fn decode_index(raw: &[u8]) -> Result<Vec<IndexEntry>, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::records::{Regs, RegsX86_64, SampleDetail, SampleFlags, SampleKind, StackSnapshot};
     use crate::stack::MAX_BASES;
-    use crate::types::Timestamp;
 
     fn sample(tid: u32, i: u64) -> Record {
         let mut bytes = vec![7u8; 4096];
         bytes[(i as usize * 8) % 4096] = i as u8;
-        Record::Sample(Sample {
-            time: Timestamp(1000 + i),
-            pid: Pid(1),
-            tid: Tid(tid),
-            cpu: None,
-            kind: SampleKind::CpuTime,
-            weight: 1,
-            regs: Regs::X86_64(RegsX86_64::default()),
-            stack: StackSnapshot {
-                start: 0x7000_0000,
-                bytes,
-            },
-            kernel_callchain: Vec::new(),
-            frames: Vec::new(),
-            kernel_frames: Vec::new(),
-            flags: SampleFlags::default(),
-            detail: SampleDetail::None,
-        })
+        crate::cursor::tests::sample(1000 + i, tid, 0x7000_0000, bytes)
     }
 
     /// A snapshot's buffer comes back once no later delta can refer to it:

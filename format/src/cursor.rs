@@ -602,11 +602,13 @@ impl<'a> bincode::BincodeRead<'a> for SliceRead<'a, '_> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::{RegsX86_64, TraceHeader, TraceReader, TraceWriter, WriterOptions};
 
-    fn sample(time: u64, tid: u32, start: u64, bytes: Vec<u8>) -> Record {
+    /// A CPU sample of thread `tid` of process 1 with stack `bytes` at
+    /// `start` (also for other modules' tests).
+    pub(crate) fn sample(time: u64, tid: u32, start: u64, bytes: Vec<u8>) -> Record {
         Record::Sample(Sample {
             time: Timestamp(time),
             pid: Pid(1),

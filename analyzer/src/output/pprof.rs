@@ -99,8 +99,8 @@ pub(crate) fn encode(profile: &Profile) -> Vec<u8> {
         p.message(1, &t);
     }
 
-    // A thread's labels are the same on each of its stacks: encoded at its
-    // first one (so strings get the ids they got when encoded per stack).
+    // A thread's labels are the same on each of its stacks: encoded once,
+    // at its first stack, so string ids still follow first use.
     let mut labels: Vec<Option<Vec<u8>>> = vec![None; profile.threads.len()];
     let mut s = Message::default();
     let mut scratch = Vec::new();
@@ -113,12 +113,7 @@ pub(crate) fn encode(profile: &Profile) -> Vec<u8> {
             &mut scratch,
         );
         s.packed_with(2, stack.values.iter().copied(), &mut scratch);
-        let encoded = match labels.get_mut(t) {
-            Some(slot) => {
-                &**slot.get_or_insert_with(|| thread_labels(profile, t, &mut strings).buf)
-            }
-            None => &[][..],
-        };
+        let encoded = labels[t].get_or_insert_with(|| thread_labels(profile, t, &mut strings).buf);
         s.buf.extend_from_slice(encoded);
         p.message(2, &s);
     }

@@ -932,8 +932,8 @@ impl Convert for Converter {
                         Err(_) => self.malformed += 1,
                     }
                     // A stack no sample took (a malformed record).
-                    if let (Some(bytes), Some(pool)) = (self.detached.take(), &self.chunks) {
-                        pool.give_stack(bytes);
+                    if let Some(bytes) = self.detached.take() {
+                        self.recycle_stack(bytes);
                     }
                 }
                 // A switch record follows its sample in the same buffer:
@@ -1245,7 +1245,7 @@ mod tests {
             out
         };
         let mut detached = Chunk::default();
-        detached.push_record(&layouts(), &rec, None);
+        detached.push_record(&layouts(), &rec, &ChunkPool::default());
         assert_eq!(detached.stacks.len(), 1);
         let mut compacted = Vec::new();
         super::super::ring::compact_record(&layouts(), &rec, &mut compacted);
@@ -1285,7 +1285,7 @@ mod tests {
         // Arrival order 500, 600, 550 (another CPU's ring read late).
         let mut chunk = Chunk::default();
         for (time, leaf) in [(500, 1), (600, 2), (550, 3)] {
-            chunk.push_record(&layouts(), &sample(time, leaf), None);
+            chunk.push_record(&layouts(), &sample(time, leaf), &ChunkPool::default());
         }
         let mut out = Vec::new();
         c.convert(RawMsg::Chunk(chunk), &mut out).unwrap();

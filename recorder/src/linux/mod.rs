@@ -680,7 +680,7 @@ fn drain_all(
             if chunk.bytes.capacity() == 0 {
                 chunk.bytes = pool.take(room + rec.len());
             }
-            chunk.push_record(layouts, rec, Some(pool));
+            chunk.push_record(layouts, rec, pool);
             if chunk.len() >= MAX_CHUNK && sent.is_ok() {
                 sent = sender.send(RawMsg::Chunk(std::mem::take(&mut chunk)));
             }

@@ -9,8 +9,9 @@ use std::sync::{Arc, Mutex};
 /// its thread's next deltas). Memory already faulted in, instead of fresh
 /// pages mapped for every chunk (which cost the recorder more system time
 /// than the copies they hold), and no allocation per long stack in steady
-/// state: a stack copy allocated on the draining thread and freed on the
-/// writer thread cost the recorder about 8 % of its CPU in the allocator.
+/// state: with a stack copy allocated on the draining thread and freed on
+/// the writer thread, the allocator had 9.2 % of the recorder's profile
+/// samples on 43 KiB stacks at 10 kHz, 5.0 % with the buffers reused.
 #[derive(Clone, Default)]
 pub(crate) struct ChunkPool(Arc<Mutex<Pools>>);
 
@@ -252,9 +253,9 @@ impl Chunk {
 
     /// Append record `rec` like [`compact_record`], but a sample's live
     /// stack of [`DETACH_STACK_MIN`] bytes or more goes to a buffer of its
-    /// own (one of `pool`'s, if given): the record left in `bytes` has a
-    /// stack size of 0.
-    pub fn push_record(&mut self, layouts: &Layouts, rec: &[u8], pool: Option<&ChunkPool>) {
+    /// own (one of `pool`'s): the record left in `bytes` has a stack size
+    /// of 0.
+    pub fn push_record(&mut self, layouts: &Layouts, rec: &[u8], pool: &ChunkPool) {
         let is_sample = rec.get(0..4) == Some(&kind::SAMPLE.to_ne_bytes()[..]);
         match is_sample
             .then(|| stack_field(layouts.of_sample(rec)?.1, rec))
@@ -270,7 +271,7 @@ impl Chunk {
                 let live = &rec[at + 8..at + 8 + dyn_size as usize];
                 self.stacks.push(DetachedStack {
                     at: start,
-                    bytes: pool.map_or_else(|| live.to_vec(), |p| p.stack_copy(live)),
+                    bytes: pool.stack_copy(live),
                 });
             }
             _ => compact_record(layouts, rec, &mut self.bytes),
@@ -472,7 +473,7 @@ mod tests {
         let short = sample_rec(8192, DETACH_STACK_MIN - 8);
         let mut chunk = Chunk::default();
         for rec in [&short, &long, &short] {
-            chunk.push_record(&layouts, rec, None);
+            chunk.push_record(&layouts, rec, &ChunkPool::default());
         }
         // The short ones as compact_record leaves them, the long one
         // without its stack, which comes beside it.
@@ -501,7 +502,7 @@ mod tests {
         let at = old.as_ptr();
         pool.give_stack(old);
         let mut pooled = Chunk::default();
-        pooled.push_record(&layouts, &long, Some(&pool));
+        pooled.push_record(&layouts, &long, &pool);
         assert_eq!(pooled.bytes, chunk.bytes[compacted.len()..chunk.bytes.len() - compacted.len()]);
         assert_eq!(pooled.stacks[0].bytes, chunk.stacks[0].bytes);
         assert_eq!(pooled.stacks[0].bytes.as_ptr(), at);
