@@ -4,6 +4,7 @@
 //! address once.
 
 use crate::error::AnalyzeError;
+use crate::kept::KeptArena;
 #[cfg(test)]
 use crate::options::SampleFilter;
 use crate::options::{AnalyzeOptions, Progress};
@@ -11,7 +12,7 @@ use crate::ordered::for_each_in_order;
 use crate::pipeline::{open, pool, prepare_keeping, TraceBytes};
 use crate::profile::{kinds_of, HeapScale, Profile, ProfileBuilder, UnwoundBlock};
 use crate::symbolicate::symbolicate;
-use crate::timeline::{chunk_blocks, KeptBlocks};
+use crate::timeline::chunk_blocks;
 use crate::unwind::{unwind_block, BlockContext};
 use lrnprof_format::{BlockInfo, Timestamp, TraceReader};
 use std::path::Path;
@@ -65,13 +66,14 @@ fn run(
             });
         }
     }
-    let mut kept = KeptBlocks::with_budget(KEPT_BLOCKS_BUDGET);
+    let mut arena = KeptArena::new(reader.blocks(), KEPT_BLOCKS_BUDGET);
+    let kept = arena.blocks();
     let prepared = prepare_keeping(
         reader,
         options,
         progress,
         &|b| reader_release(reader, b),
-        &mut kept,
+        &kept,
     );
     let mut builder = ProfileBuilder::new(
         prepared.timeline.threads.len(),
@@ -101,7 +103,6 @@ fn run(
     };
     let blocks = reader.blocks();
     let total = blocks.len() as u64;
-    let kept = Mutex::new(kept);
     // Blocks the builder is done with, their buffers for the next ones.
     let spare: Mutex<Vec<UnwoundBlock>> = Mutex::new(Vec::new());
     // Each block is decoded once and unwound by one worker; the builder
@@ -114,15 +115,17 @@ fn run(
                 return UnwoundBlock::default();
             }
             let b = &blocks[i];
-            let raw = kept.lock().unwrap_or_else(|e| e.into_inner()).take(i);
             let buffers = spare
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .pop()
                 .unwrap_or_default();
-            let unwound = match raw.map_or_else(|| reader.raw_block(b), Ok) {
-                Ok(raw) => unwind_block(&cx, &raw, buffers),
-                Err(_) => UnwoundBlock::default(),
+            let unwound = match kept.take(i) {
+                Some(raw) => unwind_block(&cx, &raw, buffers),
+                None => match reader.raw_block(b) {
+                    Ok(raw) => unwind_block(&cx, &raw, buffers),
+                    Err(_) => UnwoundBlock::default(),
+                },
             };
             reader_release(reader, &blocks[i..=i]);
             unwound
@@ -137,6 +140,10 @@ fn run(
         },
     );
     drop(spare);
+    // The kept blocks are all read: their memory goes back before
+    // symbolication.
+    drop(kept);
+    drop(arena);
 
     let lines = symbolicate(
         builder.frames(),

@@ -34,6 +34,7 @@ mod diff;
 mod error;
 mod image;
 mod info;
+mod kept;
 mod options;
 mod ordered;
 mod outcomes;

@@ -5,11 +5,10 @@
 use crate::address::{Avma, FileOffset, Svma};
 use crate::error::AnalyzeError;
 use crate::image::{load_image, ImageData, LoadedImage, LocateOptions};
+use crate::kept::KeptBlocks;
 use crate::options::{AnalyzeOptions, Progress, SampleFilter};
 use crate::symbolicate::JitMap;
-use crate::timeline::{
-    chunk_blocks, generation_index, scan, Generation, KeptBlocks, Mapping, Timeline,
-};
+use crate::timeline::{chunk_blocks, generation_index, scan, Generation, Mapping, Timeline};
 use crate::unwind::{
     continue_with_callchain, ArchCache, ArchUnwinder, ModuleCache, Unwound, MAX_FRAMES,
     MAX_UNWINDERS_SHARING_CACHE,
@@ -197,23 +196,17 @@ pub(crate) fn prepare<D: AsRef<[u8]> + Sync>(
     progress: &dyn Progress,
     release: &(dyn Fn(&[BlockInfo]) + Sync),
 ) -> Prepared {
-    prepare_keeping(
-        reader,
-        options,
-        progress,
-        release,
-        &mut KeptBlocks::default(),
-    )
+    prepare_keeping(reader, options, progress, release, &KeptBlocks::default())
 }
 
-/// [`prepare`], keeping the decompressed blocks that fit in `kept`'s
-/// budget for the second pass.
+/// [`prepare`], keeping in `kept` the decompressed blocks it has room
+/// for, for the second pass.
 pub(crate) fn prepare_keeping<D: AsRef<[u8]> + Sync>(
     reader: &TraceReader<D>,
     options: &AnalyzeOptions,
     progress: &dyn Progress,
     release: &(dyn Fn(&[BlockInfo]) + Sync),
-    kept: &mut KeptBlocks,
+    kept: &KeptBlocks<'_>,
 ) -> Prepared {
     let mut warnings = report_warnings(reader);
     let mut timeline = scan(reader, progress, release, kept);

@@ -3,14 +3,14 @@
 //! collects threads, lost counts and embedded blobs.
 
 use crate::blobs::BlobStore;
+use crate::kept::{Decompressed, KeptBlocks};
 use crate::options::Progress;
 use crate::ordered::for_each_in_order;
 use crate::outcomes::Outcomes;
 use crate::tallies::SyscallTallies;
 use lrnprof_format::{
-    BlockInfo, BuildId, FormatError, ImageKind, LostSource, Pid, ProcessEvent, RawBlock, Record,
-    RecordRef, Sample, SampleDetail, SampleKind, StackMode, Summary, Tid, Timestamp, TraceHeader,
-    TraceReader,
+    BlockInfo, BuildId, FormatError, ImageKind, LostSource, Pid, ProcessEvent, Record, RecordRef,
+    Sample, SampleDetail, SampleKind, StackMode, Summary, Tid, Timestamp, TraceHeader, TraceReader,
 };
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
@@ -21,50 +21,6 @@ use std::sync::Arc;
 /// twice that many in flight ([`for_each_in_order`]'s window).
 pub(crate) fn chunk_blocks() -> usize {
     rayon::current_num_threads().max(1) * 2
-}
-
-/// Decompressed blocks the first pass keeps for the second, so that a
-/// short trace's blocks are decompressed once. Kept in trace order while
-/// their decompressed bytes fit in a budget: memory stays bounded whatever
-/// the trace's length, and the blocks past the budget are decompressed
-/// again by the second pass.
-#[derive(Debug, Default)]
-pub(crate) struct KeptBlocks {
-    budget: u64,
-    used: u64,
-    /// By block index; `None` where not kept (or already taken).
-    blocks: Vec<Option<RawBlock>>,
-}
-
-impl KeptBlocks {
-    /// Keep up to `budget` bytes of decompressed blocks.
-    pub fn with_budget(budget: u64) -> KeptBlocks {
-        KeptBlocks {
-            budget,
-            ..Default::default()
-        }
-    }
-
-    /// Keep block `index` if it still fits.
-    fn offer(&mut self, index: usize, raw: RawBlock, info: &BlockInfo) {
-        let len = u64::from(info.header.raw_len);
-        if self.used + len > self.budget {
-            // Later blocks are not kept either: the second pass then
-            // decompresses a contiguous tail.
-            self.budget = self.used;
-            return;
-        }
-        self.used += len;
-        if self.blocks.len() <= index {
-            self.blocks.resize_with(index + 1, || None);
-        }
-        self.blocks[index] = Some(raw);
-    }
-
-    /// Block `index` if it was kept; it is not kept any longer.
-    pub fn take(&mut self, index: usize) -> Option<RawBlock> {
-        self.blocks.get_mut(index)?.take()
-    }
 }
 
 /// An image file, identified by path and build id (one entry however many
@@ -411,17 +367,16 @@ pub(crate) fn scan<D: AsRef<[u8]> + Sync>(
     reader: &TraceReader<D>,
     progress: &dyn Progress,
     release: &(dyn Fn(&[BlockInfo]) + Sync),
-    kept: &mut KeptBlocks,
+    kept: &KeptBlocks<'_>,
 ) -> Timeline {
     let mut timeline = Timeline::new(reader.header().clone());
     let blocks = reader.blocks();
     let total = blocks.len() as u64;
-    let keep = kept.budget > 0;
     for_each_in_order(
         blocks.len(),
         chunk_blocks() * 2,
         |i| {
-            let items = items_of(reader, &blocks[i], keep);
+            let items = items_of(reader, i, kept);
             release(&blocks[i..=i]);
             items
         },
@@ -440,17 +395,18 @@ pub(crate) fn scan<D: AsRef<[u8]> + Sync>(
 }
 
 /// What the first pass read of a block: what it keeps of the records,
-/// and the decompressed block if asked for.
-type Decoded = Result<(Vec<Item>, Option<RawBlock>), FormatError>;
+/// and the decompressed block.
+type Decoded<'a> = Result<(Vec<Item>, Decompressed<'a>), FormatError>;
 
-/// What the first pass keeps of a block's records (and, with `keep`, the
-/// decompressed block).
-fn items_of<D: AsRef<[u8]>>(
+/// What the first pass keeps of block `index`'s records, and the block
+/// (in its part of `kept`'s arena if it is kept).
+fn items_of<'a, D: AsRef<[u8]>>(
     reader: &TraceReader<D>,
-    b: &BlockInfo,
-    keep: bool,
-) -> Result<(Vec<Item>, Option<RawBlock>), FormatError> {
-    let raw = reader.raw_block(b)?;
+    index: usize,
+    kept: &KeptBlocks<'a>,
+) -> Decoded<'a> {
+    let b = &reader.blocks()[index];
+    let raw = kept.decompress(reader, index)?;
     let mut cursor = raw.records(StackMode::LengthsOnly);
     // Every record takes a byte at least: a count past that is a corrupt
     // header, which decoding reports.
@@ -464,7 +420,7 @@ fn items_of<D: AsRef<[u8]>>(
         });
     }
     drop(cursor);
-    Ok((items, keep.then_some(raw)))
+    Ok((items, raw))
 }
 
 impl Item {
@@ -483,19 +439,17 @@ impl Item {
 }
 
 impl Timeline {
-    fn apply_block(
+    fn apply_block<'a>(
         &mut self,
         i: usize,
-        decoded: Decoded,
+        decoded: Decoded<'a>,
         blocks: &[BlockInfo],
-        kept: &mut KeptBlocks,
+        kept: &KeptBlocks<'a>,
     ) {
         match decoded {
             Ok((items, raw)) => {
                 items.into_iter().for_each(|item| self.apply(item));
-                if let Some(raw) = raw {
-                    kept.offer(i, raw, &blocks[i]);
-                }
+                kept.keep(i, raw);
             }
             Err(e) => {
                 self.bad_blocks.insert(i);

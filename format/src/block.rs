@@ -335,6 +335,50 @@ pub(crate) fn decompress(
     Ok(raw)
 }
 
+/// Decompress a block payload into `out`, which must be exactly the
+/// header's raw length: a payload that decompresses to more or fewer
+/// bytes is refused, as by [`decompress`].
+pub(crate) fn decompress_into(
+    offset: BlockOffset,
+    header: &BlockHeader,
+    payload: &[u8],
+    out: &mut [u8],
+) -> Result<(), FormatError> {
+    if out.len() != header.raw_len as usize {
+        return Err(FormatError::Io(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!(
+                "a buffer of {} bytes for block at offset {}, which decompresses to {}",
+                out.len(),
+                offset.0,
+                header.raw_len
+            ),
+        )));
+    }
+    let found = match header.codec {
+        Codec::None => {
+            if let Some(out) = out.get_mut(..payload.len()) {
+                out.copy_from_slice(payload);
+            }
+            payload.len()
+        }
+        Codec::Zstd => {
+            zstd::bulk::decompress_to_buffer(payload, out).map_err(|e| FormatError::Decompress {
+                offset,
+                message: e.to_string(),
+            })?
+        }
+    };
+    if found != out.len() {
+        return Err(FormatError::RawLengthMismatch {
+            offset,
+            found: found as u64,
+            expected: header.raw_len.into(),
+        });
+    }
+    Ok(())
+}
+
 /// Decode the records of a decompressed records block, stacks expanded.
 pub(crate) fn decode_records(raw: &RawBlock) -> Result<Vec<Record>, FormatError> {
     // Every record takes at least one byte, so the length bounds the count.

@@ -19,15 +19,20 @@ use serde::Deserialize;
 use std::collections::{HashMap, VecDeque};
 
 /// A decompressed records block. Read it with [`records`](Self::records).
+///
+/// Its bytes are held in `B`: a `Vec` of its own from
+/// [`TraceReader::raw_block`](crate::TraceReader::raw_block), or a buffer
+/// the caller gave [`TraceReader::raw_block_in`](crate::TraceReader::raw_block_in)
+/// (say, a part of one larger allocation holding many blocks).
 #[derive(Debug)]
-pub struct RawBlock {
+pub struct RawBlock<B = Vec<u8>> {
     pub(crate) offset: BlockOffset,
     pub(crate) version: u16,
     pub(crate) count: u32,
-    pub(crate) bytes: Vec<u8>,
+    pub(crate) bytes: B,
 }
 
-impl RawBlock {
+impl<B: AsRef<[u8]>> RawBlock<B> {
     /// Where the block is in its file.
     pub fn offset(&self) -> BlockOffset {
         self.offset
@@ -42,15 +47,16 @@ impl RawBlock {
     /// stack snapshots are checked but their bytes are not kept, which is
     /// all a pass over samples' metadata needs.
     pub fn records(&self, mode: StackMode) -> BlockCursor<'_> {
+        let bytes = self.bytes.as_ref();
         BlockCursor {
-            raw: &self.bytes,
-            rest: &self.bytes,
+            raw: bytes,
+            rest: bytes,
             offset: self.offset,
             version: self.version,
             count: self.count,
             index: 0,
             keep: mode == StackMode::Bytes,
-            decoded_len: self.bytes.len() as u64,
+            decoded_len: bytes.len() as u64,
             threads: ThreadMap::default(),
             spare: Vec::new(),
             segments: Vec::new(),
@@ -736,5 +742,82 @@ pub(crate) mod tests {
             n += 1;
         }
         assert_eq!(n, 4);
+    }
+
+    /// A block decompressed into a caller's buffer reads as one in a
+    /// buffer of its own; a buffer of another length, or a payload that
+    /// does not fill it, is refused.
+    #[test]
+    fn blocks_decompress_into_a_given_buffer() {
+        let records: Vec<Record> = (0..300u64)
+            .map(|i| {
+                let mut bytes = pattern(2000, 4);
+                bytes[(i as usize * 13) % 2000] ^= i as u8;
+                sample(i, 1 + (i % 2) as u32, 0x40000, bytes)
+            })
+            .collect();
+        let mut file = Vec::new();
+        let options = WriterOptions {
+            block_size: 8 << 10,
+            ..WriterOptions::default()
+        };
+        let mut w = TraceWriter::new(&mut file, &TraceHeader::example(), options).unwrap();
+        for r in &records {
+            w.write(r).unwrap();
+        }
+        w.finish().unwrap();
+        let reader = TraceReader::new(&file[..]).unwrap();
+        assert!(reader.blocks().len() > 1, "several blocks");
+        let snapshots = |raw: &RawBlock<&mut [u8]>| {
+            let mut cursor = raw.records(StackMode::Bytes);
+            let mut out = Vec::new();
+            while let Some(r) = cursor.next() {
+                if let RecordRef::Sample(s) = r.unwrap() {
+                    out.push((s.index, s.sample.time, s.stack.to_snapshot()));
+                }
+            }
+            out
+        };
+        // Every block in one allocation, one after the other.
+        let total: usize = reader
+            .blocks()
+            .iter()
+            .map(|b| b.header.raw_len as usize)
+            .sum();
+        let mut arena = vec![0xa5u8; total];
+        let mut rest = &mut arena[..];
+        let mut read = 0;
+        for b in reader.blocks() {
+            let (buf, tail) = rest.split_at_mut(b.header.raw_len as usize);
+            rest = tail;
+            let own = reader.raw_block(b).unwrap();
+            let mut own_buf = own.bytes.clone();
+            let own = RawBlock {
+                offset: own.offset,
+                version: own.version,
+                count: own.count,
+                bytes: &mut own_buf[..],
+            };
+            let given = reader.raw_block_in(b, buf).unwrap();
+            let seen = snapshots(&given);
+            assert_eq!(seen, snapshots(&own));
+            read += seen.len();
+        }
+        assert_eq!(read, records.len());
+        let first = &reader.blocks()[0];
+        let len = first.header.raw_len as usize;
+        let mut short = vec![0u8; len - 1];
+        assert!(reader.raw_block_in(first, &mut short[..]).is_err());
+        let mut long = vec![0u8; len + 1];
+        assert!(reader.raw_block_in(first, &mut long[..]).is_err());
+        // A payload that decompresses to fewer bytes than its header says.
+        let mut header = first.header;
+        header.raw_len += 1;
+        let start = first.offset.0 as usize + crate::raw::BLOCK_HEADER_LEN;
+        let payload = &file[start..start + first.header.compressed_len as usize];
+        assert!(matches!(
+            crate::block::decompress_into(first.offset, &header, payload, &mut long[..]),
+            Err(FormatError::RawLengthMismatch { .. })
+        ));
     }
 }

@@ -1,6 +1,6 @@
 //! Trace reader: index or forward scan, sequential and parallel decoding.
 
-use crate::block::{decode_index, decode_records, decompress, IndexEntry};
+use crate::block::{decode_index, decode_records, decompress, decompress_into, IndexEntry};
 use crate::cursor::RawBlock;
 use crate::error::FormatError;
 use crate::raw::{
@@ -165,6 +165,26 @@ impl<D: AsRef<[u8]>> TraceReader<D> {
             version: self.version,
             count: block.header.record_count,
             bytes: decompress(block.offset, &block.header, payload)?,
+        })
+    }
+
+    /// [`raw_block`](Self::raw_block), decompressing into `buf`, which
+    /// must be exactly as long as the block's raw length
+    /// (`block.header.raw_len`); the block holds `buf` and reads from it.
+    /// For a caller that places many blocks in one allocation.
+    pub fn raw_block_in<B: AsRef<[u8]> + AsMut<[u8]>>(
+        &self,
+        block: &BlockInfo,
+        mut buf: B,
+    ) -> Result<RawBlock<B>, FormatError> {
+        let start = block.offset.0 as usize + BLOCK_HEADER_LEN;
+        let payload = &self.data.as_ref()[start..start + block.header.compressed_len as usize];
+        decompress_into(block.offset, &block.header, payload, buf.as_mut())?;
+        Ok(RawBlock {
+            offset: block.offset,
+            version: self.version,
+            count: block.header.record_count,
+            bytes: buf,
         })
     }
 

@@ -41,7 +41,7 @@ pub(crate) struct BlockContext<'p> {
 /// filling them.
 pub(crate) fn unwind_block(
     cx: &BlockContext<'_>,
-    raw: &RawBlock,
+    raw: &RawBlock<impl AsRef<[u8]>>,
     mut out: UnwoundBlock,
 ) -> UnwoundBlock {
     out.samples.clear();
@@ -104,7 +104,7 @@ impl<'c, 'p, A: UnwindArch> BlockUnwinder<'c, 'p, A> {
         }
     }
 
-    fn run(mut self, raw: &RawBlock) -> UnwoundBlock {
+    fn run(mut self, raw: &RawBlock<impl AsRef<[u8]>>) -> UnwoundBlock {
         let mut cursor = raw.records(StackMode::Bytes);
         while let Some(Ok(r)) = cursor.next() {
             match r {
