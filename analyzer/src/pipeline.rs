@@ -523,11 +523,9 @@ impl Prepared {
         };
         let function = |m: &Mapping, d: &ImageData, avma: u64| {
             let svma = avma.wrapping_sub(d.bias(m));
-            let i = d
-                .symbols
-                .partition_point(|s| s.svma <= svma)
-                .checked_sub(1)?;
-            Some((m.image, d.symbols[i].svma))
+            let symbols = d.symbols.table();
+            let i = symbols.partition_point(|s| s.svma <= svma).checked_sub(1)?;
+            Some((m.image, symbols[i].svma))
         };
         let pc_fn = function(pc_map, pc_data, pc);
         let lr_fn = function(lr_map, lr_data, lr.wrapping_sub(4));

@@ -5,14 +5,15 @@
 use super::parse::{parse_bytes, parse_file, ParsedFile};
 use super::{
     short_name, FileBytes, ImageData, LoadedImage, Section, SectionBytes, Segment, Source, Symbol,
+    Symbols,
 };
 use crate::blobs::BlobStore;
 use crate::timeline::ImageKey;
 use lrnprof_format::{BuildId, ImageKind};
 use lrnprof_image::{
-    canonical_section_name, debug_file_candidates, merge_symbols, parse_elf64_symbols, plt_symbols,
-    section_role, symbol_table, universal_slices, FrameTable, Layout, PltTables, SectionRole,
-    FRAMES_TABLE, LAYOUT_SECTION, MACHO_HEADER_SECTION,
+    canonical_section_name, debug_file_candidates, parse_elf64_symbols, plt_symbols, section_role,
+    symbol_table, universal_slices, FrameTable, Layout, PltTables, SectionRole, FRAMES_TABLE,
+    LAYOUT_SECTION, MACHO_HEADER_SECTION,
 };
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -167,7 +168,8 @@ pub(crate) fn load_image(key: &ImageKey, blobs: &BlobStore, opts: &LocateOptions
     let mut symbol_source = Source::Missing;
     if let Some((path, main)) = found.main.take() {
         unwind_source = Source::File(path.clone());
-        if !main.data.symbols.is_empty() || main.data.has_dwarf() {
+        // DWARF first: the symbol table is then not built here.
+        if main.data.has_dwarf() || !main.data.symbols.is_empty() {
             symbol_source = Source::File(path);
         }
         data = Some(main.data);
@@ -301,7 +303,7 @@ fn merge_debug(into: &mut ImageData, from: ImageData) {
     // A separate debug file keeps the full symbol table (local functions,
     // the dynamic loader's entry labels) that the stripped binary lost:
     // use both, as the analysis of embedded `.symtab` and `.dynsym` does.
-    merge_symbols(&mut into.symbols, from.symbols);
+    into.symbols.merge(from.symbols);
     if into.segments.is_empty() {
         into.segments = from.segments;
         into.base_svma = from.base_svma;
@@ -366,7 +368,12 @@ fn merge_embedded(into: &mut ImageData, id: &BuildId, blobs: &BlobStore) -> (boo
             });
         }
     }
-    if into.symbols.is_empty() {
+    // Without embedded symbol sections the table below is empty: the
+    // image's own is then not built here to find out whether it is.
+    let embedded_symbols = [".symtab", ".dynsym"]
+        .iter()
+        .any(|name| blobs.section(id, name).is_some());
+    if embedded_symbols && into.symbols.is_empty() {
         let mut syms = Vec::new();
         let mut labels = Vec::new();
         for (tab, strtab) in [(".symtab", ".strtab"), (".dynsym", ".dynstr")] {
@@ -409,7 +416,7 @@ fn merge_embedded(into: &mut ImageData, id: &BuildId, blobs: &BlobStore) -> (boo
         functions.extend(plt.into_iter().map(|s| (s, u64::MAX)));
         let syms = symbol_table(functions, labels, range(".text"));
         gave_symbols |= !syms.is_empty();
-        into.symbols = syms;
+        into.symbols = Symbols::of_table(syms);
     }
     (gave_unwind, gave_symbols)
 }

@@ -4,10 +4,12 @@
 
 mod locate;
 mod parse;
+mod symbols;
 
 pub(crate) use locate::{load_image, own_vdso, LocateOptions};
 pub(crate) use lrnprof_image::Symbol;
 pub(crate) use parse::parse_file;
+pub(crate) use symbols::Symbols;
 
 use crate::timeline::{ImageKey, Mapping};
 use lrnprof_image::FrameTable;
@@ -186,8 +188,8 @@ pub(crate) struct ImageData {
     pub base_svma: u64,
     pub segments: Vec<Segment>,
     pub sections: BTreeMap<String, Section>,
-    /// Sorted by SVMA.
-    pub symbols: Vec<Symbol>,
+    /// Sorted by SVMA; built when first read.
+    pub symbols: Symbols,
     /// What the recording machine resolved the trace's addresses of this
     /// image to (the embedded frame table), for an image whose DWARF is
     /// not here.

@@ -1,7 +1,7 @@
 //! Reading an image file (ELF or Mach-O) through `object`.
 
-use super::{Deflated, FileBytes, ImageData, Section, SectionBytes, Segment};
-use lrnprof_image::{canonical_section_name, section_role, symbols_of_object, SectionRole};
+use super::{Deflated, FileBytes, ImageData, Section, SectionBytes, Segment, Symbols};
+use lrnprof_image::{canonical_section_name, section_role, SectionRole};
 use object::read::macho::MachHeader as _;
 use object::{Object, ObjectSection, ObjectSegment};
 use std::sync::Arc;
@@ -139,7 +139,7 @@ pub(crate) fn parse_bytes(bytes: Arc<FileBytes>) -> Result<ParsedFile, String> {
             data.sections.insert(key, section);
         }
     }
-    data.symbols = symbols_of_object(&obj);
+    data.symbols = Symbols::of_file(bytes.clone());
     let build_id = match obj.build_id() {
         Ok(Some(id)) => Some(id.to_vec()),
         _ => obj.mach_uuid().ok().flatten().map(|u| u.to_vec()),

@@ -131,7 +131,10 @@ impl Bytes {
 /// one per worker and image.
 pub(crate) struct Symbolizer<'a> {
     data: &'a ImageData,
-    resolver: Resolver<'a, Reader>,
+    /// Made at once when the image's DWARF is given, else on the first
+    /// address the trace's frame table does not resolve: only then is
+    /// the image's symbol table built.
+    resolver: std::cell::OnceCell<Resolver<'a, Reader>>,
 }
 
 impl<'a> Symbolizer<'a> {
@@ -145,10 +148,11 @@ impl<'a> Symbolizer<'a> {
                 EndianReader::new(bytes, d.endian)
             })
         });
-        Symbolizer {
-            data,
-            resolver: Resolver::new(&data.symbols, dwarf),
+        let resolver = std::cell::OnceCell::new();
+        if dwarf.is_some() {
+            let _ = resolver.set(Resolver::new(data.symbols.table(), dwarf));
         }
+        Symbolizer { data, resolver }
     }
 
     /// Function levels at `svma` (a lookup address: return addresses already
@@ -159,11 +163,13 @@ impl<'a> Symbolizer<'a> {
     /// symbol table.
     pub fn lookup(&self, svma: Svma, inline: bool) -> Vec<FrameLine> {
         let Svma(svma) = svma;
-        if !self.resolver.has_dwarf() {
+        if !self.resolver.get().is_some_and(Resolver::has_dwarf) {
             if let Some(lines) = self.data.frames.as_ref().and_then(|t| t.get(svma)) {
                 return project_inline(lines, inline);
             }
         }
-        self.resolver.lookup(svma, inline)
+        self.resolver
+            .get_or_init(|| Resolver::new(self.data.symbols.table(), None))
+            .lookup(svma, inline)
     }
 }

@@ -95,13 +95,50 @@ pub fn symbol_table(
 /// without Mach-O's leading underscore), `NAME@plt` stubs of an ELF file,
 /// and the ELF code labels in `.text`.
 pub fn symbols_of_object<'data, R: ReadRef<'data>>(obj: &object::File<'data, R>) -> Vec<Symbol> {
+    let labels: Vec<Symbol> = code_labels(obj).collect();
+    let mut functions: Vec<(Symbol, u64)> = function_symbols(obj).collect();
+    let text = if obj.format() == object::BinaryFormat::Elf {
+        // Sized: the end of their section is not needed.
+        functions.extend(plt_symbols_of(obj).into_iter().map(|s| (s, u64::MAX)));
+        text_range(obj)
+    } else {
+        None
+    };
+    symbol_table(functions, labels, text)
+}
+
+/// Whether [`symbols_of_object`] of `obj` has any symbol, found without
+/// building the table: a function symbol, a PLT stub, or (with neither)
+/// a code label inside `.text`, which [`symbol_table`] then keeps.
+pub fn object_has_symbols<'data, R: ReadRef<'data>>(obj: &object::File<'data, R>) -> bool {
+    if function_symbols(obj).next().is_some() {
+        return true;
+    }
+    if obj.format() != object::BinaryFormat::Elf {
+        return false;
+    }
+    if !plt_symbols_of(obj).is_empty() {
+        return true;
+    }
+    text_range(obj).is_some_and(|(start, size)| {
+        code_labels(obj).any(|l| l.svma >= start && l.svma - start < size)
+    })
+}
+
+/// `.text`'s SVMA and size.
+fn text_range<'data, R: ReadRef<'data>>(obj: &object::File<'data, R>) -> Option<(u64, u64)> {
+    obj.section_by_name(".text")
+        .map(|t| (t.address(), t.size()))
+}
+
+/// ELF symbols without a type in a section: code labels, see
+/// [`symbol_table`]. None for Mach-O.
+fn code_labels<'data, 'f, R: ReadRef<'data>>(
+    obj: &'f object::File<'data, R>,
+) -> impl Iterator<Item = Symbol> + use<'data, 'f, R> {
     let elf = obj.format() == object::BinaryFormat::Elf;
-    let macho = obj.format() == object::BinaryFormat::MachO;
-    // ELF symbols without a type in a section: code labels, see
-    // `symbol_table`.
-    let labels: Vec<Symbol> = obj
-        .symbols()
-        .filter(|s| {
+    obj.symbols()
+        .filter(move |s| {
             elf && s.kind() == SymbolKind::Unknown
                 && matches!(s.section(), object::SymbolSection::Section(_))
                 && s.address() != 0
@@ -114,13 +151,17 @@ pub fn symbols_of_object<'data, R: ReadRef<'data>>(obj: &object::File<'data, R>)
                 name: name.to_string(),
             })
         })
-        .collect();
-    // (symbol, end of its section)
-    let mut functions: Vec<(Symbol, u64)> = obj
-        .symbols()
+}
+
+/// Function symbols, each with the end of its section.
+fn function_symbols<'data, 'f, R: ReadRef<'data>>(
+    obj: &'f object::File<'data, R>,
+) -> impl Iterator<Item = (Symbol, u64)> + use<'data, 'f, R> {
+    let macho = obj.format() == object::BinaryFormat::MachO;
+    obj.symbols()
         .chain(obj.dynamic_symbols())
         .filter(|s| s.kind() == SymbolKind::Text && s.is_definition() && s.address() != 0)
-        .filter_map(|s| {
+        .filter_map(move |s| {
             let section = s.section_index().and_then(|i| obj.section_by_index(i).ok());
             let end = section.as_ref().map_or(u64::MAX, |sec| {
                 sec.address().saturating_add(sec.size().max(1))
@@ -145,16 +186,6 @@ pub fn symbols_of_object<'data, R: ReadRef<'data>>(obj: &object::File<'data, R>)
                 (sym, end)
             })
         })
-        .collect();
-    let text = if elf {
-        // Sized: the end of their section is not needed.
-        functions.extend(plt_symbols_of(obj).into_iter().map(|s| (s, u64::MAX)));
-        obj.section_by_name(".text")
-            .map(|t| (t.address(), t.size()))
-    } else {
-        None
-    };
-    symbol_table(functions, labels, text)
 }
 
 /// `NAME@plt` symbols of an ELF file (see [`plt_symbols`]).
@@ -295,5 +326,42 @@ mod tests {
             "{} symbols",
             table.len()
         );
+    }
+
+    /// `object_has_symbols` says whether `symbols_of_object` finds any,
+    /// on this test binary and on the ELF files of the system's usual
+    /// directories (stripped binaries, shared libraries, debug files).
+    #[test]
+    fn whether_a_file_has_symbols_is_known_without_the_table() {
+        let mut files = vec![std::env::current_exe().unwrap()];
+        for dir in [
+            "/usr/bin",
+            "/usr/lib/x86_64-linux-gnu",
+            "/usr/lib/aarch64-linux-gnu",
+        ] {
+            let Ok(entries) = std::fs::read_dir(dir) else {
+                continue;
+            };
+            let mut paths: Vec<_> = entries.flatten().map(|e| e.path()).collect();
+            paths.sort();
+            files.extend(paths.into_iter().filter(|p| p.is_file()).take(80));
+        }
+        let (mut with, mut without) = (0, 0);
+        for path in files {
+            let Ok(bytes) = std::fs::read(&path) else {
+                continue;
+            };
+            let Ok(obj) = object::File::parse(&bytes[..]) else {
+                continue;
+            };
+            let has = !symbols_of_object(&obj).is_empty();
+            assert_eq!(object_has_symbols(&obj), has, "{}", path.display());
+            if has {
+                with += 1;
+            } else {
+                without += 1;
+            }
+        }
+        assert!(with > 0, "no file with symbols among {without} read");
     }
 }
