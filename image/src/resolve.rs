@@ -151,19 +151,11 @@ mod tests {
     use super::*;
     use gimli::{EndianSlice, RunTimeEndian};
 
-    fn sym(svma: u64, size: u64, name: &str) -> Symbol {
-        Symbol {
-            svma,
-            size,
-            name: name.into(),
-        }
-    }
-
     #[test]
     fn without_dwarf_symbols_name_addresses() {
         let symbols = vec![
-            sym(0x1000, 0x10, "_ZN4core3fmt5write17h0123456789abcdefE"),
-            sym(0x2000, 0x10, "main"),
+            Symbol::new(0x1000, 0x10, "_ZN4core3fmt5write17h0123456789abcdefE"),
+            Symbol::new(0x2000, 0x10, "main"),
         ];
         let r: Resolver<EndianSlice<RunTimeEndian>> = Resolver::new(&symbols, None);
         assert!(!r.has_dwarf());

@@ -112,14 +112,6 @@ impl std::fmt::Debug for Symbols {
 mod tests {
     use super::*;
 
-    fn sym(svma: u64, size: u64, name: &str) -> Symbol {
-        Symbol {
-            svma,
-            size,
-            name: name.to_string(),
-        }
-    }
-
     fn this_binary() -> Arc<FileBytes> {
         let bytes = std::fs::read(std::env::current_exe().unwrap()).unwrap();
         Arc::new(FileBytes::Shared(Arc::new(bytes)))
@@ -133,7 +125,10 @@ mod tests {
         let obj = object::File::parse(&file[..]).unwrap();
         let own = symbols_of_object(&obj);
         assert!(!own.is_empty());
-        let extra = vec![sym(1, 4, "before_everything"), sym(own[0].svma, 1, "a")];
+        let extra = vec![
+            Symbol::new(1, 4, "before_everything"),
+            Symbol::new(own[0].svma, 1, "a"),
+        ];
         let mut eager = own.clone();
         merge_symbols(&mut eager, extra.clone());
 
@@ -161,7 +156,7 @@ mod tests {
         s.merge(Symbols::of_table(Vec::new()));
         assert!(s.is_empty());
         assert!(s.table().is_empty());
-        s.merge(Symbols::of_table(vec![sym(16, 4, "f")]));
+        s.merge(Symbols::of_table(vec![Symbol::new(16, 4, "f")]));
         assert!(!s.is_empty());
         assert_eq!(s.table().len(), 1);
         // Bytes that are not an image have no symbols.

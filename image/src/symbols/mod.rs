@@ -27,6 +27,17 @@ pub struct Symbol {
     pub name: String,
 }
 
+impl Symbol {
+    /// A symbol at `svma` of `size` bytes (0: unknown) named `name`.
+    pub fn new(svma: u64, size: u64, name: impl Into<String>) -> Symbol {
+        Symbol {
+            svma,
+            size,
+            name: name.into(),
+        }
+    }
+}
+
 /// Give each symbol without a size (ELF `_init`, Mach-O symbols) one that
 /// reaches the next symbol or the end of its section, whichever is first,
 /// so a lookup never names an address of a later section (`.plt`) after
@@ -233,24 +244,16 @@ pub fn symbol_at(symbols: &[Symbol], svma: u64) -> Option<&Symbol> {
 mod tests {
     use super::*;
 
-    fn sym(svma: u64, size: u64, name: &str) -> Symbol {
-        Symbol {
-            svma,
-            size,
-            name: name.into(),
-        }
-    }
-
     #[test]
     fn sizeless_symbols_end_at_the_next_symbol_or_their_section() {
         // `_init` at 0x1000 has no size and its section `.init` ends at
         // 0x1020; `.plt` follows at 0x1020 and has no symbols; `main` has
         // a size; the last one's section is unknown.
         let mut syms = vec![
-            sym(0x1000, 0, "a"),
-            sym(0x1100, 0x40, "b"),
-            sym(0x1200, 0, "c"),
-            sym(0x5000, 0, "d"),
+            Symbol::new(0x1000, 0, "a"),
+            Symbol::new(0x1100, 0x40, "b"),
+            Symbol::new(0x1200, 0, "c"),
+            Symbol::new(0x5000, 0, "d"),
         ];
         bound_sizeless(&mut syms, &[0x1020, 0x2000, 0x2000, u64::MAX]);
         let sizes: Vec<u64> = syms.iter().map(|s| s.size).collect();
@@ -264,16 +267,16 @@ mod tests {
         // `inner` is a label inside `f`, `_etext` marks the end of .text,
         // `__bss_start` lies outside it.
         let functions = vec![
-            (sym(0x1800, 0x40, "g"), 0x2000),
-            (sym(0x1000, 0x100, "f"), 0x2000),
+            (Symbol::new(0x1800, 0x40, "g"), 0x2000),
+            (Symbol::new(0x1000, 0x100, "f"), 0x2000),
         ];
         let labels = vec![
-            sym(0x1400, 0, "_start"),
-            sym(0x1408, 0, "_dl_start_user"),
-            sym(0x1010, 0, "inner"),
-            sym(0x1800, 0, "g_alias"),
-            sym(0x2000, 0, "_etext"),
-            sym(0x3000, 0, "__bss_start"),
+            Symbol::new(0x1400, 0, "_start"),
+            Symbol::new(0x1408, 0, "_dl_start_user"),
+            Symbol::new(0x1010, 0, "inner"),
+            Symbol::new(0x1800, 0, "g_alias"),
+            Symbol::new(0x2000, 0, "_etext"),
+            Symbol::new(0x3000, 0, "__bss_start"),
         ];
         let table = symbol_table(functions.clone(), labels.clone(), Some((0x1000, 0x1000)));
         let got: Vec<(u64, u64, &str)> = table
@@ -300,15 +303,18 @@ mod tests {
 
     #[test]
     fn debug_file_symbols_join_the_binarys() {
-        let mut binary = vec![sym(0x1000, 0x10, "puts")];
+        let mut binary = vec![Symbol::new(0x1000, 0x10, "puts")];
         merge_symbols(
             &mut binary,
-            vec![sym(0x1000, 0x10, "_IO_puts"), sym(0x2000, 8, "local")],
+            vec![
+                Symbol::new(0x1000, 0x10, "_IO_puts"),
+                Symbol::new(0x2000, 8, "local"),
+            ],
         );
         let names: Vec<&str> = binary.iter().map(|s| s.name.as_str()).collect();
         assert_eq!(names, ["_IO_puts", "local"]);
         let mut empty = Vec::new();
-        merge_symbols(&mut empty, vec![sym(1, 1, "x")]);
+        merge_symbols(&mut empty, vec![Symbol::new(1, 1, "x")]);
         assert_eq!(empty.len(), 1);
     }
 
