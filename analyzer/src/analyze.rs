@@ -114,18 +114,14 @@ fn run(
             if prepared.timeline.bad_blocks.contains(&i) {
                 return UnwoundBlock::default();
             }
-            let b = &blocks[i];
             let buffers = spare
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .pop()
                 .unwrap_or_default();
-            let unwound = match kept.take(i) {
-                Some(raw) => unwind_block(&cx, &raw, buffers),
-                None => match reader.raw_block(b) {
-                    Ok(raw) => unwind_block(&cx, &raw, buffers),
-                    Err(_) => UnwoundBlock::default(),
-                },
+            let unwound = match kept.take_or_decompress(reader, i) {
+                Ok(raw) => unwind_block(&cx, &raw, buffers),
+                Err(_) => UnwoundBlock::default(),
             };
             reader_release(reader, &blocks[i..=i]);
             unwound

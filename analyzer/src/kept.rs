@@ -24,6 +24,7 @@ const HUGE_PAGE: usize = 2 << 20;
 pub(crate) type KeptBlock<'a> = RawBlock<&'a mut [u8]>;
 
 /// The mapping that holds the kept blocks' decompressed bytes.
+#[derive(Default)]
 pub(crate) struct KeptArena {
     map: Option<memmap2::MmapMut>,
     /// Where the first block starts in `map` (2 MiB aligned).
@@ -47,37 +48,32 @@ impl KeptArena {
             total += len;
             lens.push(len as usize);
         }
-        let none = KeptArena {
-            map: None,
-            start: 0,
-            lens: Vec::new(),
-        };
-        if total == 0 {
-            return none;
-        }
         let total = total as usize;
-        if total < HUGE_PAGE {
-            // Too small for a huge page to save much.
-            let Ok(map) = memmap2::MmapMut::map_anon(total) else {
-                return none;
-            };
-            return KeptArena {
-                map: Some(map),
-                start: 0,
-                lens,
-            };
+        if total == 0 {
+            return KeptArena::default();
         }
-        // Room to start at a huge page boundary and to end at one (a huge
-        // page must lie wholly inside the mapping); the pages before the
-        // start and after the last block are never touched, so they take
-        // no memory unless a huge page covers them.
-        let rounded = total.div_ceil(HUGE_PAGE) * HUGE_PAGE;
-        let Ok(map) = memmap2::MmapMut::map_anon(rounded + HUGE_PAGE) else {
-            return none;
+        // Below a huge page, one is not worth it. Above, room to start at
+        // a huge page boundary and to end at one (a huge page must lie
+        // wholly inside the mapping); the pages before the start and after
+        // the last block are never touched, so they take no memory unless
+        // a huge page covers them.
+        let huge = total >= HUGE_PAGE;
+        let rounded = if huge {
+            total.div_ceil(HUGE_PAGE) * HUGE_PAGE
+        } else {
+            total
         };
-        let start = (HUGE_PAGE - map.as_ptr() as usize % HUGE_PAGE) % HUGE_PAGE;
+        let slack = if huge { HUGE_PAGE } else { 0 };
+        let Ok(map) = memmap2::MmapMut::map_anon(rounded + slack) else {
+            return KeptArena::default();
+        };
+        let start = if huge {
+            (HUGE_PAGE - map.as_ptr() as usize % HUGE_PAGE) % HUGE_PAGE
+        } else {
+            0
+        };
         #[cfg(target_os = "linux")]
-        {
+        if huge {
             // Advice only: where the kernel has no huge pages for this
             // mapping, it is faulted in small pages.
             let _ = map.advise_range(memmap2::Advice::HugePage, start, rounded);
@@ -170,6 +166,21 @@ impl<'a> KeptBlocks<'a> {
     /// Block `index` if it was kept; it is not kept any longer.
     pub fn take(&self, index: usize) -> Option<KeptBlock<'a>> {
         lock(&self.blocks).get_mut(index)?.take()
+    }
+
+    /// Block `index` as kept ([`take`](Self::take)), else decompressed
+    /// again into a buffer of its own.
+    pub fn take_or_decompress<D: AsRef<[u8]>>(
+        &self,
+        reader: &TraceReader<D>,
+        index: usize,
+    ) -> Result<Decompressed<'a>, FormatError> {
+        match self.take(index) {
+            Some(raw) => Ok(Decompressed::Kept(raw)),
+            None => reader
+                .raw_block(&reader.blocks()[index])
+                .map(Decompressed::Own),
+        }
     }
 }
 

@@ -318,21 +318,34 @@ pub(crate) fn decompress(
 ) -> Result<Vec<u8>, FormatError> {
     let raw = match header.codec {
         Codec::None => payload.to_vec(),
-        Codec::Zstd => zstd::bulk::decompress(payload, header.raw_len as usize).map_err(|e| {
-            FormatError::Decompress {
-                offset,
-                message: e.to_string(),
-            }
-        })?,
+        Codec::Zstd => zstd::bulk::decompress(payload, header.raw_len as usize)
+            .map_err(|e| zstd_error(offset, e))?,
     };
-    if raw.len() != header.raw_len as usize {
+    check_raw_len(offset, header, raw.len())?;
+    Ok(raw)
+}
+
+fn zstd_error(offset: BlockOffset, e: std::io::Error) -> FormatError {
+    FormatError::Decompress {
+        offset,
+        message: e.to_string(),
+    }
+}
+
+/// Refuse a block that decompressed to `found` bytes, not its header's.
+fn check_raw_len(
+    offset: BlockOffset,
+    header: &BlockHeader,
+    found: usize,
+) -> Result<(), FormatError> {
+    if found != header.raw_len as usize {
         return Err(FormatError::RawLengthMismatch {
             offset,
-            found: raw.len() as u64,
+            found: found as u64,
             expected: header.raw_len.into(),
         });
     }
-    Ok(raw)
+    Ok(())
 }
 
 /// Decompress a block payload into `out`, which must be exactly the
@@ -363,20 +376,10 @@ pub(crate) fn decompress_into(
             payload.len()
         }
         Codec::Zstd => {
-            zstd::bulk::decompress_to_buffer(payload, out).map_err(|e| FormatError::Decompress {
-                offset,
-                message: e.to_string(),
-            })?
+            zstd::bulk::decompress_to_buffer(payload, out).map_err(|e| zstd_error(offset, e))?
         }
     };
-    if found != out.len() {
-        return Err(FormatError::RawLengthMismatch {
-            offset,
-            found: found as u64,
-            expected: header.raw_len.into(),
-        });
-    }
-    Ok(())
+    check_raw_len(offset, header, found)
 }
 
 /// Decode the records of a decompressed records block, stacks expanded.

@@ -14,13 +14,14 @@ use super::{
     chain, continue_with_callchain, walk, Aarch64Arch, Node, Reuse, UnwindArch, Walked, X86_64Arch,
     MAX_FRAMES, NONE,
 };
+use crate::kept::Decompressed;
 use crate::options::SampleFilter;
 use crate::outcomes::EventKey;
 use crate::pipeline::{kernel_only, push_kernel_keys, GenerationRef, Prepared};
 use crate::profile::{amounts, BlockSample, BlockStack, HeapScale, UnwoundBlock};
 use crate::unwind::ArchCache;
 use lrnprof_format::{
-    Arch, Pid, RawBlock, RecordRef, Regs, Sample, SampleDetail, SampleFlags, SampleKind, StackMode,
+    Arch, Pid, RecordRef, Regs, Sample, SampleDetail, SampleFlags, SampleKind, StackMode,
     StackView, Tid, Timestamp, MAX_BASES,
 };
 use rustc_hash::FxHashMap;
@@ -41,7 +42,7 @@ pub(crate) struct BlockContext<'p> {
 /// filling them.
 pub(crate) fn unwind_block(
     cx: &BlockContext<'_>,
-    raw: &RawBlock<impl AsRef<[u8]>>,
+    raw: &Decompressed<'_>,
     mut out: UnwoundBlock,
 ) -> UnwoundBlock {
     out.samples.clear();
@@ -104,7 +105,7 @@ impl<'c, 'p, A: UnwindArch> BlockUnwinder<'c, 'p, A> {
         }
     }
 
-    fn run(mut self, raw: &RawBlock<impl AsRef<[u8]>>) -> UnwoundBlock {
+    fn run(mut self, raw: &Decompressed<'_>) -> UnwoundBlock {
         let mut cursor = raw.records(StackMode::Bytes);
         while let Some(Ok(r)) = cursor.next() {
             match r {
