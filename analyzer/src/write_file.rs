@@ -1,5 +1,13 @@
 //! Writing output files whole or not at all: a temporary name in the same
 //! directory, renamed into place once complete.
+//!
+//! The file is not synced to disk before the rename. An output is derived
+//! from its trace and written again by the next analysis; against the
+//! analyzer failing or being killed half way, the rename is what keeps a
+//! partial file from the output's name, and other programs read the
+//! renamed file whole from the page cache at once. The `fsync` cost 1 ms
+//! of a 40 ms analysis on a quiet machine and 2–33 ms on a busy one, on
+//! the one thread left once the profile is built.
 
 use crate::error::AnalyzeError;
 use std::io::{BufWriter, Write};
@@ -45,8 +53,8 @@ pub fn write_atomically(
         let file = std::fs::File::create(&tmp)?;
         let mut w = BufWriter::new(file);
         f(&mut w)?;
-        let file = w.into_inner().map_err(|e| e.into_error())?;
-        file.sync_all()?;
+        w.flush()?;
+        drop(w);
         std::fs::rename(&tmp, path)
     })();
     if result.is_err() {
