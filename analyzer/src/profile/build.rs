@@ -10,6 +10,7 @@ use crate::image::Source;
 use crate::pipeline::{FrameKey, Prepared};
 use crate::symbolicate::Resolved;
 use lrnprof_format::TraceReader;
+use rayon::prelude::*;
 use rustc_hash::FxHashMap;
 use std::collections::HashMap;
 use std::ops::Range;
@@ -408,11 +409,14 @@ impl ProfileBuilder {
             })
             .collect();
         stats.stack_bytes = timeline.threads.values().map(|t| t.stack_bytes).sum();
+        // Each stack's frames, leaf first, walked up the tree; in parallel:
+        // on a short python trace, a quarter of what was left on one
+        // thread once the samples were unwound.
         let mut stacks: Vec<Stack> = self
             .stack_keys
-            .iter()
-            .zip(&self.stack_samples)
-            .zip(&self.stack_amounts)
+            .par_iter()
+            .zip(self.stack_samples.par_iter())
+            .zip(self.stack_amounts.par_iter())
             .map(|((&(thread, leaf), &samples), amounts)| {
                 let mut locations = Vec::new();
                 let mut node = leaf;
