@@ -23,14 +23,25 @@ use std::sync::Mutex;
 /// stays bounded for longer ones.
 const KEPT_BLOCKS_BUDGET: u64 = 32 << 20;
 
-/// Analyze the trace at `path`.
+/// Analyze the trace at `path`, on a pool of `options.jobs` workers.
 pub fn analyze(
     path: &Path,
     options: &AnalyzeOptions,
     progress: &dyn Progress,
 ) -> Result<Profile, AnalyzeError> {
+    analyze_in(&pool(options.jobs)?, path, options, progress)
+}
+
+/// Analyze the trace at `path` on the workers of `pool` (`options.jobs`
+/// is not looked at): a caller that writes the profile on the same pool
+/// starts its workers once.
+pub fn analyze_in(
+    pool: &rayon::ThreadPool,
+    path: &Path,
+    options: &AnalyzeOptions,
+    progress: &dyn Progress,
+) -> Result<Profile, AnalyzeError> {
     let reader = open(path, options)?;
-    let pool = pool(options.jobs)?;
     let name = path
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())

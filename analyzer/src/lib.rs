@@ -52,7 +52,7 @@ mod units;
 mod unwind;
 mod write_file;
 
-pub use analyze::analyze;
+pub use analyze::{analyze, analyze_in};
 pub use diff::{write_diff_svg, DiffReport, DiffRow};
 pub use error::AnalyzeError;
 pub use info::{ThreadInfo, TraceInfo, ValueTotal};
@@ -62,6 +62,7 @@ pub use output::{
     SvgWriter,
 };
 pub use pack::{pack, PackOptions, PackReport};
+pub use pipeline::pool;
 pub use profile::{
     EventCounts, Function, ImageInfo, Location, LocationLine, ProcessInfo, Profile, SequenceEntry,
     Stack, Stats, ThreadProfile, ValueKind,

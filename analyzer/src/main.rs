@@ -3,9 +3,9 @@
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use lrnprof_analyzer::{
-    analyze, default_output_path, pack, strip, syscall_report, write_atomically, write_diff_svg,
-    AnalyzeOptions, DiffReport, OutputFormat, PackOptions, Profile, Progress, SampleFilter,
-    SyscallReportOptions, TopOptions, TopOrder, TopReport, TraceInfo, ValueKind,
+    analyze, analyze_in, default_output_path, pack, pool, strip, syscall_report, write_atomically,
+    write_diff_svg, AnalyzeOptions, DiffReport, OutputFormat, PackOptions, Profile, Progress,
+    SampleFilter, SyscallReportOptions, TopOptions, TopOrder, TopReport, TraceInfo, ValueKind,
 };
 use lrnprof_format::{Pid, Tid};
 use std::io::IsTerminal;
@@ -475,13 +475,15 @@ fn run(cli: Cli) -> Result<()> {
             let format = OutputFormat::from(args.format);
             let mut opts = args.view.options(&args.common);
             format.configure(&mut opts);
-            let profile = analyze(&trace, &opts, &progress)?;
+            // One pool for the analysis and the output's writing (pprof
+            // compresses on the workers).
+            let pool = pool(opts.jobs)?;
+            let profile = analyze_in(&pool, &trace, &opts, &progress)?;
             warn(&profile);
             let out = args
                 .output
                 .unwrap_or_else(|| default_output_path(&trace, format.extension()));
-            let writer = format.writer();
-            write_atomically(&out, |w| writer.write(&profile, w))?;
+            pool.install(|| write_atomically(&out, |w| format.writer().write(&profile, w)))?;
             let s = &profile.stats;
             let to_stdout = out.as_os_str() == "-";
             eprintln!(

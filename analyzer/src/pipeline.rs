@@ -151,7 +151,7 @@ pub(crate) fn open(
 }
 
 /// A worker pool of `jobs` threads (0: one per CPU).
-pub(crate) fn pool(jobs: usize) -> Result<rayon::ThreadPool, AnalyzeError> {
+pub fn pool(jobs: usize) -> Result<rayon::ThreadPool, AnalyzeError> {
     rayon::ThreadPoolBuilder::new()
         .num_threads(jobs)
         .build()

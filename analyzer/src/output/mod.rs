@@ -2,6 +2,7 @@
 
 mod firefox;
 mod folded;
+mod gzip;
 mod pprof;
 mod proto;
 mod speedscope;
