@@ -75,6 +75,8 @@ struct Entry {
     /// Its frames are the walk's, nothing added or inserted.
     plain: bool,
     generation: usize,
+    /// End of its stack copy.
+    end: u64,
 }
 
 /// Per thread: its walks' frames and its last walked samples.
@@ -282,6 +284,7 @@ impl<'c, 'p, A: UnwindArch> BlockUnwinder<'c, 'p, A> {
             clean: e.walked.clean,
             unchanged_from,
             end: stack.end(),
+            base_end: e.end,
         });
         let base = base.map(|(e, _)| *e);
         let little_endian = prepared.little_endian();
@@ -374,6 +377,7 @@ impl<'c, 'p, A: UnwindArch> BlockUnwinder<'c, 'p, A> {
             walked,
             plain,
             generation: g.index,
+            end: stack.end(),
         })
     }
 }
@@ -487,6 +491,7 @@ mod tests {
                 },
                 plain: true,
                 generation: 0,
+                end: 0,
             });
             if walks.arena.len() < before {
                 compacted += 1;

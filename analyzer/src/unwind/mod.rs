@@ -403,6 +403,8 @@ pub(crate) struct Reuse {
     pub unchanged_from: u64,
     /// End of the new sample's stack copy.
     pub end: u64,
+    /// End of the earlier sample's stack copy.
+    pub base_end: u64,
 }
 
 /// How a walk went.
@@ -475,10 +477,14 @@ pub(crate) fn walk<A: UnwindArch>(
                 if A::sp(&n.regs) != sp {
                     break;
                 }
+                // Reads at or past the end fail: if both copies end at the
+                // same address, the earlier walk's failed where this one's
+                // would (a stack deeper than the copy, whose walks stop at
+                // its end), else it must have read only unchanged bytes.
                 if n.address == address
                     && n.regs == regs
                     && n.lo >= r.unchanged_from
-                    && n.hi <= r.end
+                    && (n.hi <= r.end || r.base_end == r.end)
                 {
                     joined = Some((at, depth));
                     break;
