@@ -25,26 +25,33 @@ const PIECE: usize = 64 << 10;
 /// deflate's window: the bytes before a piece given as its dictionary.
 const WINDOW: usize = 32 << 10;
 
+/// Pieces compressed before their bytes are written (4 MiB of input).
+const BATCH: usize = 64;
+
 /// Write `data` gzipped at `level` to `out`, as one gzip member with no
 /// file name and mtime 0.
 pub(crate) fn write_gzip(data: &[u8], level: Compression, out: &mut dyn Write) -> io::Result<()> {
     let starts: Vec<usize> = (0..data.len().max(1)).step_by(PIECE).collect();
-    let pieces = starts
-        .par_iter()
-        .map(|&start| {
-            let end = (start + PIECE).min(data.len());
-            let dictionary = &data[start.saturating_sub(WINDOW)..start];
-            let mut crc = crc32fast::Hasher::new();
-            crc.update(&data[start..end]);
-            let deflated = deflate(&data[start..end], dictionary, end == data.len(), level)?;
-            Ok((deflated, crc))
-        })
-        .collect::<io::Result<Vec<_>>>()?;
     out.write_all(&header(level))?;
     let mut crc = crc32fast::Hasher::new();
-    for (deflated, piece_crc) in &pieces {
-        out.write_all(deflated)?;
-        crc.combine(piece_crc);
+    // A batch of pieces at a time: the compressed bytes held at once stay
+    // bounded however large the profile.
+    for batch in starts.chunks(BATCH) {
+        let pieces = batch
+            .par_iter()
+            .map(|&start| {
+                let end = (start + PIECE).min(data.len());
+                let dictionary = &data[start.saturating_sub(WINDOW)..start];
+                let mut crc = crc32fast::Hasher::new();
+                crc.update(&data[start..end]);
+                let deflated = deflate(&data[start..end], dictionary, end == data.len(), level)?;
+                Ok((deflated, crc))
+            })
+            .collect::<io::Result<Vec<_>>>()?;
+        for (deflated, piece_crc) in &pieces {
+            out.write_all(deflated)?;
+            crc.combine(piece_crc);
+        }
     }
     out.write_all(&crc.finalize().to_le_bytes())?;
     // ISIZE: the input's length modulo 2^32.
@@ -147,6 +154,9 @@ mod tests {
             2 * PIECE,
             3 * PIECE + 17,
             WINDOW / 2,
+            BATCH * PIECE,
+            BATCH * PIECE + 1,
+            (BATCH + 1) * PIECE + 99,
         ] {
             let data = text(len);
             assert_eq!(gunzip(&gzip(&data)), data, "{len} bytes");
