@@ -278,6 +278,14 @@ impl TraceInfo {
                 st.cut_short_samples, st.cut_short_root_samples
             );
         }
+        if st.past_copy_samples > 0 {
+            let _ = writeln!(
+                s,
+                "too deep:     {} samples' stacks are deeper than their stack copy: their walks \
+                 stop at its end, short of the root",
+                st.past_copy_samples
+            );
+        }
         let _ = writeln!(
             s,
             "trace:        {} bytes, {}",

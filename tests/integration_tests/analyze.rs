@@ -261,6 +261,18 @@ fn unwinding_only_what_changed_gives_the_stacks_of_full_walks() {
         assert!(shows(&whole), "{name}: {whole}");
         assert_eq!(folded_text(&trace, &[]), whole, "{name}");
         assert_eq!(folded_text(&trace, &["--jobs", "2"]), whole, "{name}");
+        // Walks that stop at the end of a full copy are counted and
+        // explained; no others are. (rec_deep has one thread: the first
+        // `trace_samples` in the JSON, its thread's, is all of them.)
+        let i = info(&trace, &[]);
+        let past = json_number(&i, "past_copy_samples");
+        if name == "cut" {
+            assert!(past >= 0.9 * json_number(&i, "trace_samples"), "{i}");
+            assert!(i.contains("deeper than the copy"), "{i}");
+        } else {
+            assert_eq!(past, 0.0, "{name}: {i}");
+            assert!(!i.contains("deeper than the copy"), "{name}: {i}");
+        }
     }
     remove_scratch_dir(&dir);
 }

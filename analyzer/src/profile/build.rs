@@ -56,6 +56,8 @@ pub(crate) struct UnwoundSample {
     /// Whether its stack copy was cut short at a page its thread had never
     /// touched ([`SampleFlags::STACK_CUT_SHORT`](lrnprof_format::SampleFlags)).
     pub cut_short: bool,
+    /// Whether its walk stopped at the end of its stack copy.
+    pub past_copy: bool,
 }
 
 /// The samples of one block after unwinding, in trace order, as the
@@ -81,6 +83,9 @@ pub(crate) struct BlockSample {
     /// Whether its stack copy was cut short at a page its thread had never
     /// touched.
     pub cut_short: bool,
+    /// Whether its walk stopped at a read past the end of its stack copy
+    /// (a stack deeper than the copy).
+    pub past_copy: bool,
 }
 
 /// A sample's frames in an [`UnwoundBlock`].
@@ -125,6 +130,8 @@ pub(crate) struct ProfileBuilder {
     stack_clean: Vec<u64>,
     /// Per stack: samples cut short, and of those the clean ones.
     stack_cut_short: Vec<(u64, u64)>,
+    /// Per stack: samples whose walk stopped at the end of the copy.
+    stack_past_copy: Vec<u64>,
     stack_amounts: Vec<Amounts>,
     stack_ids: FxHashMap<(u32, u32), u32>,
     sequences: Vec<Vec<SequenceEntry>>,
@@ -170,6 +177,7 @@ impl ProfileBuilder {
             stack_samples: Vec::new(),
             stack_clean: Vec::new(),
             stack_cut_short: Vec::new(),
+            stack_past_copy: Vec::new(),
             stack_amounts: Vec::new(),
             stack_ids: FxHashMap::default(),
             sequences: vec![Vec::new(); threads],
@@ -199,6 +207,7 @@ impl ProfileBuilder {
             u.used_kernel_chain,
             u.presymbolized,
             u.cut_short,
+            u.past_copy,
         );
     }
 
@@ -232,6 +241,7 @@ impl ProfileBuilder {
                 s.used_kernel_chain,
                 s.presymbolized,
                 s.cut_short,
+                s.past_copy,
             );
         }
         self.block_leaves = leaves;
@@ -277,6 +287,7 @@ impl ProfileBuilder {
         used_kernel_chain: bool,
         presymbolized: bool,
         cut_short: bool,
+        past_copy: bool,
     ) {
         let next = self.stack_keys.len() as u32;
         let id = *self.stack_ids.entry((thread, node)).or_insert(next);
@@ -285,8 +296,10 @@ impl ProfileBuilder {
             self.stack_samples.push(0);
             self.stack_clean.push(0);
             self.stack_cut_short.push((0, 0));
+            self.stack_past_copy.push(0);
             self.stack_amounts.push(Amounts::default());
         }
+        self.stack_past_copy[id as usize] += u64::from(past_copy);
         if cut_short {
             let c = &mut self.stack_cut_short[id as usize];
             c.0 += 1;
@@ -433,10 +446,11 @@ impl ProfileBuilder {
                 }
             })
             .collect();
-        for ((s, clean), cut) in stacks
+        for (((s, clean), cut), past_copy) in stacks
             .iter_mut()
             .zip(self.stack_clean)
             .zip(self.stack_cut_short)
+            .zip(self.stack_past_copy)
         {
             let outer_is_root = s.locations.last().is_some_and(|&l| {
                 locations[l as usize].lines.last().is_some_and(|ll| {
@@ -444,6 +458,8 @@ impl ProfileBuilder {
                 })
             });
             s.root_samples = if outer_is_root { s.samples } else { clean };
+            // The kernel's callchain may have gone on to the root.
+            stats.past_copy_samples += if outer_is_root { 0 } else { past_copy };
             stats.cut_short_samples += cut.0;
             stats.cut_short_root_samples += if outer_is_root { cut.0 } else { cut.1 };
             stats.samples += s.samples;
@@ -489,6 +505,9 @@ impl ProfileBuilder {
                 }
             })
             .collect();
+        if let Some(w) = past_copy_warning(&stats, timeline.header.sampling.stack_size) {
+            warnings.push(w);
+        }
         if !missing.is_empty() {
             warnings.push(format!(
                 "unwind or symbol data missing for {}: give their files with --symbols DIR or record with embedded data",
@@ -546,6 +565,59 @@ impl ProfileBuilder {
     }
 }
 
+/// The largest user stack copy Linux's perf events allow (bytes); the
+/// recorder's limit too.
+const MAX_STACK_COPY: u32 = 65528;
+
+/// What to do when more than 1 % of the samples stop short of their
+/// thread's root at the end of their `stack_size`-byte stack copy.
+fn past_copy_warning(stats: &Stats, stack_size: u32) -> Option<String> {
+    let n = stats.past_copy_samples;
+    if n == 0 || n.saturating_mul(100) < stats.samples {
+        return None;
+    }
+    let larger = if stack_size < MAX_STACK_COPY {
+        format!(", or record with a larger --stack-size (at most {MAX_STACK_COPY})")
+    } else {
+        String::new()
+    };
+    Some(format!(
+        "{n} samples ({:.1}%) stop short of their thread's root at the end of their \
+         {stack_size}-byte stack copy: their stacks are deeper than the copy. Build the program \
+         with frame pointers (-fno-omit-frame-pointer; for Rust -C force-frame-pointers=yes) \
+         so the kernel's callchain continues them{larger}",
+        100.0 * n as f64 / stats.samples.max(1) as f64
+    ))
+}
+
 fn source_text(s: &Source) -> String {
     s.to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stats(samples: u64, past_copy_samples: u64) -> Stats {
+        Stats {
+            samples,
+            past_copy_samples,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn stacks_deeper_than_the_copy_are_explained_past_one_percent() {
+        assert_eq!(past_copy_warning(&stats(1000, 0), MAX_STACK_COPY), None);
+        assert_eq!(past_copy_warning(&stats(1000, 9), MAX_STACK_COPY), None);
+        let w = past_copy_warning(&stats(1000, 10), MAX_STACK_COPY).unwrap();
+        assert!(w.starts_with("10 samples (1.0%) stop short"), "{w}");
+        assert!(w.contains("65528-byte stack copy"), "{w}");
+        assert!(w.contains("-fno-omit-frame-pointer"), "{w}");
+        // At the largest copy, a larger one is no advice.
+        assert!(!w.contains("--stack-size"), "{w}");
+        let w = past_copy_warning(&stats(10, 10), 8192).unwrap();
+        assert!(w.contains("(100.0%)") && w.contains("8192-byte"), "{w}");
+        assert!(w.contains("a larger --stack-size (at most 65528)"), "{w}");
+    }
 }

@@ -211,6 +211,9 @@ pub struct Stats {
     /// Of those, the ones that still reached the thread's root (through
     /// the kernel's frame-pointer callchain).
     pub cut_short_root_samples: u64,
+    /// Analyzed samples whose stack is deeper than their stack copy: the
+    /// walk stopped at a read past the copy's end, short of the root.
+    pub past_copy_samples: u64,
     /// Samples lost by the kernel or recorder.
     pub lost_samples: u64,
     /// Time from the first to the last record, in ns.

@@ -64,6 +64,10 @@ pub(crate) fn unwind_block(
 /// trace 50 MB of peak memory instead of 63.
 const COMPACT_AT: usize = 1024;
 
+/// Bytes a stack copy may fall short of the recording's stack size and
+/// still count as full: the kernel copies what it can up to the size.
+const FULL_COPY_SLACK: u64 = 4096;
+
 /// A walked sample that later samples of its thread may reuse.
 #[derive(Clone, Copy)]
 struct Entry {
@@ -173,6 +177,7 @@ impl<'c, 'p, A: UnwindArch> BlockUnwinder<'c, 'p, A> {
             used_kernel_chain: false,
             presymbolized: !s.frames.is_empty(),
             cut_short: s.flags.contains(SampleFlags::STACK_CUT_SHORT),
+            past_copy: false,
         };
         // Kernel frames first (the leaf end), as perf shows them.
         push_kernel_keys(&s.kernel_frames, &mut self.out.keys);
@@ -285,6 +290,7 @@ impl<'c, 'p, A: UnwindArch> BlockUnwinder<'c, 'p, A> {
             unchanged_from,
             end: stack.end(),
             base_end: e.end,
+            past_end: e.walked.past_end,
         });
         let base = base.map(|(e, _)| *e);
         let little_endian = prepared.little_endian();
@@ -304,6 +310,11 @@ impl<'c, 'p, A: UnwindArch> BlockUnwinder<'c, 'p, A> {
         }))
         .map_err(|_| Fallback { callchain: false })?;
         sample.clean = walked.clean;
+        // A copy as long as the recording allowed, not one the recorder
+        // trimmed at the thread's stack top or at a never-touched page.
+        let full = u64::from(stack.len()) + FULL_COPY_SLACK
+            >= u64::from(prepared.timeline.header.sampling.stack_size);
+        sample.past_copy = walked.past_end && full && !sample.cut_short;
         // What a full unwind adds to the walk's frames.
         let mut frames = std::mem::take(&mut self.frames);
         frames.clear();
@@ -488,6 +499,7 @@ mod tests {
                     clean: true,
                     truncated: false,
                     joined: None,
+                    past_end: false,
                 },
                 plain: true,
                 generation: 0,

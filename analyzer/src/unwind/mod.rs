@@ -376,6 +376,10 @@ impl UnwindArch for Aarch64Arch {
 /// No node: the end of a chain.
 pub(crate) const NONE: u32 = u32::MAX;
 
+/// How far past the end of a stack copy a failed read still counts as the
+/// walk running off its end (one large frame).
+const PAST_END_REACH: u64 = 64 * 1024;
+
 /// One frame of a walk: where it is, the registers the unwinder had there,
 /// and the stack bytes that unwinding from it to the end of the walk read.
 #[derive(Debug, Clone, Copy)]
@@ -405,6 +409,8 @@ pub(crate) struct Reuse {
     pub end: u64,
     /// End of the earlier sample's stack copy.
     pub base_end: u64,
+    /// The earlier sample's walk stopped at a read past its copy's end.
+    pub past_end: bool,
 }
 
 /// How a walk went.
@@ -421,6 +427,9 @@ pub(crate) struct Walked {
     /// that sample were not reused (its node at that depth is where the
     /// new frames join it), and how many new frames there are.
     pub joined: Option<(u32, u32)>,
+    /// It stopped because a read at or past the end of the stack copy
+    /// failed: the stack is deeper than the copy.
+    pub past_end: bool,
 }
 
 /// The nodes of a chain, innermost first.
@@ -461,6 +470,8 @@ pub(crate) fn walk<A: UnwindArch>(
     let mut other_depth = 0u32;
     let mut joined = None;
     let mut hit_bound = false;
+    let mut past_end = false;
+    let end = stack.end();
     let mut words = stack.reader(little_endian);
     let clean = loop {
         if let Some(r) = reuse {
@@ -503,10 +514,17 @@ pub(crate) fn walk<A: UnwindArch>(
         let (mut lo, mut hi) = (u64::MAX, 0u64);
         let this = address;
         let this_regs = regs;
+        let mut failed_past_end = false;
         let mut read = |addr: u64| -> Result<u64, ()> {
             lo = lo.min(addr);
             hi = hi.max(addr.saturating_add(8));
-            words.read_u64(addr).ok_or(())
+            let word = words.read_u64(addr);
+            // Just past the end, as the next frame up would be; not a
+            // wild address read through a bad rule.
+            failed_past_end |= word.is_none()
+                && addr.saturating_add(8) > end
+                && addr < end.saturating_add(PAST_END_REACH);
+            word.ok_or(())
         };
         let next = unwinder.unwind_frame(this, &mut regs, cache.of(this), &mut read);
         let parent = arena.len() as u32 + 1;
@@ -523,7 +541,10 @@ pub(crate) fn walk<A: UnwindArch>(
                 None => break true,
             },
             Ok(None) | Err(framehop::Error::ReturnAddressIsNull) => break true,
-            Err(_) => break false,
+            Err(_) => {
+                past_end = failed_past_end;
+                break false;
+            }
         }
     };
     let new = (arena.len() - first) as u32;
@@ -553,6 +574,11 @@ pub(crate) fn walk<A: UnwindArch>(
         clean: clean && total <= MAX_FRAMES as u32,
         truncated: hit_bound || total > MAX_FRAMES as u32,
         joined: joined.map(|(_, depth)| (depth, new)),
+        // A joined walk ends as the earlier one did.
+        past_end: match (joined, reuse) {
+            (Some(_), Some(r)) => r.past_end,
+            _ => past_end,
+        },
     }
 }
 
