@@ -9,7 +9,7 @@ use super::{
 use crate::image::Source;
 use crate::pipeline::{FrameKey, Prepared};
 use crate::symbolicate::Resolved;
-use lrnprof_format::TraceReader;
+use lrnprof_format::{Os, TraceHeader, TraceReader};
 use rayon::prelude::*;
 use rustc_hash::FxHashMap;
 use std::collections::HashMap;
@@ -36,29 +36,6 @@ const ROOT_FUNCTIONS: &[&str] = &[
     "pthread_start",
     "start",
 ];
-
-/// One sample after unwinding, as the builder takes it one at a time
-/// ([`ProfileBuilder::add`]; the analysis itself adds whole blocks).
-#[allow(dead_code)]
-pub(crate) struct UnwoundSample {
-    /// Index into the timeline's threads.
-    pub thread: u32,
-    pub time: lrnprof_format::Timestamp,
-    /// What the sample adds to each value.
-    pub amounts: Amounts,
-    /// Leaf first.
-    pub frames: Vec<FrameKey>,
-    /// Whether the unwinder stopped cleanly (at a zero return address).
-    pub clean: bool,
-    pub used_kernel_chain: bool,
-    /// Whether the sample came unwound (a stripped trace).
-    pub presymbolized: bool,
-    /// Whether its stack copy was cut short at a page its thread had never
-    /// touched ([`SampleFlags::STACK_CUT_SHORT`](lrnprof_format::SampleFlags)).
-    pub cut_short: bool,
-    /// Whether its walk stopped at the end of its stack copy.
-    pub past_copy: bool,
-}
 
 /// The samples of one block after unwinding, in trace order, as the
 /// builder takes them: a sample whose outer frames are an earlier one's
@@ -192,23 +169,6 @@ impl ProfileBuilder {
             scratch: Vec::new(),
             block_leaves: Vec::new(),
         }
-    }
-
-    /// Count one sample (in trace order).
-    #[allow(dead_code)]
-    pub fn add(&mut self, u: UnwoundSample) {
-        let node = self.extend(ROOT, &u.frames);
-        self.count(
-            u.thread,
-            u.time,
-            node,
-            &u.amounts,
-            u.clean,
-            u.used_kernel_chain,
-            u.presymbolized,
-            u.cut_short,
-            u.past_copy,
-        );
     }
 
     /// Count the samples of a block (blocks in trace order).
@@ -505,7 +465,7 @@ impl ProfileBuilder {
                 }
             })
             .collect();
-        if let Some(w) = past_copy_warning(&stats, timeline.header.sampling.stack_size) {
+        if let Some(w) = past_copy_warning(&stats, &timeline.header) {
             warnings.push(w);
         }
         if !missing.is_empty() {
@@ -565,27 +525,53 @@ impl ProfileBuilder {
     }
 }
 
-/// The largest user stack copy Linux's perf events allow (bytes); the
-/// recorder's limit too.
-const MAX_STACK_COPY: u32 = 65528;
+/// The largest user stack copy Linux's perf events allow (bytes; the
+/// recorder's `MAX_STACK_SIZE`, which this crate cannot name). macOS
+/// copies up to [`lrnprof_format::MAX_STACK_LEN`].
+const LINUX_MAX_STACK_COPY: u32 = 65528;
 
 /// What to do when more than 1 % of the samples stop short of their
-/// thread's root at the end of their `stack_size`-byte stack copy.
-fn past_copy_warning(stats: &Stats, stack_size: u32) -> Option<String> {
+/// thread's root at the end of their stack copy, from what the trace
+/// recorded: frame pointers help where the kernel's callchain was
+/// recorded (or can be, on Linux), a larger copy where one is allowed.
+fn past_copy_warning(stats: &Stats, header: &TraceHeader) -> Option<String> {
     let n = stats.past_copy_samples;
     if n == 0 || n.saturating_mul(100) < stats.samples {
         return None;
     }
-    let larger = if stack_size < MAX_STACK_COPY {
-        format!(", or record with a larger --stack-size (at most {MAX_STACK_COPY})")
-    } else {
-        String::new()
+    let stack_size = header.sampling.stack_size;
+    let frame_pointers =
+        "build the program with frame pointers (-fno-omit-frame-pointer; for Rust \
+         -C force-frame-pointers=yes)";
+    let mut advice = Vec::new();
+    match (header.sampling.kernel_callchain, header.os) {
+        (true, _) => advice.push(format!(
+            "{frame_pointers} so the kernel's callchain continues them"
+        )),
+        (false, Os::Linux) => advice.push(format!(
+            "{frame_pointers} and record with --callchain on, so the kernel's callchain \
+             continues them"
+        )),
+        (false, Os::MacOs) => {}
+    }
+    let max = match header.os {
+        Os::Linux => LINUX_MAX_STACK_COPY,
+        Os::MacOs => lrnprof_format::MAX_STACK_LEN,
+    };
+    if stack_size < max {
+        advice.push(format!("record with a larger --stack-size (at most {max})"));
+    }
+    let advice = match advice.join(", or ") {
+        a if a.is_empty() => "No larger copy can be recorded".to_string(),
+        a => {
+            let mut a = a;
+            a[..1].make_ascii_uppercase();
+            a
+        }
     };
     Some(format!(
         "{n} samples ({:.1}%) stop short of their thread's root at the end of their \
-         {stack_size}-byte stack copy: their stacks are deeper than the copy. Build the program \
-         with frame pointers (-fno-omit-frame-pointer; for Rust -C force-frame-pointers=yes) \
-         so the kernel's callchain continues them{larger}",
+         {stack_size}-byte stack copy: their stacks are deeper than the copy. {advice}",
         100.0 * n as f64 / stats.samples.max(1) as f64
     ))
 }
@@ -606,18 +592,41 @@ mod tests {
         }
     }
 
+    fn header(os: Os, kernel_callchain: bool, stack_size: u32) -> TraceHeader {
+        let mut h = TraceHeader::example();
+        h.os = os;
+        h.sampling.kernel_callchain = kernel_callchain;
+        h.sampling.stack_size = stack_size;
+        h
+    }
+
     #[test]
     fn stacks_deeper_than_the_copy_are_explained_past_one_percent() {
-        assert_eq!(past_copy_warning(&stats(1000, 0), MAX_STACK_COPY), None);
-        assert_eq!(past_copy_warning(&stats(1000, 9), MAX_STACK_COPY), None);
-        let w = past_copy_warning(&stats(1000, 10), MAX_STACK_COPY).unwrap();
+        let linux = header(Os::Linux, true, LINUX_MAX_STACK_COPY);
+        assert_eq!(past_copy_warning(&stats(1000, 0), &linux), None);
+        assert_eq!(past_copy_warning(&stats(1000, 9), &linux), None);
+        let w = past_copy_warning(&stats(1000, 10), &linux).unwrap();
         assert!(w.starts_with("10 samples (1.0%) stop short"), "{w}");
         assert!(w.contains("65528-byte stack copy"), "{w}");
         assert!(w.contains("-fno-omit-frame-pointer"), "{w}");
         // At the largest copy, a larger one is no advice.
         assert!(!w.contains("--stack-size"), "{w}");
-        let w = past_copy_warning(&stats(10, 10), 8192).unwrap();
+        let w = past_copy_warning(&stats(10, 10), &header(Os::Linux, true, 8192)).unwrap();
         assert!(w.contains("(100.0%)") && w.contains("8192-byte"), "{w}");
         assert!(w.contains("a larger --stack-size (at most 65528)"), "{w}");
+    }
+
+    #[test]
+    fn the_advice_follows_what_the_trace_recorded() {
+        let all = stats(10, 10);
+        // Linux without the callchain: turn it on too.
+        let w = past_copy_warning(&all, &header(Os::Linux, false, LINUX_MAX_STACK_COPY)).unwrap();
+        assert!(w.contains("--callchain on"), "{w}");
+        // macOS records no callchain and copies up to 8 MiB.
+        let w = past_copy_warning(&all, &header(Os::MacOs, false, 65528)).unwrap();
+        assert!(!w.contains("frame pointers"), "{w}");
+        assert!(w.contains("at most 8388608"), "{w}");
+        let w = past_copy_warning(&all, &header(Os::MacOs, false, 8 << 20)).unwrap();
+        assert!(w.ends_with("No larger copy can be recorded"), "{w}");
     }
 }

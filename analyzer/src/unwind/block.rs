@@ -310,11 +310,13 @@ impl<'c, 'p, A: UnwindArch> BlockUnwinder<'c, 'p, A> {
         }))
         .map_err(|_| Fallback { callchain: false })?;
         sample.clean = walked.clean;
-        // A copy as long as the recording allowed, not one the recorder
-        // trimmed at the thread's stack top or at a never-touched page.
-        let full = u64::from(stack.len()) + FULL_COPY_SLACK
-            >= u64::from(prepared.timeline.header.sampling.stack_size);
-        sample.past_copy = walked.past_end && full && !sample.cut_short;
+        // Only from a copy as long as the recording allowed, not one the
+        // recorder trimmed at the thread's stack top or at a never-touched
+        // page.
+        sample.past_copy = walked.past_end
+            && !sample.cut_short
+            && u64::from(stack.len()) + FULL_COPY_SLACK
+                >= u64::from(prepared.timeline.header.sampling.stack_size);
         // What a full unwind adds to the walk's frames.
         let mut frames = std::mem::take(&mut self.frames);
         frames.clear();

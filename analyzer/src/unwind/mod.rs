@@ -514,17 +514,10 @@ pub(crate) fn walk<A: UnwindArch>(
         let (mut lo, mut hi) = (u64::MAX, 0u64);
         let this = address;
         let this_regs = regs;
-        let mut failed_past_end = false;
         let mut read = |addr: u64| -> Result<u64, ()> {
             lo = lo.min(addr);
             hi = hi.max(addr.saturating_add(8));
-            let word = words.read_u64(addr);
-            // Just past the end, as the next frame up would be; not a
-            // wild address read through a bad rule.
-            failed_past_end |= word.is_none()
-                && addr.saturating_add(8) > end
-                && addr < end.saturating_add(PAST_END_REACH);
-            word.ok_or(())
+            words.read_u64(addr).ok_or(())
         };
         let next = unwinder.unwind_frame(this, &mut regs, cache.of(this), &mut read);
         let parent = arena.len() as u32 + 1;
@@ -542,7 +535,11 @@ pub(crate) fn walk<A: UnwindArch>(
             },
             Ok(None) | Err(framehop::Error::ReturnAddressIsNull) => break true,
             Err(_) => {
-                past_end = failed_past_end;
+                // A read at or past the end fails and ends the frame's
+                // reads, so it is the frame's highest: just past the end,
+                // as the next frame up would be, not a wild address read
+                // through a bad rule.
+                past_end = hi > end && hi.saturating_sub(8) < end.saturating_add(PAST_END_REACH);
                 break false;
             }
         }
