@@ -45,6 +45,10 @@ pub(crate) trait Convert: Send + 'static {
     /// trace writer is done with it (dropped by default).
     fn recycle_stack(&mut self, _bytes: Vec<u8>) {}
 
+    /// Take back a hint [`Convert::stack_hint`] gave, once the trace
+    /// writer is done with it (dropped by default).
+    fn recycle_hint(&mut self, _hint: StackHint) {}
+
     /// Called first on the writer thread (e.g. to raise its priority).
     fn on_writer_thread(&mut self) {}
 
@@ -324,6 +328,9 @@ fn run<C: Convert>(
             counter.count(&r);
             let hint = converter.stack_hint(&r);
             writer.write_owned_hinted(r, hint.as_ref())?;
+            if let Some(hint) = hint {
+                converter.recycle_hint(hint);
+            }
         }
         while let Some(bytes) = writer.take_spare_stack() {
             converter.recycle_stack(bytes);

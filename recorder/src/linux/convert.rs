@@ -912,6 +912,10 @@ impl Convert for Converter {
         }
     }
 
+    fn recycle_hint(&mut self, hint: StackHint) {
+        self.images.recycle_runs(hint.runs);
+    }
+
     fn recycle_stack(&mut self, bytes: Vec<u8>) {
         if let Some(pool) = &self.chunks {
             pool.give_stack(bytes);

@@ -128,6 +128,11 @@ impl Images {
             .sample(self.spaces.current(), then.as_deref(), sample)
     }
 
+    /// Keep `runs`, a [`StackHint`]'s, for a later sample's hint.
+    pub fn recycle_runs(&mut self, runs: Vec<(u32, u32)>) {
+        self.touched.recycle_runs(runs);
+    }
+
     /// The blobs to embed: sections of every touched image, the vDSO's
     /// bytes, and JIT maps. Problems go onto `warnings`; they never fail
     /// the recording.

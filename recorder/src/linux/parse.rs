@@ -155,13 +155,35 @@ pub(crate) struct SampleRecord<'a> {
     pub raw: &'a [u8],
     /// User registers in mask bit order; empty if the kernel had none
     /// (e.g. a kernel thread).
-    pub regs: Vec<u64>,
+    pub regs: UserRegs,
     /// The live part of the stack copy (`dyn_size` bytes).
     pub stack: &'a [u8],
     /// Offset of the stack copy's size field in the record (perf header
     /// included): the bytes of the record before the copy, which the
     /// kernel subtracts from a record's 64 KiB when it sizes the copy.
     pub stack_offset: usize,
+}
+
+/// Most user registers a sample keeps: the recorder asks for 3 (x86-64)
+/// or 4 (AArch64).
+pub(crate) const MAX_USER_REGS: usize = 8;
+
+/// A sample's user registers, in mask bit order, held in place: parsing
+/// a sample allocates nothing for them. A sample with more than
+/// [`MAX_USER_REGS`] keeps none, as one whose count does not match the
+/// mask converts to none.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) struct UserRegs {
+    values: [u64; MAX_USER_REGS],
+    len: usize,
+}
+
+impl std::ops::Deref for UserRegs {
+    type Target = [u64];
+
+    fn deref(&self) -> &[u64] {
+        &self.values[..self.len]
+    }
 }
 
 /// A `PERF_RECORD_MMAP2` (or `PERF_RECORD_MMAP`).
@@ -434,6 +456,15 @@ fn parse_sample<'a>(layout: &Layout, c: &mut Cursor<'a>) -> Result<SampleRecord<
                 what: "callchain longer than the record",
             });
         }
+        // One allocation, not one per doubling, when the chain is all
+        // user frames (after their marker): no kernel part comes first.
+        let first = c
+            .data
+            .get(c.pos..c.pos + 8)
+            .map(|b| u64::from_ne_bytes(b.try_into().expect("eight bytes")));
+        if nr > 0 && first != Some(PERF_CONTEXT_KERNEL) {
+            s.callchain.reserve_exact(nr as usize);
+        }
         // Each part of the chain follows its context marker: kernel
         // frames first, then (after PERF_CONTEXT_USER) the user ones.
         let mut in_kernel = false;
@@ -456,8 +487,15 @@ fn parse_sample<'a>(layout: &Layout, c: &mut Cursor<'a>) -> Result<SampleRecord<
     if t & sample::REGS_USER != 0 {
         let abi = c.u64()?;
         if abi != 0 {
-            for _ in 0..layout.user_regs {
-                s.regs.push(c.u64()?);
+            let keep = layout.user_regs <= MAX_USER_REGS;
+            for i in 0..layout.user_regs {
+                let value = c.u64()?;
+                if keep {
+                    s.regs.values[i] = value;
+                }
+            }
+            if keep {
+                s.regs.len = layout.user_regs;
             }
         }
     }
@@ -612,7 +650,7 @@ pub(crate) mod tests {
         let PerfRecord::Sample(s) = parsed else { panic!("not a sample: {parsed:?}") };
         assert_eq!((s.pid, s.tid, s.time, s.cpu, s.period), (10, 11, 123_456, Some(1), 1_000_000));
         assert_eq!(s.callchain, [0x401000, 0x401100]);
-        assert_eq!(s.regs, [0x7ff0, 0x7fe0, 0x401000]);
+        assert_eq!(*s.regs, [0x7ff0, 0x7fe0, 0x401000]);
         assert_eq!(s.stack, &[7u8; 8]);
         // header 8, pid/tid 8, time 8, cpu 8, period 8, callchain 32, regs 32
         assert_eq!(s.stack_offset, 104);
@@ -653,6 +691,43 @@ pub(crate) mod tests {
         for len in 0..=data.len() {
             fuzz_records(&data[..len]);
         }
+    }
+
+    /// More registers than a sample keeps: none are kept (they could not
+    /// convert), and what follows them still parses.
+    #[rustfmt::skip]
+    #[test]
+    fn too_many_registers_are_skipped_whole() {
+        let layout = Layout { user_regs: MAX_USER_REGS + 1, ..LAYOUT };
+        let mut body = u64s(&[10 | (11 << 32)]);  // pid, tid
+        body.extend(u64s(&[123_456]));            // time
+        body.extend(u32s(&[1, 0]));               // cpu, reserved
+        body.extend(u64s(&[1_000_000]));          // period
+        body.extend(u64s(&[2, -512i64 as u64, 0x401000])); // callchain
+        body.extend(u64s(&[2]));                  // regs abi: 64-bit
+        body.extend(u64s(&[7; MAX_USER_REGS + 1]));
+        body.extend(u64s(&[8]));                  // stack size
+        body.extend([5u8; 8]);                    // stack data
+        body.extend(u64s(&[8]));                  // dyn_size
+        let rec = [header(kind::SAMPLE, 2, body.len()), body].concat();
+        let layouts = Layouts::single(Role::Cpu, layout);
+        let PerfRecord::Sample(s) = parse_record(&layouts, kind::SAMPLE, 2, &rec).unwrap() else {
+            panic!("not a sample")
+        };
+        assert!(s.regs.is_empty());
+        assert_eq!(s.callchain, [0x401000]);
+        assert_eq!(s.stack, &[5u8; 8]);
+        // A sample with as many as are kept keeps them all.
+        let layout = Layout { user_regs: MAX_USER_REGS, ..LAYOUT };
+        let mut body = u64s(&[10 | (11 << 32), 123_456, 1, 1_000_000, 0, 2]);
+        body.extend((1..=MAX_USER_REGS as u64).flat_map(|r| r.to_ne_bytes()));
+        body.extend(u64s(&[0]));                  // stack size 0
+        let rec = [header(kind::SAMPLE, 2, body.len()), body].concat();
+        let layouts = Layouts::single(Role::Cpu, layout);
+        let PerfRecord::Sample(s) = parse_record(&layouts, kind::SAMPLE, 2, &rec).unwrap() else {
+            panic!("not a sample")
+        };
+        assert_eq!(*s.regs, (1..=MAX_USER_REGS as u64).collect::<Vec<_>>()[..]);
     }
 
     #[rustfmt::skip]

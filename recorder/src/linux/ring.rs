@@ -42,9 +42,17 @@ impl ChunkPool {
         self.keep(v, POOL_BUFFER_BYTES, POOL_BUFFERS, |p| &mut p.chunks);
     }
 
-    /// A copy of `bytes` in a kept stack buffer, or a new one.
+    /// A copy of `bytes` in a kept stack buffer, or a new one. A kept
+    /// buffer too small is dropped, not grown: growing an empty buffer
+    /// reallocates, which copies its old bytes for nothing. New buffers
+    /// are rounded up to a power of two, so that they fit the next
+    /// stacks of about the same depth.
     pub fn stack_copy(&self, bytes: &[u8]) -> Vec<u8> {
         let mut v = self.pop(|p| &mut p.stacks);
+        if v.capacity() < bytes.len() {
+            let size = bytes.len().next_power_of_two().min(POOL_STACK_BYTES);
+            v = Vec::with_capacity(size.max(bytes.len()));
+        }
         v.extend_from_slice(bytes);
         v
     }
@@ -128,6 +136,7 @@ pub(crate) fn for_each_record(
     // The range as offsets from `start`, read through `at`.
     let piece = |from: usize, n: usize, into: &mut Vec<u8>| {
         into.clear();
+        into.reserve(n);
         let at = (start + from) % size;
         let first = n.min(size - at);
         into.extend_from_slice(&data[at..at + first]);
@@ -214,6 +223,9 @@ pub(crate) fn compact_record(layouts: &Layouts, rec: &[u8], out: &mut Vec<u8>) {
     }
 }
 
+/// Stacks a chunk makes room for when it takes its first one out.
+const CHUNK_STACKS: usize = 32;
+
 /// Stack copies at least this long leave the ring in buffers of their own
 /// (see [`Chunk`]); shorter ones stay in the chunk.
 pub(crate) const DETACH_STACK_MIN: u64 = 2048;
@@ -268,6 +280,10 @@ impl Chunk {
                 let new_len = (self.bytes.len() - start) as u16;
                 self.bytes[start + 6..start + 8].copy_from_slice(&new_len.to_ne_bytes());
                 self.detached_len += dyn_size as usize;
+                if self.stacks.capacity() == 0 {
+                    // About as many as fit a chunk, at once.
+                    self.stacks.reserve(CHUNK_STACKS);
+                }
                 let live = &rec[at + 8..at + 8 + dyn_size as usize];
                 self.stacks.push(DetachedStack {
                     at: start,
@@ -429,7 +445,7 @@ mod tests {
         assert_eq!(recs[1].2, &other[..]);
         let (k, misc, r) = recs[0];
         let PerfRecord::Sample(s) = parse_record(&layout, k, misc, r).unwrap() else { panic!() };
-        assert_eq!(s.regs, [1, 2, 3]);
+        assert_eq!(*s.regs, [1, 2, 3]);
         assert_eq!(s.callchain, [0x401000]);
         let expect: Vec<u8> = [0xaau64, 0xbb].iter().flat_map(|x| x.to_ne_bytes()).collect();
         assert_eq!(s.stack, &expect[..]);
@@ -490,7 +506,7 @@ mod tests {
         let (k, misc, r) = recs[1];
         let PerfRecord::Sample(s) = parse_record(&layouts, k, misc, r).unwrap() else { panic!() };
         assert_eq!((s.pid, s.tid, s.time), (10, 11, 500));
-        assert_eq!(s.regs, [1, 2, 3]);
+        assert_eq!(*s.regs, [1, 2, 3]);
         assert!(s.stack.is_empty());
         // The size field sits where it did in the kernel's record.
         let PerfRecord::Sample(orig) = parse_record(&layouts, k, misc, &long).unwrap() else { panic!() };
@@ -509,6 +525,28 @@ mod tests {
         // Buffers too large for a stack copy are not kept.
         pool.give_stack(vec![0; (64 << 10) + 1]);
         assert!(pool.stack_copy(&[1, 2]).capacity() < 1024);
+    }
+
+    /// A kept stack buffer too small for the next copy is replaced by one
+    /// of the next power of two (at most a whole copy's), not grown; one
+    /// large enough is reused.
+    #[test]
+    fn stack_buffers_are_replaced_not_grown() {
+        let pool = ChunkPool::default();
+        pool.give_stack(Vec::with_capacity(100));
+        let bytes: Vec<u8> = (0..5000u32).map(|i| i as u8).collect();
+        let copy = pool.stack_copy(&bytes);
+        assert_eq!(copy, bytes);
+        assert!(copy.capacity() >= 8192);
+        let at = copy.as_ptr();
+        pool.give_stack(copy);
+        let again = pool.stack_copy(&bytes[..4000]);
+        assert_eq!((again.as_ptr(), &again[..]), (at, &bytes[..4000]));
+        // Near the largest copy the kernel makes: a whole copy's buffer.
+        let deep = vec![7u8; 65528];
+        let copy = pool.stack_copy(&deep);
+        assert_eq!((copy.len(), copy.capacity() >= 65528), (65528, true));
+        assert!(copy.capacity() <= 64 << 10);
     }
 
     /// Garbage in the buffer (which the kernel never writes, but a bug

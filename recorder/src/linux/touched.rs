@@ -24,6 +24,12 @@ const MAX_SEEN_STACKS: usize = 4096;
 /// afresh.
 const MAX_SEEN_SPAN: u64 = (64 + 4) << 10;
 
+/// Hints' runs buffers kept for reuse at most (samples held back to be
+/// put in time order keep theirs until released), and the largest kept
+/// (runs).
+const MAX_SPARE_RUNS: usize = 1024;
+const MAX_SPARE_RUNS_LEN: usize = 1024;
+
 /// How far a [`SeenStack`] grows downwards at least, so that a thread
 /// whose stack deepens sample by sample does not move the bytes each time.
 const SEEN_GROW: u64 = 4 << 10;
@@ -87,6 +93,9 @@ pub(crate) struct Touched {
     seen_stacks: HashMap<(u32, u32), SeenStack>,
     /// The changed words of the sample at hand (kept for its allocation).
     words: Vec<u64>,
+    /// Buffers of hints' runs the trace writer is done with, for the next
+    /// samples' hints: no allocation per sample.
+    spare_runs: Vec<Vec<(u32, u32)>>,
     /// Lookups of processes whose mappings are not known yet, done once
     /// they are: a forked child's allocation sampler can report before
     /// the recorder has read the fork from the kernel.
@@ -266,7 +275,8 @@ impl Touched {
         self.last_id += 1;
         let mut hint = StackHint {
             id: self.last_id,
-            ..StackHint::default()
+            base: None,
+            runs: self.spare_runs.pop().unwrap_or_default(),
         };
         hint.base = seen.update(s.sp, s.stack, hint.id, &mut hint.runs, |w| words.push(w));
         let returns = chain
@@ -294,6 +304,16 @@ impl Touched {
         self.words = words;
         self.seen_stacks.insert((pid, tid), seen);
         hint
+    }
+
+    /// Keep `runs`, a hint's, for a later sample's hint (a few at most:
+    /// the writer gives each back before the next is asked for, unless
+    /// records are held back to be put in time order).
+    pub fn recycle_runs(&mut self, mut runs: Vec<(u32, u32)>) {
+        if self.spare_runs.len() < MAX_SPARE_RUNS && runs.capacity() <= MAX_SPARE_RUNS_LEN {
+            runs.clear();
+            self.spare_runs.push(runs);
+        }
     }
 
     /// Note that process `pid` refers to each of `lookups` (AVMA, whether
@@ -895,5 +915,31 @@ mod tests {
         // New mappings: every copy of the process is compared afresh.
         t.mappings_changed(1);
         assert_eq!(t.sample(&maps(&list), None, &refs(10)).base, None);
+        // A hint's runs given back hold the next hint's, emptied first.
+        let mut given = second.runs;
+        given.push((1, 2));
+        let at = given.as_ptr();
+        t.recycle_runs(given);
+        // (Thread 11's copies were forgotten with the mappings: no runs.)
+        let third = t.sample(&maps(&list), None, &refs(11));
+        assert_eq!(third.runs.as_ptr(), at);
+        assert_eq!((third.base, third.runs.len()), (None, 0));
+        t.recycle_runs(third.runs);
+        let fourth = t.sample(&maps(&list), None, &refs(11));
+        assert_eq!(fourth.runs.as_ptr(), at);
+        assert_eq!(
+            (fourth.base, &fourth.runs[..]),
+            (Some(third.id), &[(0, stack.len() as u32)][..])
+        );
+        // Buffers beyond what is kept are dropped.
+        for _ in 0..MAX_SPARE_RUNS + 10 {
+            t.recycle_runs(Vec::with_capacity(4));
+        }
+        t.recycle_runs(Vec::with_capacity(MAX_SPARE_RUNS_LEN + 1));
+        assert_eq!(t.spare_runs.len(), MAX_SPARE_RUNS);
+        assert!(t
+            .spare_runs
+            .iter()
+            .all(|r| r.capacity() <= MAX_SPARE_RUNS_LEN));
     }
 }
