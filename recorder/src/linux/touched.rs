@@ -30,6 +30,11 @@ const MAX_SEEN_SPAN: u64 = (64 + 4) << 10;
 const MAX_SPARE_RUNS: usize = 1024;
 const MAX_SPARE_RUNS_LEN: usize = 1024;
 
+/// Emptied lists of lookups in no image kept for reuse at most, and the
+/// largest kept (entries, 24 bytes each).
+const MAX_SPARE_UNPLACED: usize = 16;
+const MAX_SPARE_UNPLACED_LEN: usize = 1 << 16;
+
 /// How far a [`SeenStack`] grows downwards at least, so that a thread
 /// whose stack deepens sample by sample does not move the bytes each time.
 const SEEN_GROW: u64 = 4 << 10;
@@ -105,6 +110,11 @@ pub(crate) struct Touched {
     /// still place them.
     unplaced: HashMap<u32, Vec<Unplaced>>,
     unplaced_len: usize,
+    /// Lists of `unplaced` emptied by [`Touched::round`], for the next
+    /// ones: most lookups that fall in no image are heap pointers, kept
+    /// only until the round after, so a process's list is filled and
+    /// emptied again every round.
+    spare_unplaced: Vec<Vec<Unplaced>>,
     /// Processes whose mappings changed since the last [`Touched::round`].
     changed: HashSet<u32>,
     /// The id of the last stack copy compared (see [`StackHint::id`]).
@@ -223,10 +233,17 @@ impl Touched {
             }
         }
         let mut len = 0;
+        let spare = &mut self.spare_unplaced;
         self.unplaced.retain(|_, list| {
             list.retain(|u| u.time >= before);
             len += list.len();
-            !list.is_empty()
+            if !list.is_empty() {
+                return true;
+            }
+            if spare.len() < MAX_SPARE_UNPLACED && list.capacity() <= MAX_SPARE_UNPLACED_LEN {
+                spare.push(std::mem::take(list));
+            }
+            false
         });
         self.unplaced_len = len;
     }
@@ -363,7 +380,12 @@ impl Touched {
             }
             if let Some(k) = keep.filter(|k| k.may_be_code(addr)) {
                 if self.unplaced_len < MAX_UNPLACED {
-                    self.unplaced.entry(pid).or_default().push(Unplaced {
+                    let spare = &mut self.spare_unplaced;
+                    let list = self
+                        .unplaced
+                        .entry(pid)
+                        .or_insert_with(|| spare.pop().unwrap_or_default());
+                    list.push(Unplaced {
                         time: k.time,
                         addr,
                         is_ip,
@@ -785,6 +807,13 @@ mod tests {
         t.round(&maps(&list[..1]), 101, |_, _| None);
         assert_eq!(t.unplaced_len, 0);
         assert!(t.unplaced.is_empty());
+        // The emptied list is kept and holds the next sample's (its ip;
+        // the unchanged stack word was looked up before).
+        assert_eq!(t.spare_unplaced.len(), 1);
+        let kept = t.spare_unplaced[0].as_ptr();
+        sample(&mut t, &maps(&list[..1]), 300);
+        assert_eq!((t.unplaced_len, t.unplaced[&1].as_ptr()), (1, kept));
+        assert!(t.spare_unplaced.is_empty());
     }
 
     /// A sample whose process's mappings changed after it (heard first)
