@@ -24,16 +24,16 @@ const MAX_SEEN_STACKS: usize = 4096;
 /// afresh.
 const MAX_SEEN_SPAN: u64 = (64 + 4) << 10;
 
-/// Hints' runs buffers kept for reuse at most (samples held back to be
-/// put in time order keep theirs until released), and the largest kept
-/// (runs).
+/// Hints' runs buffers kept for reuse at most (samples wait to be put in
+/// time order with their hints, which come back in batches), and the
+/// largest kept (runs of 8 bytes; a stack has a few): 512 KiB at most.
 const MAX_SPARE_RUNS: usize = 1024;
-const MAX_SPARE_RUNS_LEN: usize = 1024;
+const MAX_SPARE_RUNS_LEN: usize = 64;
 
 /// Emptied lists of lookups in no image kept for reuse at most, and the
-/// largest kept (entries, 24 bytes each).
-const MAX_SPARE_UNPLACED: usize = 16;
-const MAX_SPARE_UNPLACED_LEN: usize = 1 << 16;
+/// largest kept (entries of 24 bytes): 1.5 MiB at most.
+const MAX_SPARE_UNPLACED: usize = 8;
+const MAX_SPARE_UNPLACED_LEN: usize = 8192;
 
 /// How far a [`SeenStack`] grows downwards at least, so that a thread
 /// whose stack deepens sample by sample does not move the bytes each time.
@@ -323,9 +323,8 @@ impl Touched {
         hint
     }
 
-    /// Keep `runs`, a hint's, for a later sample's hint (a few at most:
-    /// the writer gives each back before the next is asked for, unless
-    /// records are held back to be put in time order).
+    /// Keep `runs`, a hint's, for a later sample's hint (see
+    /// [`MAX_SPARE_RUNS`]).
     pub fn recycle_runs(&mut self, mut runs: Vec<(u32, u32)>) {
         if self.spare_runs.len() < MAX_SPARE_RUNS && runs.capacity() <= MAX_SPARE_RUNS_LEN {
             runs.clear();
