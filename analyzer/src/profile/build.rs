@@ -563,8 +563,7 @@ fn past_copy_warning(stats: &Stats, header: &TraceHeader) -> Option<String> {
     }
     let advice = match advice.join(", or ") {
         a if a.is_empty() => "No larger copy can be recorded".to_string(),
-        a => {
-            let mut a = a;
+        mut a => {
             a[..1].make_ascii_uppercase();
             a
         }

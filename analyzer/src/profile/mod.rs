@@ -4,7 +4,6 @@
 mod build;
 mod values;
 
-#[allow(unused_imports)]
 pub(crate) use build::{BlockSample, BlockStack, ProfileBuilder, UnwoundBlock};
 pub use values::ValueKind;
 pub(crate) use values::{amounts, kinds_of, primary, Amounts, HeapScale};

@@ -456,15 +456,9 @@ fn parse_sample<'a>(layout: &Layout, c: &mut Cursor<'a>) -> Result<SampleRecord<
                 what: "callchain longer than the record",
             });
         }
-        // One allocation, not one per doubling, when the chain is all
-        // user frames (after their marker): no kernel part comes first.
-        let first = c
-            .data
-            .get(c.pos..c.pos + 8)
-            .map(|b| u64::from_ne_bytes(b.try_into().expect("eight bytes")));
-        if nr > 0 && first != Some(PERF_CONTEXT_KERNEL) {
-            s.callchain.reserve_exact(nr as usize);
-        }
+        // One allocation, not one per doubling: the user part is at most
+        // the whole chain.
+        s.callchain.reserve_exact(nr as usize);
         // Each part of the chain follows its context marker: kernel
         // frames first, then (after PERF_CONTEXT_USER) the user ones.
         let mut in_kernel = false;

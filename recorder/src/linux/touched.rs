@@ -35,6 +35,31 @@ const MAX_SPARE_RUNS_LEN: usize = 64;
 const MAX_SPARE_UNPLACED: usize = 8;
 const MAX_SPARE_UNPLACED_LEN: usize = 8192;
 
+/// Emptied buffers kept for the next ones: at most `N`, none with room
+/// for more than `LEN` items.
+struct Spares<T, const N: usize, const LEN: usize>(Vec<Vec<T>>);
+
+impl<T, const N: usize, const LEN: usize> Default for Spares<T, N, LEN> {
+    fn default() -> Self {
+        Spares(Vec::new())
+    }
+}
+
+impl<T, const N: usize, const LEN: usize> Spares<T, N, LEN> {
+    /// A kept buffer, or a new one.
+    fn take(&mut self) -> Vec<T> {
+        self.0.pop().unwrap_or_default()
+    }
+
+    /// Keep `v`, emptied, unless enough are kept or it is too large.
+    fn give(&mut self, mut v: Vec<T>) {
+        if self.0.len() < N && v.capacity() <= LEN {
+            v.clear();
+            self.0.push(v);
+        }
+    }
+}
+
 /// How far a [`SeenStack`] grows downwards at least, so that a thread
 /// whose stack deepens sample by sample does not move the bytes each time.
 const SEEN_GROW: u64 = 4 << 10;
@@ -100,7 +125,7 @@ pub(crate) struct Touched {
     words: Vec<u64>,
     /// Buffers of hints' runs the trace writer is done with, for the next
     /// samples' hints: no allocation per sample.
-    spare_runs: Vec<Vec<(u32, u32)>>,
+    spare_runs: Spares<(u32, u32), MAX_SPARE_RUNS, MAX_SPARE_RUNS_LEN>,
     /// Lookups of processes whose mappings are not known yet, done once
     /// they are: a forked child's allocation sampler can report before
     /// the recorder has read the fork from the kernel.
@@ -114,7 +139,7 @@ pub(crate) struct Touched {
     /// ones: most lookups that fall in no image are heap pointers, kept
     /// only until the round after, so a process's list is filled and
     /// emptied again every round.
-    spare_unplaced: Vec<Vec<Unplaced>>,
+    spare_unplaced: Spares<Unplaced, MAX_SPARE_UNPLACED, MAX_SPARE_UNPLACED_LEN>,
     /// Processes whose mappings changed since the last [`Touched::round`].
     changed: HashSet<u32>,
     /// The id of the last stack copy compared (see [`StackHint::id`]).
@@ -237,13 +262,11 @@ impl Touched {
         self.unplaced.retain(|_, list| {
             list.retain(|u| u.time >= before);
             len += list.len();
-            if !list.is_empty() {
-                return true;
+            let keep = !list.is_empty();
+            if !keep {
+                spare.give(std::mem::take(list));
             }
-            if spare.len() < MAX_SPARE_UNPLACED && list.capacity() <= MAX_SPARE_UNPLACED_LEN {
-                spare.push(std::mem::take(list));
-            }
-            false
+            keep
         });
         self.unplaced_len = len;
     }
@@ -293,7 +316,7 @@ impl Touched {
         let mut hint = StackHint {
             id: self.last_id,
             base: None,
-            runs: self.spare_runs.pop().unwrap_or_default(),
+            runs: self.spare_runs.take(),
         };
         hint.base = seen.update(s.sp, s.stack, hint.id, &mut hint.runs, |w| words.push(w));
         let returns = chain
@@ -325,11 +348,8 @@ impl Touched {
 
     /// Keep `runs`, a hint's, for a later sample's hint (see
     /// [`MAX_SPARE_RUNS`]).
-    pub fn recycle_runs(&mut self, mut runs: Vec<(u32, u32)>) {
-        if self.spare_runs.len() < MAX_SPARE_RUNS && runs.capacity() <= MAX_SPARE_RUNS_LEN {
-            runs.clear();
-            self.spare_runs.push(runs);
-        }
+    pub fn recycle_runs(&mut self, runs: Vec<(u32, u32)>) {
+        self.spare_runs.give(runs);
     }
 
     /// Note that process `pid` refers to each of `lookups` (AVMA, whether
@@ -380,10 +400,7 @@ impl Touched {
             if let Some(k) = keep.filter(|k| k.may_be_code(addr)) {
                 if self.unplaced_len < MAX_UNPLACED {
                     let spare = &mut self.spare_unplaced;
-                    let list = self
-                        .unplaced
-                        .entry(pid)
-                        .or_insert_with(|| spare.pop().unwrap_or_default());
+                    let list = self.unplaced.entry(pid).or_insert_with(|| spare.take());
                     list.push(Unplaced {
                         time: k.time,
                         addr,
@@ -808,11 +825,11 @@ mod tests {
         assert!(t.unplaced.is_empty());
         // The emptied list is kept and holds the next sample's (its ip;
         // the unchanged stack word was looked up before).
-        assert_eq!(t.spare_unplaced.len(), 1);
-        let kept = t.spare_unplaced[0].as_ptr();
+        assert_eq!(t.spare_unplaced.0.len(), 1);
+        let kept = t.spare_unplaced.0[0].as_ptr();
         sample(&mut t, &maps(&list[..1]), 300);
         assert_eq!((t.unplaced_len, t.unplaced[&1].as_ptr()), (1, kept));
-        assert!(t.spare_unplaced.is_empty());
+        assert!(t.spare_unplaced.0.is_empty());
     }
 
     /// A sample whose process's mappings changed after it (heard first)
@@ -964,9 +981,10 @@ mod tests {
             t.recycle_runs(Vec::with_capacity(4));
         }
         t.recycle_runs(Vec::with_capacity(MAX_SPARE_RUNS_LEN + 1));
-        assert_eq!(t.spare_runs.len(), MAX_SPARE_RUNS);
+        assert_eq!(t.spare_runs.0.len(), MAX_SPARE_RUNS);
         assert!(t
             .spare_runs
+            .0
             .iter()
             .all(|r| r.capacity() <= MAX_SPARE_RUNS_LEN));
     }
