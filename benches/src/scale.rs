@@ -60,8 +60,38 @@ pub enum Analyzer {
     PerfReport,
     /// Not an analyzer: a trivially parallel loop on `jobs` threads, whose
     /// wall-time speedup from two threads is what the machine allows in
-    /// the same round (see [`parallel_loop`]).
+    /// the same round for work that waits on its own results (see
+    /// [`parallel_loop`]).
     ParallelLoop,
+    /// Not an analyzer: the same loop keeping the multiplier busy (see
+    /// [`LoopKind::Throughput`]), whose speedup is what two vCPUs gain when
+    /// they share one physical core.
+    ThroughputLoop,
+}
+
+/// The work of a reference loop's item.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LoopKind {
+    /// One chain of dependent multiplications: each waits for the one
+    /// before, so a core has room for a second thread. Two vCPUs gain about
+    /// 2× from it whether or not they are hyperthreads of one core.
+    Latency,
+    /// Eight independent chains: the multiplier is busy every cycle, so
+    /// two hyperthreads of one core gain little (1.25× measured here)
+    /// where two cores gain 2×. Like the analyzer's own work, which keeps
+    /// a core's units busy, it shows what the machine allows at the moment.
+    Throughput,
+}
+
+impl Analyzer {
+    /// The reference loop this setup runs, if it is one.
+    fn loop_kind(self) -> Option<LoopKind> {
+        match self {
+            Analyzer::ParallelLoop => Some(LoopKind::Latency),
+            Analyzer::ThroughputLoop => Some(LoopKind::Throughput),
+            _ => None,
+        }
+    }
 }
 
 /// Measurements of one trace under one analyzer and job count.
@@ -151,11 +181,13 @@ pub fn run_scale(o: &ScaleOptions, progress: &mut dyn Write) -> Result<ScaleRepo
         let mut setups = vec![
             (Analyzer::ParallelLoop, 1),
             (Analyzer::ParallelLoop, 2),
+            (Analyzer::ThroughputLoop, 1),
+            (Analyzer::ThroughputLoop, 2),
             (Analyzer::Current, 1),
             (Analyzer::Current, 2),
         ];
         if o.baseline.is_some() {
-            setups.splice(2..2, [(Analyzer::Baseline, 1), (Analyzer::Baseline, 2)]);
+            setups.splice(4..4, [(Analyzer::Baseline, 1), (Analyzer::Baseline, 2)]);
         }
         let mut rows: Vec<ScaleRow> = setups
             .iter()
@@ -177,14 +209,18 @@ pub fn run_scale(o: &ScaleOptions, progress: &mut dyn Write) -> Result<ScaleRepo
             });
         }
         // Rounds interleave the setups, so that load from elsewhere hits
-        // them alike.
+        // them alike, and each round starts one setup later: the first
+        // analysis after the reference loops ran up to 1.9× the CPU of the
+        // same binary later in the round (python x1, 2026-11-26), which
+        // with a fixed order always fell on the same setup.
+        let setups = rows.len();
         for round in 0..o.runs {
-            for row in rows.iter_mut() {
-                if row.analyzer == Analyzer::ParallelLoop {
-                    let m = parallel_loop(row.jobs)?;
+            for row in rotated(&mut rows, round % setups.max(1)) {
+                if let Some(kind) = row.analyzer.loop_kind() {
+                    let m = parallel_loop(kind, row.jobs)?;
                     let _ = writeln!(
                         progress,
-                        "[{}] round {}/{} parallel loop on {} threads: {:.3} s CPU, {:.3} s wall",
+                        "[{}] round {}/{} {kind:?} loop on {} threads: {:.3} s CPU, {:.3} s wall",
                         t.name,
                         round + 1,
                         o.runs,
@@ -247,6 +283,12 @@ pub fn run_scale(o: &ScaleOptions, progress: &mut dyn Write) -> Result<ScaleRepo
     Ok(report)
 }
 
+/// The items of `rows` in order from index `start`, wrapping around.
+fn rotated<T>(rows: &mut [T], start: usize) -> impl Iterator<Item = &mut T> {
+    let (head, tail) = rows.split_at_mut(start.min(rows.len()));
+    tail.iter_mut().chain(head.iter_mut())
+}
+
 /// The summary's ratios taken within each round, then their median: on a
 /// machine whose speed drifts from round to round, a ratio of two medians
 /// can hide what every round shows.
@@ -282,19 +324,24 @@ fn paired_table(s: &mut String, r: &ScaleReport) {
     };
     let _ = writeln!(
         s,
-        "\nPaired by round (each ratio taken within a round, then the median):\n\n| trace | CPU, current / baseline (1 job; rounds below 1) | wall, 1 job / 2 jobs (current) | the same, parallel loop | current / perf report, samples per CPU-s |"
+        "\nPaired by round (each ratio taken within a round, then the median):\n\n| trace | CPU, current / baseline (1 job; rounds below 1) | wall, 1 job / 2 jobs (current) | the same, parallel loop | the same, throughput loop | current / perf report, samples per CPU-s |"
     );
-    let _ = writeln!(s, "| --- | --- | --- | --- | --- |");
+    let _ = writeln!(s, "| --- | --- | --- | --- | --- | --- |");
     for t in r.traces() {
         let cur1 = find(t, Analyzer::Current, 1);
         let _ = writeln!(
             s,
-            "| {t} | {} | {} | {} | {} |",
+            "| {t} | {} | {} | {} | {} | {} |",
             show_below(paired(cur1, find(t, Analyzer::Baseline, 1), &cpu)),
             show(paired(cur1, find(t, Analyzer::Current, 2), &wall)),
             show(paired(
                 find(t, Analyzer::ParallelLoop, 1),
                 find(t, Analyzer::ParallelLoop, 2),
+                &wall
+            )),
+            show(paired(
+                find(t, Analyzer::ThroughputLoop, 1),
+                find(t, Analyzer::ThroughputLoop, 2),
                 &wall
             )),
             show(paired(cur1, find(t, Analyzer::PerfReport, 1), &throughput)),
@@ -308,10 +355,10 @@ const LOOP_ITEMS: u64 = 200;
 /// Run a trivially parallel loop (independent integer work per item, no
 /// memory traffic, no shared data but a counter) on `threads` threads, each
 /// taking the next item when done with one, as rayon's workers do: its wall
-/// time with two threads against one is the most any parallel work gains
-/// on this machine at the moment (the vCPUs' sharing, other load). CPU
-/// time is this process's during the loop.
-pub fn parallel_loop(threads: usize) -> Result<Measured, BenchError> {
+/// time with two threads against one is the most parallel work of `kind`
+/// gains on this machine at the moment (the vCPUs' sharing, other load).
+/// CPU time is this process's during the loop.
+pub fn parallel_loop(kind: LoopKind, threads: usize) -> Result<Measured, BenchError> {
     use std::sync::atomic::{AtomicU64, Ordering};
     let next = AtomicU64::new(0);
     let before = self_cpu();
@@ -326,14 +373,10 @@ pub fn parallel_loop(threads: usize) -> Result<Measured, BenchError> {
                         if i >= LOOP_ITEMS {
                             return sum;
                         }
-                        let mut x = i;
-                        for _ in 0..1_000_000 {
-                            x = x
-                                .wrapping_mul(6364136223846793005)
-                                .wrapping_add(1442695040888963407);
-                            x ^= x >> 29;
-                        }
-                        sum = sum.wrapping_add(x);
+                        sum = sum.wrapping_add(match kind {
+                            LoopKind::Latency => latency_item(i),
+                            LoopKind::Throughput => throughput_item(i),
+                        });
                     }
                 })
             })
@@ -358,6 +401,37 @@ pub fn parallel_loop(threads: usize) -> Result<Measured, BenchError> {
         wall_s,
         peak_rss_kib: 0,
     })
+}
+
+/// One item of [`LoopKind::Latency`] work: a chain of dependent steps.
+fn latency_item(i: u64) -> u64 {
+    let mut x = i;
+    for _ in 0..1_000_000 {
+        x = lcg_step(x);
+    }
+    x
+}
+
+/// One item of [`LoopKind::Throughput`] work: eight independent chains,
+/// about as long on one core as a [`latency_item`].
+fn throughput_item(i: u64) -> u64 {
+    let mut x: [u64; 8] = std::array::from_fn(|k| i.wrapping_add(k as u64));
+    for _ in 0..400_000 {
+        for v in &mut x {
+            *v = lcg_step(*v);
+        }
+        // Keep the chains apart: vectorized, they would not be the
+        // multiplier's work this loop is meant to measure.
+        x = std::hint::black_box(x);
+    }
+    x.iter().fold(0, |a, v| a ^ v)
+}
+
+fn lcg_step(x: u64) -> u64 {
+    let x = x
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
+    x ^ (x >> 29)
 }
 
 /// User and system CPU seconds of this process so far.
@@ -616,6 +690,7 @@ pub fn scale_markdown(r: &ScaleReport, o: &ScaleOptions) -> String {
             Analyzer::Current => "current",
             Analyzer::PerfReport => "perf report",
             Analyzer::ParallelLoop => "parallel loop",
+            Analyzer::ThroughputLoop => "throughput loop",
         };
         let _ = writeln!(
             s,
@@ -625,12 +700,12 @@ pub fn scale_markdown(r: &ScaleReport, o: &ScaleOptions) -> String {
             row.jobs,
             f(row.cpu_s(), 3),
             f(row.wall_s(), 3),
-            if row.analyzer == Analyzer::ParallelLoop {
+            if row.analyzer.loop_kind().is_some() {
                 "-".to_string()
             } else {
                 f(row.samples_per_cpu_s(), 0)
             },
-            if row.analyzer == Analyzer::ParallelLoop {
+            if row.analyzer.loop_kind().is_some() {
                 "-".to_string()
             } else {
                 f(row.peak_mib(), 1)
@@ -640,9 +715,9 @@ pub fn scale_markdown(r: &ScaleReport, o: &ScaleOptions) -> String {
     let find = |trace: &str, a: Analyzer, jobs: usize| r.row(trace, a, jobs);
     let _ = writeln!(
         s,
-        "\n| trace | samples/CPU-s, current / baseline (1 job) | wall, 1 job / 2 jobs (current) | the same, parallel loop (the machine's cap) | peak RSS MiB, current 1 job / 2 jobs | current / perf report, samples per CPU-s |"
+        "\n| trace | samples/CPU-s, current / baseline (1 job) | wall, 1 job / 2 jobs (current) | the same, parallel loop | the same, throughput loop (the machine's cap) | peak RSS MiB, current 1 job / 2 jobs | current / perf report, samples per CPU-s |"
     );
-    let _ = writeln!(s, "| --- | --- | --- | --- | --- | --- |");
+    let _ = writeln!(s, "| --- | --- | --- | --- | --- | --- | --- |");
     for t in r.traces() {
         let cur1 = find(t, Analyzer::Current, 1);
         let cur2 = find(t, Analyzer::Current, 2);
@@ -650,13 +725,15 @@ pub fn scale_markdown(r: &ScaleReport, o: &ScaleOptions) -> String {
         let perf = find(t, Analyzer::PerfReport, 1);
         let loop1 = find(t, Analyzer::ParallelLoop, 1);
         let loop2 = find(t, Analyzer::ParallelLoop, 2);
+        let busy1 = find(t, Analyzer::ThroughputLoop, 1);
+        let busy2 = find(t, Analyzer::ThroughputLoop, 2);
         let ratio = |a: Option<f64>, b: Option<f64>| match (a, b) {
             (Some(a), Some(b)) if b > 0.0 => format!("{:.2}×", a / b),
             _ => "-".into(),
         };
         let _ = writeln!(
             s,
-            "| {t} | {} | {} | {} | {} / {} | {} |",
+            "| {t} | {} | {} | {} | {} | {} / {} | {} |",
             ratio(
                 cur1.and_then(ScaleRow::samples_per_cpu_s),
                 base1.and_then(ScaleRow::samples_per_cpu_s)
@@ -668,6 +745,10 @@ pub fn scale_markdown(r: &ScaleReport, o: &ScaleOptions) -> String {
             ratio(
                 loop1.and_then(ScaleRow::wall_s),
                 loop2.and_then(ScaleRow::wall_s)
+            ),
+            ratio(
+                busy1.and_then(ScaleRow::wall_s),
+                busy2.and_then(ScaleRow::wall_s)
             ),
             f(cur1.and_then(ScaleRow::peak_mib), 1),
             f(cur2.and_then(ScaleRow::peak_mib), 1),
@@ -719,6 +800,16 @@ mod tests {
         }
     }
 
+    #[test]
+    fn rounds_start_one_setup_later_each() {
+        let mut v = [0, 1, 2, 3];
+        let order = |v: &mut [i32], start| rotated(v, start).map(|x| *x).collect::<Vec<_>>();
+        assert_eq!(order(&mut v, 0), [0, 1, 2, 3]);
+        assert_eq!(order(&mut v, 1), [1, 2, 3, 0]);
+        assert_eq!(order(&mut v, 3), [3, 0, 1, 2]);
+        assert_eq!(order(&mut [], 0), Vec::<i32>::new());
+    }
+
     /// Each round's ratio, then the median: a baseline that is slower in
     /// every round is shown so even when the medians of the rows are equal.
     #[test]
@@ -749,6 +840,18 @@ mod tests {
                     10,
                     &[(2.0, 2.0), (4.0, 4.0), (8.0, 8.0)],
                 ),
+                row(
+                    Analyzer::ThroughputLoop,
+                    1,
+                    0,
+                    &[(1.0, 1.0), (1.0, 1.0), (1.0, 1.0)],
+                ),
+                row(
+                    Analyzer::ThroughputLoop,
+                    2,
+                    0,
+                    &[(1.0, 0.8), (1.0, 0.5), (1.0, 1.0)],
+                ),
             ],
             ..ScaleReport::default()
         };
@@ -756,7 +859,7 @@ mod tests {
         paired_table(&mut s, &r);
         let line = s.lines().last().unwrap();
         assert_eq!(
-            line, "| t | 0.50× (3 of 3 below 1) | 2.00× | - | 40.00× |",
+            line, "| t | 0.50× (3 of 3 below 1) | 2.00× | - | 1.25× | 40.00× |",
             "{s}"
         );
     }
