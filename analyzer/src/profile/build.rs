@@ -4,7 +4,7 @@
 
 use super::{
     hex, primary, Amounts, Function, ImageInfo, Location, LocationLine, ProcessInfo, Profile,
-    SequenceEntry, Stack, Stats, ThreadProfile, ValueKind,
+    SampleAmounts, SequenceEntry, Stack, Stats, ThreadProfile, ValueKind,
 };
 use crate::image::Source;
 use crate::pipeline::{FrameKey, Prepared};
@@ -52,7 +52,7 @@ pub(crate) struct BlockSample {
     /// Index into the timeline's threads.
     pub thread: u32,
     pub time: lrnprof_format::Timestamp,
-    pub amounts: Amounts,
+    pub amounts: SampleAmounts,
     pub stack: BlockStack,
     pub clean: bool,
     pub used_kernel_chain: bool,
@@ -196,7 +196,7 @@ impl ProfileBuilder {
                 s.thread,
                 s.time,
                 node,
-                &s.amounts,
+                &s.amounts.expand(),
                 s.clean,
                 s.used_kernel_chain,
                 s.presymbolized,

@@ -6,7 +6,7 @@ mod values;
 
 pub(crate) use build::{BlockSample, BlockStack, ProfileBuilder, UnwoundBlock};
 pub use values::ValueKind;
-pub(crate) use values::{amounts, kinds_of, primary, Amounts, HeapScale};
+pub(crate) use values::{amounts, kinds_of, primary, Amounts, HeapScale, SampleAmounts};
 
 pub use crate::timeline::EventCounts;
 use lrnprof_format::{BuildId, Pid, Tid, Timestamp, TraceHeader};

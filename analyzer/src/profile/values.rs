@@ -160,14 +160,6 @@ impl Amounts {
         self.0[kind.index()] = amount;
     }
 
-    /// Multiply every amount by `factor` (a recorded call standing for
-    /// several).
-    pub fn scale(&mut self, factor: f64) {
-        for a in &mut self.0 {
-            *a *= factor;
-        }
-    }
-
     /// Add `other`.
     pub fn add(&mut self, other: &Amounts) {
         for (a, b) in self.0.iter_mut().zip(other.0) {
@@ -209,6 +201,53 @@ impl HeapScale {
     }
 }
 
+/// What one sample adds to the values its kind has: at most a count and
+/// an amount (an allocation's in-use values repeat its allocated ones).
+/// An unwound block holds one per sample, so this is kept at 24 bytes
+/// rather than as [`Amounts`] (80); [`SampleAmounts::expand`] gives those.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct SampleAmounts {
+    kind: SampleKind,
+    /// Samples, allocated objects or calls (unused off CPU).
+    count: f64,
+    /// CPU time, cycles, allocated bytes, call time or time off CPU.
+    amount: f64,
+    /// An allocation still in use at the end of the selected range.
+    in_use: bool,
+}
+
+impl SampleAmounts {
+    /// Multiply both by `factor` (a recorded call standing for several).
+    pub fn scale(&mut self, factor: f64) {
+        self.count *= factor;
+        self.amount *= factor;
+    }
+
+    /// The amount of every value.
+    pub fn expand(&self) -> Amounts {
+        let mut a = Amounts::default();
+        let (count, amount) = match self.kind {
+            SampleKind::CpuTime | SampleKind::WallTime => (ValueKind::Samples, ValueKind::Cpu),
+            SampleKind::Cycles => (ValueKind::Samples, ValueKind::Cycles),
+            SampleKind::Allocation => {
+                if self.in_use {
+                    a.set(ValueKind::InuseObjects, self.count);
+                    a.set(ValueKind::InuseSpace, self.amount);
+                }
+                (ValueKind::AllocObjects, ValueKind::AllocSpace)
+            }
+            SampleKind::Syscall => (ValueKind::Syscalls, ValueKind::SyscallTime),
+            SampleKind::OffCpu => {
+                a.set(ValueKind::OffCpu, self.amount);
+                return a;
+            }
+        };
+        a.set(count, self.count);
+        a.set(amount, self.amount);
+        a
+    }
+}
+
 /// What one sample adds to each value, given what later records said
 /// about it. `inuse_at`: the end of the selected time range, for the
 /// in-use values.
@@ -218,43 +257,29 @@ pub(crate) fn amounts(
     outcome: Option<&Outcome>,
     heap: Option<HeapScale>,
     inuse_at: Option<lrnprof_format::Timestamp>,
-) -> Amounts {
-    let mut a = Amounts::default();
-    match kind {
-        SampleKind::CpuTime | SampleKind::WallTime => {
-            a.set(ValueKind::Samples, 1.0);
-            a.set(ValueKind::Cpu, weight as f64);
-        }
-        SampleKind::Cycles => {
-            a.set(ValueKind::Samples, 1.0);
-            a.set(ValueKind::Cycles, weight as f64);
+) -> SampleAmounts {
+    let duration = || outcome.map_or(0.0, |o| o.duration_ns() as f64);
+    let (count, amount, in_use) = match kind {
+        SampleKind::CpuTime | SampleKind::WallTime | SampleKind::Cycles => {
+            (1.0, weight as f64, false)
         }
         SampleKind::Allocation => {
             let (objects, bytes) = heap.map_or((1.0, weight as f64), |h| h.estimate(weight));
-            a.set(ValueKind::AllocObjects, objects);
-            a.set(ValueKind::AllocSpace, bytes);
             let freed = match outcome {
                 Some(Outcome::Freed { at }) => inuse_at.is_none_or(|end| *at <= end),
                 _ => false,
             };
-            if !freed {
-                a.set(ValueKind::InuseObjects, objects);
-                a.set(ValueKind::InuseSpace, bytes);
-            }
+            (objects, bytes, !freed)
         }
-        SampleKind::Syscall => {
-            a.set(ValueKind::Syscalls, 1.0);
-            if let Some(o) = outcome {
-                a.set(ValueKind::SyscallTime, o.duration_ns() as f64);
-            }
-        }
-        SampleKind::OffCpu => {
-            if let Some(o) = outcome {
-                a.set(ValueKind::OffCpu, o.duration_ns() as f64);
-            }
-        }
+        SampleKind::Syscall => (1.0, duration(), false),
+        SampleKind::OffCpu => (0.0, duration(), false),
+    };
+    SampleAmounts {
+        kind,
+        count,
+        amount,
+        in_use,
     }
-    a
 }
 
 #[cfg(test)]
@@ -312,19 +337,19 @@ mod tests {
 
     #[test]
     fn amounts_per_kind() {
-        let a = amounts(SampleKind::CpuTime, 1000, None, None, None);
+        let a = amounts(SampleKind::CpuTime, 1000, None, None, None).expand();
         assert_eq!(
             (a.get(ValueKind::Samples), a.get(ValueKind::Cpu)),
             (1, 1000)
         );
-        let a = amounts(SampleKind::Cycles, 7, None, None, None);
+        let a = amounts(SampleKind::Cycles, 7, None, None, None).expand();
         assert_eq!(a.get(ValueKind::Cycles), 7);
         assert_eq!(a.get(ValueKind::Cpu), 0);
 
         let freed = Outcome::Freed { at: Timestamp(50) };
-        let live = amounts(SampleKind::Allocation, 64, None, None, None);
+        let live = amounts(SampleKind::Allocation, 64, None, None, None).expand();
         assert_eq!(live.get(ValueKind::InuseSpace), 64);
-        let gone = amounts(SampleKind::Allocation, 64, Some(&freed), None, None);
+        let gone = amounts(SampleKind::Allocation, 64, Some(&freed), None, None).expand();
         assert_eq!(gone.get(ValueKind::AllocSpace), 64);
         assert_eq!(gone.get(ValueKind::InuseSpace), 0);
         // Freed after the selected range ends: still in use at its end.
@@ -334,20 +359,65 @@ mod tests {
             Some(&freed),
             None,
             Some(Timestamp(40)),
-        );
+        )
+        .expand();
         assert_eq!(later.get(ValueKind::InuseObjects), 1);
 
         let call = Outcome::Returned {
             duration_ns: 250,
             ret: -2,
         };
-        let a = amounts(SampleKind::Syscall, 1, Some(&call), None, None);
+        let a = amounts(SampleKind::Syscall, 1, Some(&call), None, None).expand();
         assert_eq!(
             (a.get(ValueKind::Syscalls), a.get(ValueKind::SyscallTime)),
             (1, 250)
         );
         let off = Outcome::Resumed { duration_ns: 9 };
-        let a = amounts(SampleKind::OffCpu, 0, Some(&off), None, None);
+        let a = amounts(SampleKind::OffCpu, 0, Some(&off), None, None).expand();
         assert_eq!(a.get(ValueKind::OffCpu), 9);
+    }
+
+    /// The compact form expands to exactly what each kind adds, with
+    /// every other value zero, scaled as a whole for tallied calls.
+    #[test]
+    fn sample_amounts_expand_to_their_kinds_values_only() {
+        use ValueKind::*;
+        let only = |a: Amounts, set: &[(ValueKind, f64)]| {
+            let mut want = Amounts::default();
+            for &(k, v) in set {
+                want.set(k, v);
+            }
+            assert_eq!(a, want);
+        };
+        only(
+            amounts(SampleKind::WallTime, 5, None, None, None).expand(),
+            &[(Samples, 1.0), (Cpu, 5.0)],
+        );
+        only(
+            amounts(SampleKind::Cycles, 7, None, None, None).expand(),
+            &[(Samples, 1.0), (Cycles, 7.0)],
+        );
+        let heap = Some(HeapScale { mean_interval: 1 });
+        only(
+            amounts(SampleKind::Allocation, 64, None, heap, None).expand(),
+            &[
+                (AllocObjects, 1.0),
+                (AllocSpace, 64.0),
+                (InuseObjects, 1.0),
+                (InuseSpace, 64.0),
+            ],
+        );
+        let freed = Outcome::Freed { at: Timestamp(50) };
+        only(
+            amounts(SampleKind::Allocation, 64, Some(&freed), None, None).expand(),
+            &[(AllocObjects, 1.0), (AllocSpace, 64.0)],
+        );
+        let mut call = amounts(SampleKind::Syscall, 1, None, None, None);
+        call.scale(3.0);
+        only(call.expand(), &[(Syscalls, 3.0)]);
+        only(
+            amounts(SampleKind::OffCpu, 0, None, None, None).expand(),
+            &[],
+        );
     }
 }
