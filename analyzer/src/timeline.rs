@@ -6,11 +6,11 @@ use crate::blobs::BlobStore;
 use crate::kept::{Decompressed, KeptBlocks};
 use crate::options::Progress;
 use crate::ordered::for_each_in_order;
-use crate::outcomes::Outcomes;
+use crate::outcomes::{Outcomes, Pairing};
 use crate::tallies::SyscallTallies;
 use lrnprof_format::{
     BlockInfo, BuildId, FormatError, ImageKind, LostSource, Pid, ProcessEvent, Record, RecordRef,
-    Sample, SampleDetail, SampleKind, StackMode, Summary, Tid, Timestamp, TraceHeader, TraceReader,
+    Sample, SampleKind, StackMode, Summary, Tid, Timestamp, TraceHeader, TraceReader,
 };
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
@@ -212,9 +212,9 @@ impl Timeline {
                 kind,
                 detail,
             } => {
-                self.outcomes.sample(pid, tid, time, kind, &detail);
-                if let (SampleKind::Syscall, SampleDetail::Syscall { nr, .. }) = (kind, &detail) {
-                    self.tallies.sample(pid, tid, *nr);
+                self.outcomes.sample(pid, tid, time, kind, detail);
+                if let (SampleKind::Syscall, Pairing::Syscall { nr }) = (kind, detail) {
+                    self.tallies.sample(pid, tid, nr);
                 }
                 self.counts.sample(kind);
                 self.see_time(time);
@@ -352,7 +352,7 @@ enum Item {
         stack_bytes: u64,
         presymbolized: bool,
         kind: SampleKind,
-        detail: SampleDetail,
+        detail: Pairing,
     },
 }
 
@@ -433,7 +433,7 @@ impl Item {
             stack_bytes,
             presymbolized: !s.frames.is_empty(),
             kind: s.kind,
-            detail: s.detail,
+            detail: Pairing::from(&s.detail),
         }
     }
 }
@@ -465,6 +465,17 @@ impl Timeline {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The first pass holds an item per record of the blocks in flight: a
+    /// syscall's arguments made every item 104 bytes.
+    #[test]
+    fn items_stay_small() {
+        assert!(
+            std::mem::size_of::<Item>() <= 56,
+            "{}",
+            std::mem::size_of::<Item>()
+        );
+    }
 
     fn m(start: u64, end: u64, off: u64, image: u32) -> Mapping {
         Mapping {

@@ -377,6 +377,11 @@ mod tests {
         assert_eq!(a.get(ValueKind::OffCpu), 9);
     }
 
+    #[test]
+    fn sample_amounts_stay_small() {
+        assert!(std::mem::size_of::<SampleAmounts>() <= 24);
+    }
+
     /// The compact form expands to exactly what each kind adds, with
     /// every other value zero, scaled as a whole for tallied calls.
     #[test]
