@@ -77,9 +77,9 @@ pub enum LoopKind {
     /// 2× from it whether or not they are hyperthreads of one core.
     Latency,
     /// Eight independent chains: the multiplier is busy every cycle, so
-    /// two hyperthreads of one core gain little (1.25× measured here)
-    /// where two cores gain 2×. Like the analyzer's own work, which keeps
-    /// a core's units busy, it shows what the machine allows at the moment.
+    /// two hyperthreads of one core should gain little where two cores
+    /// gain 2× (the same chains in a C program gained 1.25× at times on
+    /// this project's VM, and 1.8–2.35× at others).
     Throughput,
 }
 
@@ -213,9 +213,9 @@ pub fn run_scale(o: &ScaleOptions, progress: &mut dyn Write) -> Result<ScaleRepo
         // analysis after the reference loops ran up to 1.9× the CPU of the
         // same binary later in the round (python x1, 2026-11-26), which
         // with a fixed order always fell on the same setup.
-        let setups = rows.len();
+        let n_rows = rows.len();
         for round in 0..o.runs {
-            for row in rotated(&mut rows, round % setups.max(1)) {
+            for row in rotated(&mut rows, round % n_rows.max(1)) {
                 if let Some(kind) = row.analyzer.loop_kind() {
                     let m = parallel_loop(kind, row.jobs)?;
                     let _ = writeln!(
@@ -253,10 +253,10 @@ pub fn run_scale(o: &ScaleOptions, progress: &mut dyn Write) -> Result<ScaleRepo
                 };
                 cmd.stdin(Stdio::null()).stdout(Stdio::null());
                 // Run once untimed, then timed: an analysis right after
-                // another took 0.90x the CPU of one after the loops or
-                // after 0.3 s idle (python x1, 12 rounds each), and the
-                // setups of a round follow different work. A failure
-                // shows in the timed run.
+                // another took 0.90x the CPU of one after a two-thread
+                // busy loop or after 0.3 s idle (python x1, 12 rounds
+                // each), and the setups of a round follow different work.
+                // A failure shows in the timed run.
                 let _ = measure(&mut cmd, &log, o.timeout, &[0]);
                 match measure(&mut cmd, &log, o.timeout, &[0]) {
                     Ok(m) => {
@@ -419,7 +419,7 @@ fn latency_item(i: u64) -> u64 {
 }
 
 /// One item of [`LoopKind::Throughput`] work: eight independent chains,
-/// about as long on one core as a [`latency_item`].
+/// on one core about 1.3 times as long as a [`latency_item`].
 fn throughput_item(i: u64) -> u64 {
     let mut x: [u64; 8] = std::array::from_fn(|k| i.wrapping_add(k as u64));
     for _ in 0..400_000 {
