@@ -151,6 +151,18 @@ pub fn lrnprof_rec() -> PathBuf {
     workspace_binary("lrnprof-recorder", "lrnprof-rec")
 }
 
+/// A command that runs [`lrnprof_rec`] with its frame cache
+/// (`LRNPROF_CACHE_DIR`) in a directory of this test process, empty when
+/// the process started: tests neither see what other runs kept nor fill
+/// the user's cache, and still record as users do, with a cache.
+pub fn lrnprof_rec_command() -> Command {
+    static CACHE: OnceLock<PathBuf> = OnceLock::new();
+    let dir = CACHE.get_or_init(|| scratch_dir("frame-cache"));
+    let mut command = Command::new(lrnprof_rec());
+    command.env("LRNPROF_CACHE_DIR", dir);
+    command
+}
+
 /// The `lrnprof-analyze` binary.
 pub fn lrnprof_analyze() -> PathBuf {
     workspace_binary("lrnprof-analyzer", "lrnprof-analyze")
@@ -195,7 +207,7 @@ pub fn tracing_unavailable() -> Option<String> {
 /// any other failure panics.
 fn probe_recording(name: &str, args: &[&str], refusals: &[&str]) -> Option<String> {
     let dir = scratch_dir(name);
-    let out = Command::new(lrnprof_rec())
+    let out = lrnprof_rec_command()
         .arg("--out")
         .arg(dir.join("probe.lpt"))
         .args(args)

@@ -601,6 +601,8 @@ fn run_one(
                 _ => &o.rec,
             };
             let mut c = Command::new(rec);
+            // A frame cache of the benchmark's own, empty at its start.
+            c.env("LRNPROF_CACHE_DIR", o.work_dir.join("frame-cache"));
             if setup.profiler == Profiler::LrnprofNoEmbed {
                 c.args(["--embed", "none"]);
             }

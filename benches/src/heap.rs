@@ -252,6 +252,8 @@ fn run_one(
     let freq = o.freq.to_string();
     let lrnprof_with = |rec: &Path, extra: &[&str]| {
         let mut c = Command::new(rec);
+        // A frame cache of the benchmark's own, empty at its start.
+        c.env("LRNPROF_CACHE_DIR", o.work_dir.join("frame-cache"));
         c.args(extra)
             .args(["--freq", &freq, "--out"])
             .arg(&output)

@@ -117,13 +117,19 @@ pub fn wait_measured(
     })
 }
 
-/// The command as a shell-like line, for messages.
+/// The command as a shell-like line, for messages, with the environment
+/// variables it sets first.
 pub fn command_line(cmd: &Command) -> String {
-    std::iter::once(cmd.get_program())
-        .chain(cmd.get_args())
-        .map(|a| a.to_string_lossy().into_owned())
-        .collect::<Vec<_>>()
-        .join(" ")
+    let env = cmd
+        .get_envs()
+        .filter_map(|(k, v)| Some(format!("{}={}", k.to_string_lossy(), v?.to_string_lossy())));
+    env.chain(
+        std::iter::once(cmd.get_program())
+            .chain(cmd.get_args())
+            .map(|a| a.to_string_lossy().into_owned()),
+    )
+    .collect::<Vec<_>>()
+    .join(" ")
 }
 
 fn timeval_s(t: libc::timeval) -> f64 {

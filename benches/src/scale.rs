@@ -530,6 +530,8 @@ fn record(
 ) -> Result<(), BenchError> {
     let _ = writeln!(progress, "recording {} at {freq} Hz", trace.display());
     let mut c = Command::new(&o.rec);
+    // A frame cache of the benchmark's own, empty at its start.
+    c.env("LRNPROF_CACHE_DIR", o.work_dir.join("frame-cache"));
     c.args(["--freq", &freq.to_string(), "--out"])
         .arg(trace)
         .arg("--")

@@ -160,6 +160,9 @@ pub fn run_syscalls(options: &SyscallBenchOptions) -> Result<SyscallComparison, 
             argv.push(exe.display().to_string());
             argv.push(calls.clone());
             let mut cmd = Command::new(&argv[0]);
+            // lrnprof-rec's frame cache: the benchmark's own, empty at its
+            // start.
+            cmd.env("LRNPROF_CACHE_DIR", options.work_dir.join("frame-cache"));
             cmd.args(&argv[1..])
                 .stdin(Stdio::null())
                 .stdout(Stdio::null());

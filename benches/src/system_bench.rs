@@ -57,6 +57,8 @@ pub struct SystemBenchOptions {
     pub baseline_rec: Option<PathBuf>,
     /// Leave out `perf record -a --call-graph dwarf` (the slowest setup).
     pub skip_perf_dwarf: bool,
+    /// Leave out `lrnprof-rec --all --no-cache`.
+    pub skip_no_cache: bool,
     /// The `lrnprof-analyze` binary.
     pub analyze: PathBuf,
     /// The `perf` binary.
@@ -78,13 +80,27 @@ pub enum SystemSetup {
     PerfFp,
     /// `perf record -a --call-graph dwarf`: 8 KiB stack copies.
     PerfDwarf,
-    /// `lrnprof-rec --all`: registers and stack copies (64 KiB by default).
+    /// `lrnprof-rec --all`: registers and stack copies (64 KiB by default),
+    /// with a frame cache of the benchmark's own, empty before the first
+    /// round (so later rounds find what earlier ones resolved, as repeated
+    /// recordings on one machine do).
     Lrnprof,
+    /// `lrnprof-rec --all --no-cache`: every round resolves all of its
+    /// frames, as a first recording on a machine does.
+    LrnprofNoCache,
     /// `lrnprof-rec --all` of the baseline binary.
     BaselineLrnprof,
 }
 
 impl SystemSetup {
+    /// Whether it records with `lrnprof-rec`.
+    fn is_lrnprof(self) -> bool {
+        matches!(
+            self,
+            SystemSetup::Lrnprof | SystemSetup::LrnprofNoCache | SystemSetup::BaselineLrnprof
+        )
+    }
+
     /// Its name in the tables.
     pub fn name(self) -> &'static str {
         match self {
@@ -92,6 +108,7 @@ impl SystemSetup {
             SystemSetup::PerfFp => "perf record -a -g",
             SystemSetup::PerfDwarf => "perf record -a --call-graph dwarf",
             SystemSetup::Lrnprof => "lrnprof-rec --all",
+            SystemSetup::LrnprofNoCache => "lrnprof-rec --all --no-cache",
             SystemSetup::BaselineLrnprof => "baseline lrnprof-rec --all",
         }
     }
@@ -194,6 +211,9 @@ pub fn run_system(o: &SystemBenchOptions) -> Result<SystemComparison, BenchError
         notes.push(format!("perf: {} not found", o.perf.display()));
     }
     setups.push(SystemSetup::Lrnprof);
+    if !o.skip_no_cache {
+        setups.push(SystemSetup::LrnprofNoCache);
+    }
     match &o.baseline_rec {
         Some(rec) if rec.exists() => setups.push(SystemSetup::BaselineLrnprof),
         Some(rec) => notes.push(format!("baseline lrnprof-rec: {} not found", rec.display())),
@@ -235,7 +255,7 @@ pub fn run_system(o: &SystemBenchOptions) -> Result<SystemComparison, BenchError
 /// Where a setup writes.
 fn output_path(o: &SystemBenchOptions, setup: SystemSetup) -> PathBuf {
     match setup {
-        SystemSetup::Lrnprof | SystemSetup::BaselineLrnprof => o.work_dir.join("all.lpt"),
+        s if s.is_lrnprof() => o.work_dir.join("all.lpt"),
         _ => o.work_dir.join("perf.data"),
     }
 }
@@ -264,13 +284,20 @@ fn profiler_command(o: &SystemBenchOptions, setup: SystemSetup, out: &Path) -> O
             c.arg("-o");
             c
         }
-        SystemSetup::Lrnprof | SystemSetup::BaselineLrnprof => {
+        SystemSetup::Lrnprof | SystemSetup::LrnprofNoCache | SystemSetup::BaselineLrnprof => {
             let rec = match setup {
                 SystemSetup::BaselineLrnprof => o.baseline_rec.as_ref()?,
                 _ => &o.rec,
             };
             let mut c = Command::new(rec);
-            c.args(["--all", "-F", &freq, "--out"]);
+            // Through the environment: a baseline built before the cache
+            // existed ignores it.
+            c.env("LRNPROF_CACHE_DIR", o.work_dir.join("frame-cache"));
+            c.args(["--all", "-F", &freq]);
+            if setup == SystemSetup::LrnprofNoCache {
+                c.arg("--no-cache");
+            }
+            c.arg("--out");
             c
         }
     };
@@ -296,7 +323,7 @@ fn round(
     let ran = ran?;
     let facts = match setup {
         SystemSetup::Alone => None,
-        SystemSetup::Lrnprof | SystemSetup::BaselineLrnprof => Some(lrnprof_facts(&out)?),
+        s if s.is_lrnprof() => Some(lrnprof_facts(&out)?),
         _ => Some(perf_facts(&o.perf, &out)?),
     };
     Ok(SystemRound {
@@ -662,6 +689,7 @@ pub fn system_markdown(c: &SystemComparison) -> String {
     let find = |setup| c.setups.iter().find(|s| s.setup == setup);
     for (a, b) in [
         (SystemSetup::Lrnprof, SystemSetup::PerfFp),
+        (SystemSetup::LrnprofNoCache, SystemSetup::PerfFp),
         (SystemSetup::BaselineLrnprof, SystemSetup::PerfFp),
         (SystemSetup::Lrnprof, SystemSetup::BaselineLrnprof),
     ] {
@@ -792,6 +820,7 @@ mod tests {
                 runs(SystemSetup::Alone, &[(2.0, None)]),
                 runs(SystemSetup::PerfFp, &[(2.0, Some(0.2))]),
                 runs(SystemSetup::Lrnprof, &[(2.1, Some(0.3))]),
+                runs(SystemSetup::LrnprofNoCache, &[(2.1, Some(0.4))]),
             ],
             short: vec![ShortLived {
                 setup: SystemSetup::Lrnprof,
@@ -811,8 +840,16 @@ mod tests {
             md.contains("| lrnprof-rec --all | 2.10 | 5.0 | 0.30 | 20.0 |"),
             "{md}"
         );
+        assert!(
+            md.contains("| lrnprof-rec --all --no-cache | 2.10 | 5.0 | 0.40 | 25.0 |"),
+            "{md}"
+        );
         assert!(md.contains("| 0.10 | 1.00 |"), "lost % and MiB: {md}");
         assert!(md.contains("+10.0 points"), "{md}");
+        assert!(
+            md.contains("lrnprof-rec --all --no-cache minus perf record -a -g: +15.0 points"),
+            "{md}"
+        );
         assert!(
             md.contains("paired by round +10.0 points (median), lower in 0 of 1 rounds"),
             "{md}"

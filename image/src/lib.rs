@@ -85,7 +85,8 @@ pub use embed::{
 };
 pub use error::ImageError;
 pub use frames::{
-    frame_table_for_file, FrameRequest, FrameTable, FrameTableBuilt, FRAMES_TABLE, MAX_DWARF_BYTES,
+    frame_table_for_file, FrameCache, FrameRequest, FrameTable, FrameTableBuilt, FRAMES_TABLE,
+    MAX_DWARF_BYTES,
 };
 pub use layout::{Layout, LayoutSection, LayoutSegment, LAYOUT_SECTION};
 pub use resolve::{load_dwarf, project_inline, FrameLine, Resolver};

@@ -101,7 +101,7 @@ mod unsupported;
 use unsupported as native;
 
 pub use error::RecordError;
-pub use lrnprof_image::EmbedLevel;
+pub use lrnprof_image::{EmbedLevel, FrameCache};
 pub use options::{
     CpuEvent, HeapOptions, OffCpuOptions, RecordOptions, SyscallOptions, TargetSpec,
     DEFAULT_FREQUENCY_HZ, DEFAULT_HEAP_INTERVAL, DEFAULT_OFF_CPU_STACK_SIZE, DEFAULT_STACK_SIZE,

@@ -187,6 +187,12 @@ pub struct RecordOptions {
     /// What of each image samples touched to embed in the trace at the
     /// end, so it can be analyzed where the images do not exist.
     pub embed: EmbedLevel,
+    /// Where frame tables (what the trace's addresses resolved to) are
+    /// kept between recordings, by build id, so that a later recording of
+    /// the same images resolves only addresses not seen before (Linux);
+    /// `None`: every recording resolves all of its addresses. The command
+    /// line uses [`FrameCache::default_root`](lrnprof_image::FrameCache::default_root).
+    pub cache_dir: Option<PathBuf>,
     /// Also trace system calls (Linux).
     pub syscalls: Option<SyscallOptions>,
     /// Also record off-CPU time (Linux).
@@ -215,6 +221,7 @@ impl Default for RecordOptions {
             kernel_callchain: true,
             kernel: false,
             embed: EmbedLevel::default(),
+            cache_dir: None,
             syscalls: None,
             off_cpu: None,
         }

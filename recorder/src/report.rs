@@ -132,6 +132,13 @@ pub enum RecordWarning {
     /// process was killed while writing to it): allocations after that
     /// point are missing.
     HeapRingBroken,
+    /// Frame tables resolved during this recording could not be kept in
+    /// the frame cache (`--cache-dir`): the trace is whole, later
+    /// recordings resolve those addresses again.
+    FrameCacheNotUpdated {
+        /// The cache directory and what failed.
+        reason: String,
+    },
     /// Kernel frames were asked for but `/proc/kallsyms` shows no
     /// addresses to this user (`kernel.kptr_restrict`): kernel frames are
     /// recorded but can only be shown as addresses.
@@ -181,6 +188,12 @@ impl fmt::Display for RecordWarning {
                 f,
                 "the allocation sampler's shared memory stopped being readable (a process was \
                  killed while writing to it): later allocations and frees are missing"
+            ),
+            RecordWarning::FrameCacheNotUpdated { reason } => write!(
+                f,
+                "the frame cache was not updated ({reason}); the trace is complete, but later \
+                 recordings will resolve these frames again: choose a writable --cache-dir, \
+                 or --no-cache"
             ),
             RecordWarning::KernelAddressesHidden { kptr_restrict } => {
                 let setting = kptr_restrict.map_or(String::new(), |k| format!(" is {k}"));

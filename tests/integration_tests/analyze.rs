@@ -25,7 +25,8 @@ mod views;
 
 use lrnprof_format::{TraceReader, TraceWriter, WriterOptions};
 use lrnprof_tests::{
-    build_c, lrnprof_analyze, lrnprof_rec, remove_scratch_dir, require_perf, scratch_dir, skip,
+    build_c, lrnprof_analyze, lrnprof_rec_command, remove_scratch_dir, require_perf, scratch_dir,
+    skip,
 };
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -51,7 +52,7 @@ fn record_output(
     args: &[&str],
 ) -> (PathBuf, Output) {
     let trace = dir.join(format!("{name}.lpt"));
-    let out = Command::new(lrnprof_rec())
+    let out = lrnprof_rec_command()
         // Fixtures that know it (rec_threads) then run for CPU time, not
         // wall time: the samples a test counts do not depend on load.
         .env("REC_CPU_TIME", "1")

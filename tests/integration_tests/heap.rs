@@ -15,7 +15,7 @@ mod phases;
 mod processes;
 mod sites;
 
-use lrnprof_tests::{lrnprof_analyze, lrnprof_rec};
+use lrnprof_tests::{lrnprof_analyze, lrnprof_rec_command};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
@@ -31,7 +31,7 @@ fn record_heap(
     code: i32,
 ) -> (PathBuf, Output) {
     let trace = dir.join(format!("{name}.lpt"));
-    let out = Command::new(lrnprof_rec())
+    let out = lrnprof_rec_command()
         .arg("--out")
         .arg(&trace)
         .arg("--heap")

@@ -45,6 +45,11 @@ struct Args {
     /// Leave out `perf record -a --call-graph dwarf`.
     #[arg(long)]
     no_perf_dwarf: bool,
+    /// Leave out `lrnprof-rec --all --no-cache` (every round resolving all
+    /// of its frames; the `lrnprof-rec --all` setup keeps a frame cache
+    /// from round to round).
+    #[arg(long)]
+    no_cache_setup: bool,
     /// The lrnprof-analyze binary (default: next to this program).
     #[arg(long)]
     analyze: Option<PathBuf>,
@@ -84,6 +89,7 @@ fn main() -> ExitCode {
         rec,
         baseline_rec: args.baseline,
         skip_perf_dwarf: args.no_perf_dwarf,
+        skip_no_cache: args.no_cache_setup,
         analyze,
         perf: args.perf,
         short_programs: args.short_programs,

@@ -3,6 +3,7 @@
 //! same files (the image's symbol table merged with its separate debug
 //! file's, and the DWARF of whichever of the two has it).
 
+use super::cache::{FrameCache, NameSource};
 use super::FrameTable;
 use crate::debug_file::debug_file_candidates;
 use crate::layout::Layout;
@@ -48,6 +49,9 @@ pub struct FrameRequest<'a> {
     /// from the image's symbol tables alone (what the analyzer names such
     /// an image's addresses with), instead of giving `Ok(None)`.
     pub symbols_alone: bool,
+    /// Where addresses resolved before are taken from, and those resolved
+    /// now are kept; `None`: resolve every address from the files.
+    pub cache: Option<&'a FrameCache>,
 }
 
 /// A table built by [`frame_table_for_file`].
@@ -61,6 +65,12 @@ pub struct FrameTableBuilt {
     pub left_out: usize,
     /// The separate debug file that was read, if any.
     pub debug_file: Option<PathBuf>,
+    /// Addresses in the table taken from the cache.
+    pub from_cache: usize,
+    /// Whether the DWARF was read as the cache kept it, inflated.
+    pub dwarf_from_cache: bool,
+    /// Why the cache could not be updated, if it could not.
+    pub cache_error: Option<String>,
 }
 
 /// The DWARF sections of a parsed file that are `wanted`, by canonical
@@ -153,6 +163,7 @@ fn build_table(
         max_bytes,
         debug_roots,
         symbols_alone,
+        cache,
     } = request;
     let not_an_image = |e: object::Error| ImageError::NotAnImage(e.to_string());
     // A file with DWARF is read whole (see `FileSource`) when small: most
@@ -162,10 +173,6 @@ fn build_table(
     let whole;
     let mut image = object::File::parse(&cached).map_err(not_an_image)?;
     let own_dwarf = has_dwarf(&image);
-    if own_dwarf {
-        whole = FileSource::of(&file);
-        image = object::File::parse(&whole).map_err(not_an_image)?;
-    }
     let found = if own_dwarf {
         None
     } else {
@@ -175,47 +182,109 @@ fn build_table(
             None => return Ok(None),
         }
     };
+    let source = match (own_dwarf, &found) {
+        (true, _) => NameSource::OwnDwarf,
+        (false, Some(_)) => NameSource::DebugFile,
+        (false, None) => NameSource::Symbols,
+    };
+    let keeping = cache.map(|cache| Keeping {
+        cache,
+        id: build_id,
+        source,
+    });
+    let wanted = svmas(&Layout::of(&image), file_offsets);
+    let kept = cache.map_or_else(FrameTable::default, |c| c.load(build_id, source));
+    let mut misses: Vec<u64> = wanted
+        .iter()
+        .copied()
+        .filter(|&s| kept.get(s).is_none())
+        .collect();
+    let debug_file = found.as_ref().map(|(p, _)| p.clone());
+    if misses.is_empty() {
+        // Every address was resolved before: no DWARF, no symbols.
+        let (entries, left_out) = assemble(&wanted, max_bytes, |svma| {
+            kept.get(svma)
+                .map(<[FrameLine]>::to_vec)
+                .unwrap_or_default()
+        });
+        let built = finish(entries, left_out, debug_file, &kept, None, keeping, None);
+        return Ok(Some((built, 0)));
+    }
+    if own_dwarf {
+        whole = FileSource::of(&file);
+        image = object::File::parse(&whole).map_err(not_an_image)?;
+    }
+    // DWARF an earlier recording inflated is read as it was kept. (The
+    // files are still read whole when small: their symbol names are read
+    // fastest in place, see `FileSource`.)
+    let kept_sections = cache
+        .filter(|_| own_dwarf || found.is_some())
+        .and_then(|c| c.load_sections(build_id, source));
     let debug_cache = found.as_ref().map(|(_, f)| FileSource::of(f));
     let debug = match &debug_cache {
         Some(c) => Some(object::File::parse(c).map_err(not_an_image)?),
         None => None,
     };
-    let bytes = dwarf_size(&image) + debug.as_ref().map_or(0, dwarf_size);
-    if bytes > MAX_DWARF_BYTES {
-        return Err(ImageError::DwarfTooLarge {
-            bytes,
-            max: MAX_DWARF_BYTES,
-        });
-    }
-    // As the analyzer merges an image with its debug file: the debug
-    // file's symbols join the image's, its DWARF sections fill in those
-    // the image lacks.
     let endian = if image.is_little_endian() {
         RunTimeEndian::Little
     } else {
         RunTimeEndian::Big
     };
-    // Only the sections the resolver reads are inflated.
-    let mut names = HashSet::new();
-    let _ = load_dwarf(|name| {
-        if !unused_dwarf(name) {
-            names.insert(name);
-        }
-        EndianSlice::new(&[][..], endian)
-    });
+    // As the analyzer merges an image with its debug file: the debug
+    // file's symbols join the image's, its DWARF sections fill in those
+    // the image lacks.
     let mut symbols = symbols_of_object(&image);
-    let mut sections = dwarf_sections(&image, &names);
     if let Some(d) = &debug {
         merge_symbols(&mut symbols, symbols_of_object(d));
-        for (name, data) in dwarf_sections(d, &names) {
-            sections.entry(name).or_insert(data);
-        }
     }
-    let wanted = svmas(&Layout::of(&image), file_offsets);
-    // As the analyzer does: units that hold none of the addresses are
-    // hidden from addr2line, which then parses only the others.
-    let mut sorted = wanted.clone();
-    sorted.sort_unstable();
+    let mut sections_error = None;
+    let mut sections: HashMap<String, Cow<'_, [u8]>> = match &kept_sections {
+        Some(kept) => kept
+            .iter()
+            .map(|(name, data)| (name.to_string(), Cow::Borrowed(data)))
+            .collect(),
+        None => {
+            let bytes = dwarf_size(&image) + debug.as_ref().map_or(0, dwarf_size);
+            if bytes > MAX_DWARF_BYTES {
+                return Err(ImageError::DwarfTooLarge {
+                    bytes,
+                    max: MAX_DWARF_BYTES,
+                });
+            }
+            // Only the sections the resolver reads are inflated.
+            let mut names = HashSet::new();
+            let _ = load_dwarf(|name| {
+                if !unused_dwarf(name) {
+                    names.insert(name);
+                }
+                EndianSlice::new(&[][..], endian)
+            });
+            let mut sections = dwarf_sections(&image, &names);
+            if let Some(d) = &debug {
+                for (name, data) in dwarf_sections(d, &names) {
+                    sections.entry(name).or_insert(data);
+                }
+            }
+            // Kept when some were inflated: the next recording reads them
+            // as they are.
+            if let Some(cache) =
+                cache.filter(|_| sections.values().any(|d| matches!(d, Cow::Owned(_))))
+            {
+                let mut list: Vec<(&str, &[u8])> =
+                    sections.iter().map(|(n, d)| (n.as_str(), &d[..])).collect();
+                list.sort_unstable();
+                sections_error = cache
+                    .store_sections(build_id, source, &list)
+                    .err()
+                    .map(|e| format!("{}: {e}", cache.dir().display()));
+            }
+            sections
+        }
+    };
+    // As the analyzer does: units that hold none of the addresses to
+    // resolve are hidden from addr2line, which then parses only the
+    // others.
+    misses.sort_unstable();
     let get = |name: &str| sections.get(name).map_or(&[][..], |d| &d[..]);
     let hidden = if hide {
         units_to_hide(
@@ -223,7 +292,7 @@ fn build_table(
             get(".debug_abbrev"),
             get(".debug_aranges"),
             endian,
-            &sorted,
+            &misses,
         )
     } else {
         None
@@ -243,28 +312,102 @@ fn build_table(
         })
         .flatten();
     let resolver = Resolver::new(&symbols, dwarf);
+    let (entries, left_out) = assemble(&wanted, max_bytes, |svma| match kept.get(svma) {
+        Some(lines) => lines.to_vec(),
+        None => resolver.lookup(svma, true),
+    });
+    let built = finish(
+        entries,
+        left_out,
+        debug_file,
+        &kept,
+        Some(&misses),
+        keeping,
+        sections_error,
+    );
+    let built = FrameTableBuilt {
+        dwarf_from_cache: kept_sections.is_some(),
+        ..built
+    };
+    Ok(Some((built, hidden_units)))
+}
+
+/// The entries of `wanted`, in order, as `resolve` gives them, until the
+/// next would take the table past `max_bytes`; and how many were left out.
+fn assemble(
+    wanted: &[u64],
+    max_bytes: usize,
+    mut resolve: impl FnMut(u64) -> Vec<FrameLine>,
+) -> (Vec<(u64, Vec<FrameLine>)>, usize) {
     let mut known = HashSet::new();
     let mut used = 0;
     let mut entries = Vec::with_capacity(wanted.len());
-    let mut left_out = 0;
     for (i, &svma) in wanted.iter().enumerate() {
-        let lines = resolver.lookup(svma, true);
+        let lines = resolve(svma);
         let cost = encoded_bound(&lines, &mut known);
         if used + cost > max_bytes {
-            left_out = wanted.len() - i;
-            break;
+            return (entries, wanted.len() - i);
         }
         used += cost;
         entries.push((svma, lines));
     }
+    (entries, 0)
+}
+
+/// Where and under what an image's table is kept.
+#[derive(Clone, Copy)]
+struct Keeping<'a> {
+    cache: &'a FrameCache,
+    id: &'a BuildId,
+    source: NameSource,
+}
+
+/// The built table of `entries`; those that were `resolved` now (sorted;
+/// `None`: none) join what the cache keeps for the image (`kept`).
+fn finish(
+    entries: Vec<(u64, Vec<FrameLine>)>,
+    left_out: usize,
+    debug_file: Option<PathBuf>,
+    kept: &FrameTable,
+    resolved: Option<&[u64]>,
+    keeping: Option<Keeping<'_>>,
+    mut cache_error: Option<String>,
+) -> FrameTableBuilt {
+    let from_cache = entries
+        .iter()
+        .filter(|(s, _)| kept.get(*s).is_some())
+        .count();
     let table = FrameTable::new(entries);
-    let built = FrameTableBuilt {
+    if let (Some(k), Some(resolved)) = (keeping, resolved) {
+        let is_new = |s: &u64| resolved.binary_search(s).is_ok();
+        let new: Vec<_> = table
+            .entries()
+            .iter()
+            .filter(|(s, _)| is_new(s))
+            .cloned()
+            .collect();
+        if !new.is_empty() {
+            let merged = FrameTable::new(kept.entries().iter().cloned().chain(new));
+            // An entry that would grow past its bound starts again from
+            // this recording's addresses.
+            let stored = match k.cache.store(k.id, k.source, &merged) {
+                Ok(false) => k.cache.store(k.id, k.source, &table),
+                other => other,
+            };
+            if let Err(e) = stored {
+                cache_error.get_or_insert_with(|| format!("{}: {e}", k.cache.dir().display()));
+            }
+        }
+    }
+    FrameTableBuilt {
         bytes: table.to_bytes(),
         addresses: table.len(),
         left_out,
-        debug_file: found.map(|(p, _)| p),
-    };
-    Ok(Some((built, hidden_units)))
+        debug_file,
+        from_cache,
+        dwarf_from_cache: false,
+        cache_error,
+    }
 }
 
 /// The first of the image's debug-file candidates that is a file with the
@@ -345,7 +488,12 @@ mod tests {
             .collect()
     }
 
-    fn build(offsets: &[u64], max_bytes: usize) -> Option<FrameTableBuilt> {
+    /// The table of `offsets` in this test binary, through `cache` if any.
+    fn build_with(
+        offsets: &[u64],
+        max_bytes: usize,
+        cache: Option<&FrameCache>,
+    ) -> Option<FrameTableBuilt> {
         let exe = std::env::current_exe().unwrap();
         let id = crate::build_id_of_file(&exe).expect("the linker gives test binaries a build id");
         frame_table_for_file(FrameRequest {
@@ -356,8 +504,13 @@ mod tests {
             max_bytes,
             debug_roots: &[],
             symbols_alone: false,
+            cache,
         })
         .unwrap()
+    }
+
+    fn build(offsets: &[u64], max_bytes: usize) -> Option<FrameTableBuilt> {
+        build_with(offsets, max_bytes, None)
     }
 
     #[test]
@@ -411,6 +564,55 @@ mod tests {
         assert_eq!(build(&[u64::MAX], 1 << 20).unwrap().addresses, 0);
     }
 
+    fn build_cached(offsets: &[u64], max_bytes: usize, cache: &FrameCache) -> FrameTableBuilt {
+        build_with(offsets, max_bytes, Some(cache)).expect("a table: this test binary has DWARF")
+    }
+
+    #[test]
+    #[cfg_attr(
+        not(target_os = "linux"),
+        ignore = "Mach-O test binaries keep their DWARF in a dSYM"
+    )]
+    // Looked up by name in the symbol table: never inlined into the harness.
+    #[inline(never)]
+    fn cached_addresses_give_the_table_resolved_afresh() {
+        let root =
+            std::env::temp_dir().join(format!("lrnprof-frames-cached-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        let cache = FrameCache::new(&root);
+        let offsets = own_request_offsets(&[
+            "cached_addresses_give_the_table_resolved_afresh",
+            "tables_stay_within_their_bytes",
+            "addresses_resolve_to_their_functions_with_files",
+        ]);
+        let afresh = |o: &[u64]| build(o, 1 << 20).unwrap();
+        // Nothing kept yet: everything resolved, then kept.
+        let first = build_cached(&offsets[..2], 1 << 20, &cache);
+        assert_eq!((first.from_cache, first.cache_error.as_deref()), (0, None));
+        assert_eq!(first.bytes, afresh(&offsets[..2]).bytes);
+        // DWARF that was not compressed is read from the file next time too.
+        let files: Vec<String> = std::fs::read_dir(cache.dir())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        assert!(files.len() == 1 && files[0].ends_with(".own"), "{files:?}");
+        // The same addresses again: all from the cache, the same bytes.
+        let again = build_cached(&offsets[..2], 1 << 20, &cache);
+        assert_eq!(again.from_cache, 2);
+        assert_eq!(again.bytes, first.bytes);
+        // One kept, one new: the new one resolved, both kept after.
+        let mixed = build_cached(&offsets[1..], 1 << 20, &cache);
+        assert_eq!(mixed.from_cache, 1);
+        assert_eq!(mixed.bytes, afresh(&offsets[1..]).bytes);
+        let all = build_cached(&offsets, 1 << 20, &cache);
+        assert_eq!(all.from_cache, 3);
+        assert_eq!(all.bytes, afresh(&offsets).bytes);
+        // A table's byte limit holds for kept addresses too.
+        let none = build_cached(&offsets, 0, &cache);
+        assert_eq!((none.addresses, none.left_out), (0, 3));
+        std::fs::remove_dir_all(&root).unwrap();
+    }
+
     /// The path of the libc mapped in this process.
     fn libc_path() -> Option<String> {
         let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
@@ -450,6 +652,7 @@ mod tests {
             max_bytes: 4 << 20,
             debug_roots: &[],
             symbols_alone: false,
+            cache: None,
         };
         let Some((hidden, units)) = build_table(request(), true).unwrap() else {
             let why = format!("{path} has no debug file here (apt-get install libc6-dbg)");
@@ -477,5 +680,46 @@ mod tests {
             "most addresses resolve to lines: {with_lines} of {}",
             offsets.len()
         );
+        // Through a cache, half the addresses first and then all: those
+        // kept and those resolved beside them (with other units hidden)
+        // give the same table.
+        let root = std::env::temp_dir().join(format!("lrnprof-frames-libc-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        let cache = FrameCache::new(&root);
+        let half: Vec<u64> = offsets.iter().copied().step_by(2).collect();
+        let cached = |offsets: &[u64]| {
+            build_table(
+                FrameRequest {
+                    file_offsets: offsets,
+                    cache: Some(&cache),
+                    ..request()
+                },
+                true,
+            )
+            .unwrap()
+            .unwrap()
+            .0
+        };
+        assert_eq!(cached(&half).from_cache, 0);
+        // The debug file's sections are compressed: kept inflated, and read
+        // from there for the addresses not resolved yet.
+        let kept_dwarf = std::fs::read_dir(cache.dir())
+            .unwrap()
+            .filter(|e| {
+                e.as_ref()
+                    .unwrap()
+                    .file_name()
+                    .to_string_lossy()
+                    .ends_with(".debug.dwarf")
+            })
+            .count();
+        assert_eq!(kept_dwarf, 1);
+        let all = cached(&offsets);
+        assert!(all.dwarf_from_cache);
+        assert_eq!(all.from_cache, half.len());
+        assert_eq!(all.bytes, whole.bytes);
+        assert_eq!(all.debug_file, whole.debug_file);
+        assert_eq!(cached(&offsets).from_cache, offsets.len());
+        std::fs::remove_dir_all(&root).unwrap();
     }
 }

@@ -10,8 +10,10 @@
 //! table from an image file and its separate debug file.
 
 mod build;
+mod cache;
 
 pub use build::{frame_table_for_file, FrameRequest, FrameTableBuilt, MAX_DWARF_BYTES};
+pub use cache::FrameCache;
 
 use crate::resolve::FrameLine;
 use crate::ImageError;

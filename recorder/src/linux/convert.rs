@@ -25,7 +25,7 @@ use lrnprof_format::{
     SampleDetail, SampleFlags, SampleKind, StackHint, StackSnapshot, SwitchInRecord,
     SyscallExitRecord, SyscallTallyRecord, ThreadEvent, ThreadRecord, Tid, Timestamp,
 };
-use lrnprof_image::EmbedLevel;
+use lrnprof_image::{EmbedLevel, FrameCache};
 use std::borrow::Cow;
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicI32, Ordering};
@@ -300,6 +300,13 @@ impl Converter {
     /// why the launched program's allocations will not be recorded.
     pub fn with_heap(mut self, explained: bool) -> Converter {
         self.heap = Some(HeapStats::new(explained));
+        self
+    }
+
+    /// Take frame tables' addresses resolved by earlier recordings from
+    /// `cache`, and keep there those this one resolves.
+    pub fn with_frame_cache(mut self, cache: Option<FrameCache>) -> Converter {
+        self.images = self.images.with_cache(cache);
         self
     }
 

@@ -13,8 +13,8 @@ use lrnprof_format::{
 };
 use lrnprof_image::{
     blobs_for_open_file, blobs_for_touched_file, build_id_of_bytes, build_id_of_file,
-    frame_table_for_file, split_blob, EmbedLevel, FrameRequest, FRAMES_TABLE, MAX_BLOB_PART,
-    SYMBOL_SECTIONS,
+    frame_table_for_file, split_blob, EmbedLevel, FrameCache, FrameRequest, FRAMES_TABLE,
+    MAX_BLOB_PART, SYMBOL_SECTIONS,
 };
 use std::collections::{HashMap, HashSet};
 use std::os::unix::fs::MetadataExt;
@@ -56,6 +56,8 @@ pub(crate) struct Images {
     /// What samples touched.
     touched: Touched,
     open_files: usize,
+    /// Frame tables kept between recordings.
+    cache: Option<FrameCache>,
 }
 
 impl Images {
@@ -70,7 +72,15 @@ impl Images {
             // Frame tables name frames: they come with symbols.
             touched: Touched::new(embed >= EmbedLevel::Symbols),
             open_files: 0,
+            cache: None,
         }
+    }
+
+    /// Take addresses resolved by earlier recordings from `cache`, and
+    /// keep there those this one resolves.
+    pub fn with_cache(mut self, cache: Option<FrameCache>) -> Images {
+        self.cache = cache;
+        self
     }
 
     /// Whether samples should be checked for the images they touch.
@@ -206,6 +216,12 @@ impl Images {
                 _ => {}
             }
         }
+        // The cache directory fails alike for every image: once is enough.
+        let mut cache_warned = false;
+        warnings.retain(|w| {
+            !matches!(w, RecordWarning::FrameCacheNotUpdated { .. })
+                || !std::mem::replace(&mut cache_warned, true)
+        });
         let mut pids: Vec<u32> = pids.iter().copied().collect();
         pids.sort_unstable();
         for pid in pids {
@@ -255,13 +271,13 @@ impl Images {
         image: &SeenImage,
         file: &std::fs::File,
         budget: &mut usize,
-    ) -> (Vec<Blob>, Option<RecordWarning>, bool) {
+    ) -> (Vec<Blob>, Vec<RecordWarning>, bool) {
         let lookups = match self.touched.image(id) {
             Some(t) if self.embed >= EmbedLevel::Symbols => t.lookups(),
             _ => Vec::new(),
         };
         if lookups.is_empty() {
-            return (Vec::new(), None, false);
+            return (Vec::new(), Vec::new(), false);
         }
         let incomplete = |reason: String| {
             Some(RecordWarning::FrameTableIncomplete {
@@ -281,7 +297,7 @@ impl Images {
         };
         let file = match file.try_clone() {
             Ok(f) => f,
-            Err(e) => return (Vec::new(), no_table(&e), false),
+            Err(e) => return (Vec::new(), no_table(&e).into_iter().collect(), false),
         };
         let path = image.path.strip_suffix(" (deleted)").unwrap_or(&image.path);
         let built = frame_table_for_file(FrameRequest {
@@ -294,11 +310,12 @@ impl Images {
             // Images without DWARF get a table too: their symbol tables
             // then need not travel.
             symbols_alone: true,
+            cache: self.cache.as_ref(),
         });
         let built = match built {
             Ok(Some(built)) => built,
-            Ok(None) => return (Vec::new(), None, false),
-            Err(e) => return (Vec::new(), no_table(&e), false),
+            Ok(None) => return (Vec::new(), Vec::new(), false),
+            Err(e) => return (Vec::new(), no_table(&e).into_iter().collect(), false),
         };
         *budget = budget.saturating_sub(built.bytes.len());
         let kind = BlobKind::Table {
@@ -316,7 +333,14 @@ impl Images {
             ))
         });
         let complete = left_out == 0 && built.addresses == lookups.len();
-        (blobs, warning.flatten(), complete)
+        let not_kept = built
+            .cache_error
+            .map(|reason| RecordWarning::FrameCacheNotUpdated { reason });
+        (
+            blobs,
+            warning.flatten().into_iter().chain(not_kept).collect(),
+            complete,
+        )
     }
 
     pub fn record_from_maps(&mut self, t: u64, pid: u32, m: &MapsEntry) -> Option<Record> {
@@ -663,14 +687,14 @@ mod tests {
         assert_eq!(ips(&images, 4), [0x100]);
     }
 
-    /// This test binary, as if mapped in a process of ours: its sections
-    /// and the frame table of a sampled address are embedded.
-    #[test]
-    fn a_touched_image_with_dwarf_gets_a_frame_table() {
+    /// This test binary, as if mapped in a process of ours with a sample
+    /// in this function: its build id, the frame table embedded (its
+    /// bytes) and the warnings. `None` when the binary has no build id.
+    fn embed_this_function(cache: Option<FrameCache>) -> Option<(Vec<u8>, Vec<RecordWarning>)> {
         let exe = std::env::current_exe().unwrap();
         let path = exe.to_str().unwrap();
         let pid = std::process::id();
-        let mut images = Images::new(EmbedLevel::Symbols);
+        let mut images = Images::new(EmbedLevel::Symbols).with_cache(cache);
         // Mapped from file offset 0 at 0x10000: an AVMA is 0x10000 + offset.
         let Some(Record::ImageMap(m)) =
             images.record(1, pid, 0x10000, 0x10000 + (64 << 20), 0, path, None)
@@ -681,11 +705,11 @@ mod tests {
             // Like the end-to-end tests: under CI a check not made fails.
             let ci = std::env::var("CI").is_ok_and(|v| v.eq_ignore_ascii_case("true") || v == "1");
             assert!(!ci, "this test binary has no build id");
-            return;
+            return None;
         };
         images.remember(&m);
         // Some code address: where this function's code is, in the file.
-        let here = a_touched_image_with_dwarf_gets_a_frame_table as *const () as usize as u64;
+        let here = embed_this_function as *const () as usize as u64;
         let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
         let offset = maps
             .lines()
@@ -707,23 +731,63 @@ mod tests {
         });
         let mut warnings = Vec::new();
         let blobs = images.embedded_blobs(&HashSet::new(), &mut warnings);
-        assert!(warnings.is_empty(), "{warnings:?}");
         let table = blobs
-            .iter()
+            .into_iter()
             .find(|b| {
                 b.build_id == id
                     && matches!(&b.kind, BlobKind::Table { name } if name == FRAMES_TABLE)
             })
             .expect("a frame table");
-        let table = lrnprof_image::FrameTable::parse(&table.data).unwrap();
+        Some((table.data, warnings))
+    }
+
+    /// This test binary, as if mapped in a process of ours: its sections
+    /// and the frame table of a sampled address are embedded.
+    #[test]
+    fn a_touched_image_with_dwarf_gets_a_frame_table() {
+        let Some((table, warnings)) = embed_this_function(None) else {
+            return;
+        };
+        assert!(warnings.is_empty(), "{warnings:?}");
+        let table = lrnprof_image::FrameTable::parse(&table).unwrap();
         assert_eq!(table.len(), 1);
         let lines = &table.entries()[0].1;
         assert!(
-            lines.last().is_some_and(|l| l
-                .function
-                .ends_with("a_touched_image_with_dwarf_gets_a_frame_table")),
+            lines
+                .last()
+                .is_some_and(|l| l.function.ends_with("embed_this_function")),
             "{lines:?}"
         );
+    }
+
+    /// A recording keeps its frame tables in the cache; the next one with
+    /// the same addresses embeds the same table from it. A cache that
+    /// cannot be written costs the trace nothing and is said once.
+    #[test]
+    fn frame_tables_are_kept_between_recordings() {
+        let root = std::env::temp_dir().join(format!("lrnprof-rec-frames-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        let Some((uncached, _)) = embed_this_function(None) else {
+            return;
+        };
+        let cache = FrameCache::new(&root);
+        let (first, warnings) = embed_this_function(Some(cache.clone())).unwrap();
+        assert!(warnings.is_empty(), "{warnings:?}");
+        assert_eq!(first, uncached);
+        let entries = || std::fs::read_dir(cache.dir()).map_or(0, |d| d.count());
+        assert_eq!(entries(), 1, "this binary's entry is kept");
+        let (second, _) = embed_this_function(Some(cache.clone())).unwrap();
+        assert_eq!(second, uncached);
+        std::fs::remove_dir_all(&root).unwrap();
+        // A file where the directory should be: not even root writes there.
+        std::fs::write(&root, b"not a directory").unwrap();
+        let (third, warnings) = embed_this_function(Some(FrameCache::new(&root))).unwrap();
+        assert_eq!(third, uncached);
+        let [RecordWarning::FrameCacheNotUpdated { reason }] = &warnings[..] else {
+            panic!("{warnings:?}");
+        };
+        assert!(reason.contains(&root.display().to_string()), "{reason}");
+        std::fs::remove_file(&root).unwrap();
     }
 
     #[test]

@@ -45,6 +45,7 @@ use lrnprof_format::{
     resolve_syscall_filter, Clock, Endian, EventSettings, HeapSettings, OffCpuSettings, Os, Pid,
     SampleEvent, SampleKind, SamplingSettings, SyscallSettings, Target, Timestamp, TraceHeader,
 };
+use lrnprof_image::FrameCache;
 pub(crate) use parse::fuzz_records;
 use parse::Layouts;
 use std::io;
@@ -314,6 +315,7 @@ pub(crate) fn record(
         );
         converter = converter.with_heap(explained);
     }
+    converter = converter.with_frame_cache(options.cache_dir.as_deref().map(FrameCache::new));
     if system || settings.kernel {
         converter = converter.with_system(SystemWide::new(std::process::id(), settings.kernel));
     }

@@ -5,7 +5,9 @@
 
 use super::{folded, per_site, record_heap};
 use lrnprof_format::{Record, SampleKind, TraceReader};
-use lrnprof_tests::{build_c, lrnprof_rec, remove_scratch_dir, require_perf, scratch_dir, skip};
+use lrnprof_tests::{
+    build_c, lrnprof_rec, lrnprof_rec_command, remove_scratch_dir, require_perf, scratch_dir, skip,
+};
 use std::collections::{BTreeMap, BTreeSet};
 use std::process::{Command, Stdio};
 
@@ -119,7 +121,7 @@ fn a_static_program_gets_a_clear_message_and_cpu_samples() {
 fn attaching_with_heap_is_refused_in_one_line() {
     let dir = scratch_dir("heap-pid");
     let trace = dir.join("never.lpt");
-    let out = Command::new(lrnprof_rec())
+    let out = lrnprof_rec_command()
         .args(["--heap", "--pid", &std::process::id().to_string(), "--out"])
         .arg(&trace)
         .stdin(Stdio::null())
@@ -154,6 +156,7 @@ fn the_recorder_alone_carries_its_sampler() {
     let trace = dir.join("installed.lpt");
     let out = Command::new(&rec)
         .env("TMPDIR", &tmp)
+        .env("LRNPROF_CACHE_DIR", dir.join("cache"))
         .env_remove("XDG_RUNTIME_DIR")
         .args(["--heap", "--heap-rate", "1", "--out"])
         .arg(&trace)

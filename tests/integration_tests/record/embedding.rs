@@ -354,3 +354,65 @@ fn has_frame_table(records: &[Record], id: &[u8]) -> bool {
             && matches!(&b.kind, lrnprof_format::BlobKind::Table { name } if name == "frames"))
     })
 }
+
+/// The frame cache (`--cache-dir`, `LRNPROF_CACHE_DIR`): a recording keeps
+/// the program's resolved frames there, the next one names them offline
+/// as the local analysis does, `--no-cache` neither reads nor writes it,
+/// and a cache that cannot be written costs the trace nothing.
+#[test]
+fn frame_tables_are_kept_in_the_cache_between_recordings() {
+    require_perf!();
+    let dir = scratch_dir("rec-frame-cache");
+    let exe = build_threads(&dir);
+    let hex: String = build_id(&exe).iter().map(|b| format!("{b:02x}")).collect();
+    let cache = dir.join("cache");
+    let record = |out: &Path, cache: &Path, extra: &[&str]| {
+        let result = rec_command(out)
+            .env("LRNPROF_CACHE_DIR", cache)
+            .args(extra)
+            .arg("--")
+            .arg(&exe)
+            .arg("300")
+            .stdin(Stdio::null())
+            .output()
+            .expect("running lrnprof-rec");
+        assert_exit_code(&result, 7);
+        String::from_utf8_lossy(&result.stderr).into_owned()
+    };
+    // The entry of the program (its own DWARF), in the versioned directory.
+    let entry = |cache: &Path| {
+        std::fs::read_dir(cache).ok().and_then(|d| {
+            d.flatten()
+                .map(|e| e.path().join(format!("{hex}.own")))
+                .find(|p| p.exists())
+        })
+    };
+    record(&dir.join("none.lpt"), &cache, &["--no-cache"]);
+    assert!(!cache.exists(), "--no-cache wrote {}", cache.display());
+    record(&dir.join("first.lpt"), &cache, &[]);
+    let kept = entry(&cache).expect("the program's frames kept");
+    let first = std::fs::read(&kept).unwrap();
+    let second = dir.join("second.lpt");
+    let stderr = record(&second, &cache, &[]);
+    assert!(!stderr.contains("frame cache"), "{stderr}");
+    load_complete(&second);
+    let folded = ["--format", "folded"];
+    let local = String::from_utf8(analyze_out(&second, &folded)).unwrap();
+    assert!(folded_count(&local, "leaf_work") > 0, "{local}");
+    let offline = analyze_out(&second, &[&folded[..], &["--offline"]].concat());
+    assert_eq!(String::from_utf8(offline).unwrap(), local);
+    // What the second recording resolved anew joined what was kept.
+    assert!(std::fs::read(&kept).unwrap().len() >= first.len());
+    // A file where the cache directory should be: one warning, a whole trace.
+    let blocked = dir.join("blocked");
+    std::fs::write(&blocked, b"not a directory").unwrap();
+    let out = dir.join("blocked.lpt");
+    let stderr = record(&out, &blocked, &[]);
+    assert_eq!(
+        stderr.matches("the frame cache was not updated").count(),
+        1,
+        "{stderr}"
+    );
+    load_complete(&out);
+    remove_scratch_dir(&dir);
+}

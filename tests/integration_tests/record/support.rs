@@ -2,7 +2,7 @@
 //! traces back with `TraceReader`, and the checks most tests make of them.
 
 use lrnprof_format::{ImageMapRecord, Pid, Record, Sample, Summary, Target, TraceReader};
-use lrnprof_tests::{build_c, lrnprof_rec, wait_until};
+use lrnprof_tests::{build_c, lrnprof_rec, lrnprof_rec_command, wait_until};
 use object::{Object, ObjectSegment, ObjectSymbol};
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
@@ -19,7 +19,7 @@ pub(super) fn build_threads(dir: &Path) -> PathBuf {
 
 /// Run `lrnprof-rec args` to completion, stdin closed.
 pub(super) fn rec(args: &[&OsStr]) -> Output {
-    Command::new(lrnprof_rec())
+    lrnprof_rec_command()
         .args(args)
         .stdin(Stdio::null())
         .output()
@@ -28,7 +28,7 @@ pub(super) fn rec(args: &[&OsStr]) -> Output {
 
 /// `lrnprof-rec --out OUT`, for tests that spawn it themselves.
 pub(super) fn rec_command(out: &Path) -> Command {
-    let mut command = Command::new(lrnprof_rec());
+    let mut command = lrnprof_rec_command();
     command.arg("--out").arg(out);
     command
 }

@@ -14,7 +14,7 @@ use lrnprof_analyzer::{
 };
 use lrnprof_format::{syscall_number, Arch, Record, SampleKind, Target};
 use lrnprof_tests::{
-    build_c, has_program, is_root, lrnprof_analyze, lrnprof_rec, remove_scratch_dir,
+    build_c, has_program, is_root, lrnprof_analyze, lrnprof_rec_command, remove_scratch_dir,
     require_tracing, scratch_dir, skip, wait_until,
 };
 use std::collections::BTreeMap;
@@ -357,7 +357,7 @@ fn a_target_killed_in_a_call_leaves_a_consistent_trace() {
     let exe = build(&dir);
     let out = dir.join("t.lpt");
     // stdin is a pipe nobody writes to: the fixture blocks in read().
-    let recorder = Command::new(lrnprof_rec())
+    let recorder = lrnprof_rec_command()
         .arg("--out")
         .arg(&out)
         .args(["--syscalls", "--off-cpu", "--"])
@@ -423,7 +423,7 @@ fn attaching_traces_the_calls_made_from_then_on() {
     let out = dir.join("t.lpt");
     let mut target = Command::new(&exe).arg("forever").spawn().unwrap();
     let pid = target.id().to_string();
-    let result = Command::new(lrnprof_rec())
+    let result = lrnprof_rec_command()
         .arg("--out")
         .arg(&out)
         .args(["--pid", &pid, "--syscalls", "--no-cpu", "--duration", "0.5"])

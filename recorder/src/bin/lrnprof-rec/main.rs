@@ -10,7 +10,7 @@ mod terminal;
 use anyhow::Result;
 use clap::Parser;
 use lrnprof_recorder::{
-    record, CpuEvent, EmbedLevel, HeapOptions, OffCpuOptions, RecordOptions, StopToken,
+    record, CpuEvent, EmbedLevel, FrameCache, HeapOptions, OffCpuOptions, RecordOptions, StopToken,
     SyscallOptions, TargetSpec, DEFAULT_FREQUENCY_HZ, DEFAULT_HEAP_INTERVAL,
     DEFAULT_OFF_CPU_STACK_SIZE, DEFAULT_STACK_SIZE, DEFAULT_SYSCALL_STACK_SIZE,
 };
@@ -90,6 +90,18 @@ struct Args {
     /// DWARF, for file:line and inline frames).
     #[arg(long, default_value = "symbols", value_parser = clap::value_parser!(EmbedLevel))]
     embed: EmbedLevel,
+
+    /// Where to keep what each image's addresses resolved to (by build
+    /// id), so later recordings of the same programs resolve only new
+    /// addresses and finish sooner (Linux) [default: $XDG_CACHE_HOME/lrnprof
+    /// or ~/.cache/lrnprof]
+    #[arg(long, value_name = "DIR", env = "LRNPROF_CACHE_DIR")]
+    cache_dir: Option<PathBuf>,
+
+    /// Neither read nor write the cache: resolve every address anew
+    /// (wins over --cache-dir and LRNPROF_CACHE_DIR).
+    #[arg(long)]
+    no_cache: bool,
 
     /// Do not take CPU samples (record only --heap, --syscalls and/or
     /// --off-cpu).
@@ -183,6 +195,11 @@ fn run(args: Args) -> Result<ExitCode> {
         kernel_callchain: args.callchain == "on",
         kernel: args.kernel,
         embed: args.embed,
+        cache_dir: if args.no_cache {
+            None
+        } else {
+            args.cache_dir.or_else(FrameCache::default_root)
+        },
         cpu: !args.no_cpu,
         syscalls: (args.syscalls || !args.syscall_filter.is_empty()).then_some(SyscallOptions {
             filter: args.syscall_filter,
