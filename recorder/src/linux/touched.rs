@@ -9,6 +9,7 @@
 //! binary search.
 
 use lrnprof_format::{same_runs, BuildId, ImageMapRecord, StackHint};
+use rustc_hash::{FxHashMap, FxHashSet};
 use std::collections::{HashMap, HashSet};
 
 /// Code addresses remembered at most, over all images (about 40 bytes
@@ -79,10 +80,10 @@ pub(crate) struct TouchedImage {
     pub id: BuildId,
     pub touched: bool,
     /// Lookup addresses (file offsets) of sampled instruction pointers.
-    pub ips: HashSet<u64>,
+    pub ips: FxHashSet<u64>,
     /// Lookup addresses (file offsets) of possible return addresses
     /// (minus one, inside the call instruction).
-    pub returns: HashSet<u64>,
+    pub returns: FxHashSet<u64>,
     /// Addresses not remembered, past [`MAX_ADDRESSES`].
     pub left_out: u64,
 }
@@ -113,14 +114,14 @@ pub(crate) struct Touched {
     /// which images were touched.
     collect: bool,
     /// Per process: its mappings sorted by start. Rebuilt when dirty.
-    index: HashMap<u32, Vec<TouchRange>>,
-    dirty: HashSet<u32>,
+    index: FxHashMap<u32, Vec<TouchRange>>,
+    dirty: FxHashSet<u32>,
     pub images: Vec<TouchedImage>,
     image_ids: HashMap<BuildId, usize>,
     addresses: usize,
     /// What each thread's stack copies held, so only the words that
     /// changed are looked up.
-    seen_stacks: HashMap<(u32, u32), SeenStack>,
+    seen_stacks: FxHashMap<(u32, u32), SeenStack>,
     /// The changed words of the sample at hand (kept for its allocation).
     words: Vec<u64>,
     /// Buffers of hints' runs the trace writer is done with, for the next
@@ -133,7 +134,7 @@ pub(crate) struct Touched {
     waiting_len: usize,
     /// Per process: lookups that fell in no image, while a late mapping may
     /// still place them.
-    unplaced: HashMap<u32, Vec<Unplaced>>,
+    unplaced: FxHashMap<u32, Vec<Unplaced>>,
     unplaced_len: usize,
     /// Lists of `unplaced` emptied by [`Touched::round`], for the next
     /// ones: most lookups that fall in no image are heap pointers, kept
@@ -465,8 +466,8 @@ impl Touched {
                         self.images.push(TouchedImage {
                             id: id.clone(),
                             touched: false,
-                            ips: HashSet::new(),
-                            returns: HashSet::new(),
+                            ips: FxHashSet::default(),
+                            returns: FxHashSet::default(),
                             left_out: 0,
                         });
                         self.image_ids.insert(id.clone(), self.images.len() - 1);
