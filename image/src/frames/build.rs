@@ -139,9 +139,13 @@ fn has_dwarf<'data, R: ReadRef<'data>>(obj: &object::File<'data, R>) -> bool {
 /// [`debug_file_candidates`]), whose symbol table then joins the image's.
 /// `Ok(None)` when neither has DWARF: the image's symbol tables, embedded
 /// as sections, name its frames just as well; unless
-/// `request.symbols_alone`, then the table is built from them. Errors if
-/// the image cannot be parsed or its DWARF is larger than
-/// [`MAX_DWARF_BYTES`].
+/// `request.symbols_alone`, then the table is built from them. With
+/// `request.cache`, addresses kept there are taken from it (the same
+/// lines), the others resolved and added to it; the files' DWARF and
+/// symbols are not read when there are none. Errors if the image cannot
+/// be parsed or its DWARF is larger than [`MAX_DWARF_BYTES`]; a cache
+/// that cannot be written is not an error (see
+/// [`FrameTableBuilt::cache_error`]).
 pub fn frame_table_for_file(
     request: FrameRequest<'_>,
 ) -> Result<Option<FrameTableBuilt>, ImageError> {

@@ -12,7 +12,8 @@
 //! Where that DWARF is compressed (Debian's debug files are), the
 //! sections a lookup reads are kept too, inflated: a recording with
 //! addresses not seen before then skips inflating them, most of the time
-//! a compressed image's table takes (libc's debug file: 29 of 33 ms).
+//! a compressed image's table takes (libc with Debian's debug file: ten
+//! new addresses in 10 ms instead of 29).
 //! Files are replaced whole (written aside, then renamed), so a reader
 //! never sees half of one; one that does not parse is ignored and
 //! rewritten. Removing the directory at any time is safe.

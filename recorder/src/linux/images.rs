@@ -688,8 +688,8 @@ mod tests {
     }
 
     /// This test binary, as if mapped in a process of ours with a sample
-    /// in this function: its build id, the frame table embedded (its
-    /// bytes) and the warnings. `None` when the binary has no build id.
+    /// in this function: the bytes of its embedded frame table, and the
+    /// warnings. `None` when the binary has no build id.
     fn embed_this_function(cache: Option<FrameCache>) -> Option<(Vec<u8>, Vec<RecordWarning>)> {
         let exe = std::env::current_exe().unwrap();
         let path = exe.to_str().unwrap();
