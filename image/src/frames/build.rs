@@ -320,7 +320,7 @@ fn build_table(
         Some(lines) => lines.to_vec(),
         None => resolver.lookup(svma, true),
     });
-    let built = finish(
+    let mut built = finish(
         entries,
         left_out,
         debug_file,
@@ -329,10 +329,7 @@ fn build_table(
         keeping,
         sections_error,
     );
-    let built = FrameTableBuilt {
-        dwarf_from_cache: kept_sections.is_some(),
-        ..built
-    };
+    built.dwarf_from_cache = kept_sections.is_some();
     Ok(Some((built, hidden_units)))
 }
 

@@ -39,6 +39,10 @@ const MAX_ENTRY_BYTES: usize = 8 << 20;
 /// Most bytes of one image's inflated DWARF kept.
 const MAX_SECTIONS_BYTES: u64 = 64 << 20;
 
+/// Most bytes of a file of kept sections: the sections, and room for
+/// their names and lengths.
+const MAX_SECTIONS_FILE_BYTES: usize = MAX_SECTIONS_BYTES as usize + (64 << 10);
+
 /// Most files kept; past it the least recently used go.
 const MAX_ENTRIES: usize = 1024;
 
@@ -166,7 +170,7 @@ impl FrameCache {
     /// none or the file is not whole.
     pub(crate) fn load_sections(&self, id: &BuildId, source: NameSource) -> Option<KeptSections> {
         let path = self.sections_path(id, source)?;
-        let bytes = read_at_most(&path, MAX_SECTIONS_BYTES as usize + (64 << 10)).ok()?;
+        let bytes = read_at_most(&path, MAX_SECTIONS_FILE_BYTES).ok()?;
         let kept = KeptSections::parse(bytes)?;
         touch(&path);
         Some(kept)
@@ -191,10 +195,9 @@ impl FrameCache {
         let header = header_options()
             .serialize(&header)
             .expect("encoding to memory cannot fail");
-        let mut parts: Vec<&[u8]> = vec![SECTIONS_MAGIC, &header];
-        parts.extend(sections.iter().map(|(_, d)| *d));
         let len = (header.len() as u64).to_le_bytes();
-        parts.insert(1, &len);
+        let mut parts: Vec<&[u8]> = vec![SECTIONS_MAGIC, &len, &header];
+        parts.extend(sections.iter().map(|(_, d)| *d));
         self.write_file(&path, &parts)?;
         Ok(true)
     }

@@ -760,8 +760,9 @@ mod tests {
         );
     }
 
-    /// A recording keeps its frame tables in the cache; the next one with
-    /// the same addresses embeds the same table from it. A cache that
+    /// A recording keeps its frame tables in the cache (an entry appears);
+    /// the next one with the same addresses embeds the same table (that it
+    /// comes from the cache is tested in `lrnprof-image`). A cache that
     /// cannot be written costs the trace nothing and is said once.
     #[test]
     fn frame_tables_are_kept_between_recordings() {
