@@ -9,7 +9,7 @@ use crate::debug_file::debug_file_candidates;
 use crate::layout::Layout;
 use crate::resolve::{load_dwarf, FrameLine, Resolver};
 use crate::sections::{canonical_section_name, DEBUG_SECTION_PREFIX};
-use crate::source::FileSource;
+use crate::source::{map, FileSource};
 use crate::symbols::{merge_symbols, symbols_of_object};
 use crate::units::{hide_units, inflate_zlib, units_to_hide, unused_dwarf};
 use crate::ImageError;
@@ -170,12 +170,15 @@ fn build_table(
         cache,
     } = request;
     let not_an_image = |e: object::Error| ImageError::NotAnImage(e.to_string());
-    // A file with DWARF is read whole (see `FileSource`) when small: most
-    // of it is read anyway. One without is read through the cache, which
-    // reads only its headers and symbol tables.
-    let cached = FileSource::Cached(ReadCache::new(&file));
+    // Mapped (see `FileSource`); where that fails, read through the cache,
+    // which reads only the headers and symbol tables, and read again
+    // whole below if it has DWARF and is small: most of it is read then.
+    let first = match map(&file) {
+        Some(map) => FileSource::Mapped(map),
+        None => FileSource::Cached(ReadCache::new(&file)),
+    };
     let whole;
-    let mut image = object::File::parse(&cached).map_err(not_an_image)?;
+    let mut image = object::File::parse(&first).map_err(not_an_image)?;
     let own_dwarf = has_dwarf(&image);
     let found = if own_dwarf {
         None
@@ -214,13 +217,12 @@ fn build_table(
         let built = finish(entries, left_out, debug_file, &kept, None, keeping, None);
         return Ok(Some((built, 0)));
     }
-    if own_dwarf {
+    if own_dwarf && matches!(first, FileSource::Cached(_)) {
         whole = FileSource::of(&file);
         image = object::File::parse(&whole).map_err(not_an_image)?;
     }
     // DWARF an earlier recording inflated is read as it was kept. (The
-    // files are still read whole when small: their symbol names are read
-    // fastest in place, see `FileSource`.)
+    // files are still mapped: their symbol names are read in place.)
     let kept_sections = cache
         .filter(|_| own_dwarf || found.is_some())
         .and_then(|c| c.load_sections(build_id, source));

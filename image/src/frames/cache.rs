@@ -19,6 +19,7 @@
 //! rewritten. Removing the directory at any time is safe.
 
 use super::FrameTable;
+use crate::source::{map, HeldBytes};
 use bincode::Options;
 use lrnprof_format::BuildId;
 use std::ffi::OsString;
@@ -137,7 +138,8 @@ impl FrameCache {
         let Some(path) = self.entry_path(id, source) else {
             return FrameTable::default();
         };
-        let Ok(bytes) = read_at_most(&path, MAX_ENTRY_BYTES) else {
+        let Ok(bytes) = std::fs::File::open(&path).and_then(|f| read_at_most(f, MAX_ENTRY_BYTES))
+        else {
             return FrameTable::default();
         };
         let table = FrameTable::parse(&bytes).unwrap_or_default();
@@ -170,7 +172,15 @@ impl FrameCache {
     /// none or the file is not whole.
     pub(crate) fn load_sections(&self, id: &BuildId, source: NameSource) -> Option<KeptSections> {
         let path = self.sections_path(id, source)?;
-        let bytes = read_at_most(&path, MAX_SECTIONS_FILE_BYTES).ok()?;
+        // Mapped: a lookup reads a few units' worth of these megabytes.
+        let file = std::fs::File::open(&path).ok()?;
+        let bytes = match file.metadata().ok()?.len() <= MAX_SECTIONS_FILE_BYTES as u64 {
+            true => match map(&file) {
+                Some(map) => HeldBytes::Mapped(map),
+                None => HeldBytes::Read(read_at_most(file, MAX_SECTIONS_FILE_BYTES).ok()?),
+            },
+            false => return None,
+        };
         let kept = KeptSections::parse(bytes)?;
         touch(&path);
         Some(kept)
@@ -271,7 +281,7 @@ impl FrameCache {
 
 /// Inflated DWARF sections read back from the cache.
 pub(crate) struct KeptSections {
-    bytes: Vec<u8>,
+    bytes: HeldBytes,
     /// Name and range in `bytes` of each section.
     sections: Vec<(String, std::ops::Range<usize>)>,
 }
@@ -279,7 +289,7 @@ pub(crate) struct KeptSections {
 impl KeptSections {
     /// The sections of a file written by `store_sections`; `None` if it is
     /// not one, or not whole.
-    fn parse(bytes: Vec<u8>) -> Option<KeptSections> {
+    fn parse(bytes: HeldBytes) -> Option<KeptSections> {
         let rest = bytes.strip_prefix(SECTIONS_MAGIC)?;
         let header_len = u64::from_le_bytes(rest.get(..8)?.try_into().ok()?);
         let header = rest.get(8..8usize.checked_add(usize::try_from(header_len).ok()?)?)?;
@@ -356,10 +366,9 @@ fn touch(path: &Path) {
         .and_then(|f| f.set_modified(now));
 }
 
-/// The bytes of the file at `path`, an error if it is larger than `max`.
-fn read_at_most(path: &Path, max: usize) -> io::Result<Vec<u8>> {
+/// The bytes of `file`, an error if it is larger than `max`.
+fn read_at_most(file: std::fs::File, max: usize) -> io::Result<Vec<u8>> {
     use std::io::Read;
-    let file = std::fs::File::open(path)?;
     let mut bytes = Vec::new();
     file.take(max as u64 + 1).read_to_end(&mut bytes)?;
     if bytes.len() > max {
