@@ -39,12 +39,12 @@ pub(crate) const MAX_TRACKED_STACKS: usize = 4096;
 #[derive(Serialize)]
 enum WireRecordRef<'a> {
     Plain(&'a Record),
-    Sample(&'a WireSample),
+    Sample(&'a WireSample<'a>),
 }
 
 /// A sample as stored (see `cursor::WireSampleIn` for reading).
 #[derive(Serialize)]
-pub(crate) struct WireSample {
+pub(crate) struct WireSample<'a> {
     pub time: Timestamp,
     pub pid: Pid,
     pub tid: Tid,
@@ -52,10 +52,10 @@ pub(crate) struct WireSample {
     pub kind: SampleKind,
     pub weight: u64,
     pub regs: Regs,
-    pub stack: WireStack,
-    pub kernel_callchain: Vec<u64>,
-    pub frames: Vec<u64>,
-    pub kernel_frames: Vec<u64>,
+    pub stack: WireStack<'a>,
+    pub kernel_callchain: &'a [u64],
+    pub frames: &'a [u64],
+    pub kernel_frames: &'a [u64],
     pub flags: SampleFlags,
     pub detail: SampleDetail,
 }
@@ -243,9 +243,9 @@ impl BlockBuilder {
             weight: s.weight,
             regs: s.regs,
             stack: wire_stack,
-            kernel_callchain: s.kernel_callchain.clone(),
-            frames: s.frames.clone(),
-            kernel_frames: s.kernel_frames.clone(),
+            kernel_callchain: &s.kernel_callchain,
+            frames: &s.frames,
+            kernel_frames: &s.kernel_frames,
             flags: s.flags,
             detail: s.detail,
         };

@@ -25,17 +25,17 @@ pub const MAX_STACK_LEN: u32 = 8 << 20;
 pub const MAX_BASES: usize = 4;
 
 /// One piece of an encoded snapshot.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub(crate) enum Segment {
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub(crate) enum Segment<'a> {
     /// The next `n` bytes equal the previous snapshot's bytes at the same AVMAs.
     Same(u32),
     /// The next bytes, stored.
-    Literal(#[serde(with = "serde_bytes")] Vec<u8>),
+    Literal(#[serde(with = "serde_bytes")] &'a [u8]),
 }
 
 /// A snapshot as stored inside a block.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub(crate) struct WireStack {
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub(crate) struct WireStack<'a> {
     /// AVMA of the first byte.
     pub start: u64,
     /// Total bytes.
@@ -44,7 +44,7 @@ pub(crate) struct WireStack {
     /// the latest (always 0 in version 1, which has no such field).
     pub base: u8,
     /// The bytes, in address order.
-    pub segments: Vec<Segment>,
+    pub segments: Vec<Segment<'a>>,
 }
 
 /// Why an encoded snapshot cannot be decoded.
@@ -93,7 +93,11 @@ impl std::fmt::Display for StackDecodeError {
 
 /// Encode `new` against `prev`, the thread's recent snapshot number `base`
 /// (0 the latest).
-pub(crate) fn encode(new: &StackSnapshot, prev: Option<&StackSnapshot>, base: u8) -> WireStack {
+pub(crate) fn encode<'a>(
+    new: &'a StackSnapshot,
+    prev: Option<&StackSnapshot>,
+    base: u8,
+) -> WireStack<'a> {
     let bytes = &new.bytes;
     let mut segments = Vec::new();
     let mut literal_from = 0usize;
@@ -108,7 +112,7 @@ pub(crate) fn encode(new: &StackSnapshot, prev: Option<&StackSnapshot>, base: u8
             same_runs(&bytes[a..b], &prev.bytes[p..p + (b - a)], |from, len| {
                 let (from, to) = (a + from, a + from + len);
                 if literal_from < from {
-                    segments.push(Segment::Literal(bytes[literal_from..from].to_vec()));
+                    segments.push(Segment::Literal(&bytes[literal_from..from]));
                 }
                 segments.push(Segment::Same(len as u32));
                 literal_from = to;
@@ -116,7 +120,7 @@ pub(crate) fn encode(new: &StackSnapshot, prev: Option<&StackSnapshot>, base: u8
         }
     }
     if literal_from < bytes.len() {
-        segments.push(Segment::Literal(bytes[literal_from..].to_vec()));
+        segments.push(Segment::Literal(&bytes[literal_from..]));
     }
     WireStack {
         start: new.start,
@@ -152,12 +156,12 @@ pub struct StackHint {
 /// `base`) from `runs` of `new` known to equal `prev` at the same AVMAs
 /// within `prev`'s range (see [`StackHint::runs`]), without comparing;
 /// `None` if the runs are out of order or out of `new`.
-fn encode_from_runs(
-    new: &StackSnapshot,
+fn encode_from_runs<'a>(
+    new: &'a StackSnapshot,
     prev: &StackSnapshot,
     runs: &[(u32, u32)],
     base: u8,
-) -> Option<WireStack> {
+) -> Option<WireStack<'a>> {
     let bytes = &new.bytes;
     let overlap_start = new.start.max(prev.start);
     let overlap_end = new.end().min(prev.end());
@@ -190,13 +194,13 @@ fn encode_from_runs(
             "a hinted run differs from its base"
         );
         if literal_from < from {
-            segments.push(Segment::Literal(bytes[literal_from..from].to_vec()));
+            segments.push(Segment::Literal(&bytes[literal_from..from]));
         }
         segments.push(Segment::Same((to - from) as u32));
         literal_from = to;
     }
     if literal_from < bytes.len() {
-        segments.push(Segment::Literal(bytes[literal_from..].to_vec()));
+        segments.push(Segment::Literal(&bytes[literal_from..]));
     }
     Some(WireStack {
         start: new.start,
@@ -210,11 +214,11 @@ fn encode_from_runs(
 /// the fewest literal bytes. Older snapshots are only tried when the latest
 /// leaves much to store, so a thread whose leaf alone changed costs one
 /// comparison, or none when `hint` gives its runs against the latest.
-pub(crate) fn encode_best(
-    new: &StackSnapshot,
+pub(crate) fn encode_best<'a>(
+    new: &'a StackSnapshot,
     recent: &RecentStacks,
     hint: Option<&StackHint>,
-) -> WireStack {
+) -> WireStack<'a> {
     let hinted = hint.and_then(|h| {
         let latest = recent.get(0)?;
         if h.base.is_none() || recent.id(0) != h.base {
@@ -242,7 +246,7 @@ pub(crate) fn encode_best(
 /// Literal bytes below which older snapshots are not tried.
 const TRY_OLDER_ABOVE: usize = 256;
 
-impl WireStack {
+impl WireStack<'_> {
     /// Bytes stored as literals.
     fn literal_len(&self) -> usize {
         self.segments
@@ -620,14 +624,14 @@ mod tests {
     /// The segments the encoding is defined by, found byte by byte: the
     /// maximal runs of equal bytes of the overlap, those of at least
     /// [`MIN_SAME_RUN`] bytes `Same`, the rest literal.
-    fn segments_byte_by_byte(new: &StackSnapshot, prev: &StackSnapshot) -> Vec<Segment> {
+    fn segments_byte_by_byte<'a>(new: &'a StackSnapshot, prev: &StackSnapshot) -> Vec<Segment<'a>> {
         let mut segments = Vec::new();
         let mut literal_from = 0;
         let mut run_from = None;
-        let mut close = |segments: &mut Vec<Segment>, from: usize, to: usize| {
+        let mut close = |segments: &mut Vec<Segment<'a>>, from: usize, to: usize| {
             if to - from >= MIN_SAME_RUN {
                 if literal_from < from {
-                    segments.push(Segment::Literal(new.bytes[literal_from..from].to_vec()));
+                    segments.push(Segment::Literal(&new.bytes[literal_from..from]));
                 }
                 segments.push(Segment::Same((to - from) as u32));
                 literal_from = to;
@@ -651,7 +655,7 @@ mod tests {
             close(&mut segments, from, new.bytes.len());
         }
         if literal_from < new.bytes.len() {
-            segments.push(Segment::Literal(new.bytes[literal_from..].to_vec()));
+            segments.push(Segment::Literal(&new.bytes[literal_from..]));
         }
         segments
     }
@@ -789,7 +793,7 @@ mod tests {
     fn no_previous_is_one_literal() {
         let s = snap(0x1000, pattern(100, 1));
         let w = encode(&s, None, 0);
-        assert_eq!(w.segments, vec![Segment::Literal(s.bytes.clone())]);
+        assert_eq!(w.segments, vec![Segment::Literal(&s.bytes)]);
         assert_eq!(decode(w, &recent(&[])).unwrap(), s);
     }
 
@@ -847,7 +851,7 @@ mod tests {
             start: 0,
             len: 10,
             base: 0,
-            segments: vec![Segment::Literal(vec![0; 3])],
+            segments: vec![Segment::Literal(&[0; 3])],
         };
         assert!(matches!(
             decode(w, &recent(&[])),
