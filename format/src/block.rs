@@ -84,6 +84,30 @@ pub struct BlockBuilder {
     /// Buffers of snapshots no longer a base of any delta, for the
     /// caller's next stacks ([`take_spare_stack`](Self::take_spare_stack)).
     spare: Vec<Vec<u8>>,
+    zstd: Zstd,
+}
+
+/// zstd's compression context and its level, kept from block to block: a
+/// context made for each block allocated and cleared its tables (about a
+/// megabyte at level 3) every time, fresh memory the kernel had to fault
+/// in. The compressed bytes are the same.
+#[derive(Default)]
+struct Zstd(Option<(i32, zstd::bulk::Compressor<'static>)>);
+
+impl Zstd {
+    /// The context, set to `level`.
+    fn at(&mut self, level: i32) -> Result<&mut zstd::bulk::Compressor<'static>, FormatError> {
+        if self.0.as_ref().is_none_or(|(l, _)| *l != level) {
+            self.0 = Some((level, zstd::bulk::Compressor::new(level)?));
+        }
+        Ok(&mut self.0.as_mut().expect("just set").1)
+    }
+}
+
+impl std::fmt::Debug for Zstd {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("Zstd").field(&self.0.as_ref().map(|(l, _)| l)).finish()
+    }
 }
 
 /// Spare stack buffers kept at most: enough for a block's worth of busy
@@ -107,6 +131,7 @@ impl BlockBuilder {
             last_time: 0,
             prev_stacks: HashMap::new(),
             spare: Vec::new(),
+            zstd: Zstd::default(),
         }
     }
 
@@ -262,7 +287,7 @@ impl BlockBuilder {
             self.count,
             self.first_time.unwrap_or(0),
             self.last_time,
-            level,
+            self.zstd.at(level)?,
         )?;
         self.raw.clear();
         self.decoded_len = 0;
@@ -292,9 +317,9 @@ pub(crate) fn encode_payload(
     count: u32,
     first_time: u64,
     last_time: u64,
-    level: i32,
+    zstd: &mut zstd::bulk::Compressor<'_>,
 ) -> Result<EncodedBlock, FormatError> {
-    let compressed = zstd::bulk::compress(raw, level)?;
+    let compressed = zstd.compress(raw)?;
     let header = BlockHeader {
         kind,
         codec: Codec::Zstd,
@@ -415,7 +440,8 @@ pub(crate) fn encode_index(
     let raw = bincode_options()
         .serialize(entries)
         .map_err(|e| FormatError::Encode(e.to_string()))?;
-    encode_payload(BlockKind::Index, &raw, entries.len() as u32, 0, 0, level)
+    let mut zstd = zstd::bulk::Compressor::new(level)?;
+    encode_payload(BlockKind::Index, &raw, entries.len() as u32, 0, 0, &mut zstd)
 }
 
 pub(crate) fn decode_index(raw: &[u8]) -> Result<Vec<IndexEntry>, String> {
