@@ -24,16 +24,47 @@ pub fn fixture_source(name: &str) -> PathBuf {
 }
 
 /// A fresh, empty scratch directory for one test (named after it and this
-/// test process, so parallel tests and runs do not collide).
+/// test process, so parallel tests and runs do not collide). The first
+/// one of a process removes those of test processes that have exited
+/// (see [`remove_stale_scratch_dirs`]).
 pub fn scratch_dir(test: &str) -> PathBuf {
+    static STALE: std::sync::Once = std::sync::Once::new();
+    STALE.call_once(remove_stale_scratch_dirs);
     let dir = std::env::temp_dir().join(format!("lrnprof-test-{}-{test}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).expect("creating a scratch directory");
     dir
 }
 
+/// Remove the scratch directories of test processes that are no longer
+/// running (Linux only: elsewhere there is no `/proc` to tell). Tests that
+/// do not remove theirs, and each process's frame cache (about 10 MB with
+/// libc's DWARF), would otherwise fill the temp directory run after run;
+/// a failed test's directory stays until the next run starts.
+fn remove_stale_scratch_dirs() {
+    if !cfg!(target_os = "linux") {
+        return;
+    }
+    let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let pid = name
+            .to_str()
+            .and_then(|n| n.strip_prefix("lrnprof-test-"))
+            .and_then(|rest| rest.split('-').next())
+            .and_then(|pid| pid.parse::<u32>().ok());
+        if let Some(pid) = pid {
+            if pid != std::process::id() && !Path::new("/proc").join(pid.to_string()).exists() {
+                let _ = std::fs::remove_dir_all(entry.path());
+            }
+        }
+    }
+}
+
 /// Remove a [`scratch_dir`] at the end of a test that passed (one that
-/// fails leaves its directory behind to look at).
+/// fails leaves its directory behind to look at, until the next run).
 pub fn remove_scratch_dir(dir: &Path) {
     let _ = std::fs::remove_dir_all(dir);
 }

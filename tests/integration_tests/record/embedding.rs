@@ -395,14 +395,34 @@ fn frame_tables_are_kept_in_the_cache_between_recordings() {
     let second = dir.join("second.lpt");
     let stderr = record(&second, &cache, &[]);
     assert!(!stderr.contains("frame cache"), "{stderr}");
-    load_complete(&second);
     let folded = ["--format", "folded"];
     let local = String::from_utf8(analyze_out(&second, &folded)).unwrap();
     assert!(folded_count(&local, "leaf_work") > 0, "{local}");
     let offline = analyze_out(&second, &[&folded[..], &["--offline"]].concat());
     assert_eq!(String::from_utf8(offline).unwrap(), local);
-    // What the second recording resolved anew joined what was kept.
-    assert!(std::fs::read(&kept).unwrap().len() >= first.len());
+    // The entry now holds what the first recording kept and every frame
+    // of the second's table, as the trace has them.
+    let parse = |bytes: &[u8]| lrnprof_image::FrameTable::parse(bytes).expect("an entry parses");
+    let (first, now) = (parse(&first), parse(&std::fs::read(&kept).unwrap()));
+    let (_, records) = load_complete(&second);
+    let table = records
+        .iter()
+        .find_map(|r| match r {
+            Record::Blob(b)
+                if b.build_id.0 == build_id(&exe)
+                    && matches!(&b.kind, lrnprof_format::BlobKind::Table { name } if name == "frames") =>
+            {
+                // Small enough to be one part, and never compressed.
+                assert_eq!((b.offset, b.total_len, b.compressed), (0, b.data.len() as u64, false));
+                Some(parse(&b.data))
+            }
+            _ => None,
+        })
+        .expect("the second trace's frame table of the program");
+    assert!(!table.is_empty());
+    for (svma, lines) in first.entries().iter().chain(table.entries()) {
+        assert_eq!(now.get(*svma), Some(&lines[..]), "address {svma:#x}");
+    }
     // A file where the cache directory should be: one warning, a whole trace.
     let blocked = dir.join("blocked");
     std::fs::write(&blocked, b"not a directory").unwrap();
