@@ -106,7 +106,9 @@ impl Zstd {
 
 impl std::fmt::Debug for Zstd {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_tuple("Zstd").field(&self.0.as_ref().map(|(l, _)| l)).finish()
+        f.debug_tuple("Zstd")
+            .field(&self.0.as_ref().map(|(l, _)| l))
+            .finish()
     }
 }
 
@@ -441,7 +443,14 @@ pub(crate) fn encode_index(
         .serialize(entries)
         .map_err(|e| FormatError::Encode(e.to_string()))?;
     let mut zstd = zstd::bulk::Compressor::new(level)?;
-    encode_payload(BlockKind::Index, &raw, entries.len() as u32, 0, 0, &mut zstd)
+    encode_payload(
+        BlockKind::Index,
+        &raw,
+        entries.len() as u32,
+        0,
+        0,
+        &mut zstd,
+    )
 }
 
 pub(crate) fn decode_index(raw: &[u8]) -> Result<Vec<IndexEntry>, String> {
