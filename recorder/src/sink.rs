@@ -52,6 +52,12 @@ pub(crate) trait Convert: Send + 'static {
     /// Called first on the writer thread (e.g. to raise its priority).
     fn on_writer_thread(&mut self) {}
 
+    /// Code addresses named for the trace's frame tables, and how many of
+    /// them the frame cache had kept (known once [`Convert::finish`] ran).
+    fn frames_named(&self) -> (u64, u64) {
+        (0, 0)
+    }
+
     /// Sampling has stopped: push everything still held back (e.g. records
     /// waiting to be put in time order, embedded blobs), and what the user
     /// should know about it onto `warnings` (the caller reports them).
@@ -109,6 +115,9 @@ pub(crate) struct SinkTotals {
     pub trace_bytes: u64,
     /// Bytes the embedded blobs take in the trace file (compressed).
     pub blob_file_bytes: u64,
+    /// Code addresses named for the frame tables, and how many of them the
+    /// frame cache had kept ([`Convert::frames_named`]).
+    pub frames_named: (u64, u64),
     /// What the converter had to warn about when finishing.
     pub warnings: Vec<RecordWarning>,
 }
@@ -381,6 +390,7 @@ fn run<C: Convert>(
         summary,
         trace_bytes,
         blob_file_bytes,
+        frames_named: converter.frames_named(),
         warnings,
     })
 }

@@ -44,6 +44,12 @@ pub struct RecordSummary {
     pub trace_bytes: u64,
     /// Bytes the embedded unwind/symbol data adds to the trace file.
     pub embedded_bytes: u64,
+    /// Code addresses the recorder named for the trace's frame tables
+    /// (`docs/recorder.md`, "The frame table").
+    pub frame_addresses: u64,
+    /// How many of `frame_addresses` the frame cache had kept from
+    /// earlier recordings.
+    pub frame_addresses_cached: u64,
     /// How the launched command ended; `None` when attached by pid.
     pub target_exit: Option<TargetExit>,
 }
@@ -67,6 +73,8 @@ impl RecordSummary {
             images: totals.summary.images,
             trace_bytes: totals.trace_bytes,
             embedded_bytes: totals.blob_file_bytes,
+            frame_addresses: totals.frames_named.0,
+            frame_addresses_cached: totals.frames_named.1,
             target_exit,
         }
     }
@@ -109,6 +117,14 @@ impl fmt::Display for RecordSummary {
             )?;
         }
         write!(f, ")")?;
+        if self.frame_addresses > 0 {
+            write!(
+                f,
+                "\nlrnprof-rec: named {} code addresses for the trace, {} of them kept in \
+                 the frame cache",
+                self.frame_addresses, self.frame_addresses_cached
+            )?;
+        }
         if self.lost > 0 {
             write!(
                 f,
@@ -147,6 +163,31 @@ mod tests {
         assert_eq!(human_bytes(512), "512 B");
         assert_eq!(human_bytes(1536), "1.5 KiB");
         assert_eq!(human_bytes(3 << 20), "3.0 MiB");
+    }
+
+    /// The frame-table line says how much the frame cache had kept, and
+    /// is left out when nothing was named.
+    #[test]
+    fn frame_addresses_are_shown_when_named() {
+        let mut summary = RecordSummary {
+            out: "t.lpt".into(),
+            duration: Duration::from_secs(1),
+            stop_reason: StopReason::Duration,
+            samples: 10,
+            lost: 0,
+            threads: 1,
+            images: 2,
+            trace_bytes: 4096,
+            embedded_bytes: 1024,
+            frame_addresses: 0,
+            frame_addresses_cached: 0,
+            target_exit: None,
+        };
+        assert!(!summary.to_string().contains("code addresses"));
+        (summary.frame_addresses, summary.frame_addresses_cached) = (120, 100);
+        assert!(summary
+            .to_string()
+            .ends_with("lrnprof-rec: named 120 code addresses for the trace, 100 of them kept in the frame cache"));
     }
 
     #[test]

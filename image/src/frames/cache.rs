@@ -174,12 +174,12 @@ impl FrameCache {
         let path = self.sections_path(id, source)?;
         // Mapped: a lookup reads a few units' worth of these megabytes.
         let file = std::fs::File::open(&path).ok()?;
-        let bytes = match file.metadata().ok()?.len() <= MAX_SECTIONS_FILE_BYTES as u64 {
-            true => match map(&file) {
-                Some(map) => HeldBytes::Mapped(map),
-                None => HeldBytes::Read(read_at_most(file, MAX_SECTIONS_FILE_BYTES).ok()?),
-            },
-            false => return None,
+        if file.metadata().ok()?.len() > MAX_SECTIONS_FILE_BYTES as u64 {
+            return None;
+        }
+        let bytes = match map(&file) {
+            Some(map) => HeldBytes::Mapped(map),
+            None => HeldBytes::Read(read_at_most(file, MAX_SECTIONS_FILE_BYTES).ok()?),
         };
         let kept = KeptSections::parse(bytes)?;
         touch(&path);

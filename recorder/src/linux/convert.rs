@@ -978,6 +978,11 @@ impl Convert for Converter {
         Ok(())
     }
 
+    fn frames_named(&self) -> (u64, u64) {
+        let named = self.images.frames_named();
+        (named.addresses, named.from_cache)
+    }
+
     fn finish(
         &mut self,
         out: &mut Vec<Record>,

@@ -58,6 +58,16 @@ pub(crate) struct Images {
     open_files: usize,
     /// Frame tables kept between recordings.
     cache: Option<FrameCache>,
+    /// Code addresses named in the frame tables so far, and how many of
+    /// them came from `cache`.
+    named: std::cell::Cell<FramesNamed>,
+}
+
+/// Code addresses the recorder named for a trace's frame tables.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct FramesNamed {
+    pub addresses: u64,
+    pub from_cache: u64,
 }
 
 impl Images {
@@ -73,7 +83,14 @@ impl Images {
             touched: Touched::new(embed >= EmbedLevel::Symbols),
             open_files: 0,
             cache: None,
+            named: Default::default(),
         }
+    }
+
+    /// What the frame tables built so far named, and how much of it the
+    /// frame cache had kept.
+    pub fn frames_named(&self) -> FramesNamed {
+        self.named.get()
     }
 
     /// Take addresses resolved by earlier recordings from `cache`, and
@@ -318,6 +335,11 @@ impl Images {
             Err(e) => return (Vec::new(), no_table(&e).into_iter().collect(), false),
         };
         *budget = budget.saturating_sub(built.bytes.len());
+        let named = self.named.get();
+        self.named.set(FramesNamed {
+            addresses: named.addresses + built.addresses as u64,
+            from_cache: named.from_cache + built.from_cache as u64,
+        });
         let kind = BlobKind::Table {
             name: FRAMES_TABLE.to_string(),
         };
