@@ -26,6 +26,14 @@ use std::time::{Duration, Instant};
 /// The longest records wait in memory before being written as a block.
 const MAX_BLOCK_AGE: Duration = Duration::from_secs(1);
 
+/// Code addresses the recorder named for a trace's frame tables.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct FramesNamed {
+    pub addresses: u64,
+    /// Of `addresses`, those the frame cache had kept.
+    pub from_cache: u64,
+}
+
 /// Turns a backend's raw data into records, on the writer thread.
 pub(crate) trait Convert: Send + 'static {
     /// What the sampling thread sends.
@@ -54,8 +62,8 @@ pub(crate) trait Convert: Send + 'static {
 
     /// Code addresses named for the trace's frame tables, and how many of
     /// them the frame cache had kept (known once [`Convert::finish`] ran).
-    fn frames_named(&self) -> (u64, u64) {
-        (0, 0)
+    fn frames_named(&self) -> FramesNamed {
+        FramesNamed::default()
     }
 
     /// Sampling has stopped: push everything still held back (e.g. records
@@ -117,7 +125,7 @@ pub(crate) struct SinkTotals {
     pub blob_file_bytes: u64,
     /// Code addresses named for the frame tables, and how many of them the
     /// frame cache had kept ([`Convert::frames_named`]).
-    pub frames_named: (u64, u64),
+    pub frames_named: FramesNamed,
     /// What the converter had to warn about when finishing.
     pub warnings: Vec<RecordWarning>,
 }

@@ -73,8 +73,8 @@ impl RecordSummary {
             images: totals.summary.images,
             trace_bytes: totals.trace_bytes,
             embedded_bytes: totals.blob_file_bytes,
-            frame_addresses: totals.frames_named.0,
-            frame_addresses_cached: totals.frames_named.1,
+            frame_addresses: totals.frames_named.addresses,
+            frame_addresses_cached: totals.frames_named.from_cache,
             target_exit,
         }
     }

@@ -9,7 +9,7 @@ use crate::debug_file::debug_file_candidates;
 use crate::layout::Layout;
 use crate::resolve::{load_dwarf, FrameLine, Resolver};
 use crate::sections::{canonical_section_name, DEBUG_SECTION_PREFIX};
-use crate::source::{map, FileSource};
+use crate::source::FileSource;
 use crate::symbols::{merge_symbols, symbols_of_object};
 use crate::units::{hide_units, inflate_zlib, units_to_hide, unused_dwarf};
 use crate::ImageError;
@@ -173,10 +173,7 @@ fn build_table(
     // Mapped (see `FileSource`); where that fails, read through the cache,
     // which reads only the headers and symbol tables, and read again
     // whole below if it has DWARF and is small: most of it is read then.
-    let first = match map(&file) {
-        Some(map) => FileSource::Mapped(map),
-        None => FileSource::Cached(ReadCache::new(&file)),
-    };
+    let first = FileSource::mapped_or_cached(&file);
     let whole;
     let mut image = object::File::parse(&first).map_err(not_an_image)?;
     let own_dwarf = has_dwarf(&image);

@@ -19,7 +19,7 @@
 //! rewritten. Removing the directory at any time is safe.
 
 use super::FrameTable;
-use crate::source::{map, HeldBytes};
+use crate::source::{read_at_most, HeldBytes};
 use bincode::Options;
 use lrnprof_format::BuildId;
 use std::ffi::OsString;
@@ -138,7 +138,9 @@ impl FrameCache {
         let Some(path) = self.entry_path(id, source) else {
             return FrameTable::default();
         };
-        let Ok(bytes) = std::fs::File::open(&path).and_then(|f| read_at_most(f, MAX_ENTRY_BYTES))
+        let Some(bytes) = std::fs::File::open(&path)
+            .ok()
+            .and_then(|f| read_at_most(&f, MAX_ENTRY_BYTES as u64))
         else {
             return FrameTable::default();
         };
@@ -174,13 +176,7 @@ impl FrameCache {
         let path = self.sections_path(id, source)?;
         // Mapped: a lookup reads a few units' worth of these megabytes.
         let file = std::fs::File::open(&path).ok()?;
-        if file.metadata().ok()?.len() > MAX_SECTIONS_FILE_BYTES as u64 {
-            return None;
-        }
-        let bytes = match map(&file) {
-            Some(map) => HeldBytes::Mapped(map),
-            None => HeldBytes::Read(read_at_most(file, MAX_SECTIONS_FILE_BYTES).ok()?),
-        };
+        let bytes = HeldBytes::of(&file, MAX_SECTIONS_FILE_BYTES as u64)?;
         let kept = KeptSections::parse(bytes)?;
         touch(&path);
         Some(kept)
@@ -364,17 +360,6 @@ fn touch(path: &Path) {
         .write(true)
         .open(path)
         .and_then(|f| f.set_modified(now));
-}
-
-/// The bytes of `file`, an error if it is larger than `max`.
-fn read_at_most(file: std::fs::File, max: usize) -> io::Result<Vec<u8>> {
-    use std::io::Read;
-    let mut bytes = Vec::new();
-    file.take(max as u64 + 1).read_to_end(&mut bytes)?;
-    if bytes.len() > max {
-        return Err(io::Error::other("larger than an entry can be"));
-    }
-    Ok(bytes)
 }
 
 #[cfg(test)]

@@ -318,8 +318,10 @@ mod tests {
         assert_eq!(empty.len(), 1);
     }
 
-    /// This test binary, read whole: its own functions are found.
+    /// This test binary, read whole: its own functions are found (this
+    /// one kept out of line, so that it has a symbol in release builds).
     #[test]
+    #[inline(never)]
     fn symbols_of_a_real_image() {
         let bytes = std::fs::read(std::env::current_exe().unwrap()).unwrap();
         let obj = object::File::parse(&bytes[..]).unwrap();

@@ -19,7 +19,7 @@ use super::tracefs::SyscallPayloads;
 use super::untouched::{self, UntouchedPages};
 use crate::error::RecordError;
 use crate::report::RecordWarning;
-use crate::sink::Convert;
+use crate::sink::{Convert, FramesNamed};
 use lrnprof_format::{
     FreeRecord, LostRecord, LostSource, Pid, ProcessEvent, ProcessRecord, Record, Regs, Sample,
     SampleDetail, SampleFlags, SampleKind, StackHint, StackSnapshot, SwitchInRecord,
@@ -978,9 +978,8 @@ impl Convert for Converter {
         Ok(())
     }
 
-    fn frames_named(&self) -> (u64, u64) {
-        let named = self.images.frames_named();
-        (named.addresses, named.from_cache)
+    fn frames_named(&self) -> FramesNamed {
+        self.images.frames_named()
     }
 
     fn finish(

@@ -8,6 +8,7 @@ use super::spaces::AddressSpaces;
 use super::sys;
 use super::touched::{SampleRefs, Touched};
 use crate::report::RecordWarning;
+use crate::sink::FramesNamed;
 use lrnprof_format::{
     Blob, BlobKind, BuildId, ImageKind, ImageMapRecord, Pid, Record, StackHint, Timestamp,
 };
@@ -61,13 +62,6 @@ pub(crate) struct Images {
     /// Code addresses named in the frame tables so far, and how many of
     /// them came from `cache`.
     named: std::cell::Cell<FramesNamed>,
-}
-
-/// Code addresses the recorder named for a trace's frame tables.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct FramesNamed {
-    pub addresses: u64,
-    pub from_cache: u64,
 }
 
 impl Images {
