@@ -67,7 +67,9 @@ pub use records::{
     Sample, SampleDetail, SampleFlags, SampleKind, StackSnapshot, Summary, SwitchInRecord,
     SyscallExitRecord, SyscallTallyRecord, ThreadEvent, ThreadRecord,
 };
-pub use stack::{common_prefix_len, same_runs, StackHint, MAX_BASES, MAX_STACK_LEN, MIN_SAME_RUN};
+pub use stack::{
+    common_prefix_len, same_runs, SameRuns, StackHint, MAX_BASES, MAX_STACK_LEN, MIN_SAME_RUN,
+};
 pub use syscall_names::{
     errno_name, is_syscall_error, resolve_syscall_filter, syscall_name, syscall_number,
     syscall_table, SyscallClass, UnknownSyscall,

@@ -455,40 +455,81 @@ impl RecentStacks {
 /// stretches (most of a stack) in bulk, and where the bytes differ, each
 /// word's equal bytes at its two ends found from the difference's zero
 /// bytes (a run inside one word is too short to count).
-pub fn same_runs(x: &[u8], y: &[u8], mut same: impl FnMut(usize, usize)) {
-    const _: () = assert!(MIN_SAME_RUN > 6, "a run inside one word never counts");
+pub fn same_runs(x: &[u8], y: &[u8], same: impl FnMut(usize, usize)) {
     let n = x.len().min(y.len());
-    // Equal bytes ending at `i`.
-    let mut run = 0usize;
-    let mut i = 0usize;
-    while i + 8 <= n {
-        let d = word(x, i) ^ word(y, i);
-        if d == 0 {
-            let k = common_prefix_len(&x[i..n], &y[i..n]);
-            run += k;
-            i += k;
-            continue;
+    let mut runs = SameRuns::new(same);
+    runs.compare(&x[..n], &y[..n]);
+    runs.finish();
+}
+
+/// [`same_runs`] over bytes met piece by piece, in order: stretches known
+/// to be equal, and stretches to compare. The runs reported are the ones
+/// [`same_runs`] finds over the whole, with offsets from the first piece.
+pub struct SameRuns<F: FnMut(usize, usize)> {
+    /// Offset of the next piece.
+    at: usize,
+    /// Equal bytes ending at `at`.
+    run: usize,
+    same: F,
+}
+
+impl<F: FnMut(usize, usize)> SameRuns<F> {
+    /// No bytes met yet; `same` gets each run (offset, length) once it
+    /// ends.
+    pub fn new(same: F) -> SameRuns<F> {
+        SameRuns {
+            at: 0,
+            run: 0,
+            same,
         }
-        // Little-endian: the low bytes of `d` are the lower addresses.
-        let head = d.trailing_zeros() as usize / 8;
-        if run + head >= MIN_SAME_RUN {
-            same(i - run, run + head);
-        }
-        run = d.leading_zeros() as usize / 8;
-        i += 8;
     }
-    for k in i..n {
-        if x[k] == y[k] {
-            run += 1;
-        } else {
-            if run >= MIN_SAME_RUN {
-                same(k - run, run);
+
+    /// The next `len` bytes are equal.
+    pub fn equal(&mut self, len: usize) {
+        self.at += len;
+        self.run += len;
+    }
+
+    /// The next bytes are `x`'s, to be compared with `y`'s (of equal
+    /// length; the shorter length if not).
+    pub fn compare(&mut self, x: &[u8], y: &[u8]) {
+        const _: () = assert!(MIN_SAME_RUN > 6, "a run inside one word never counts");
+        let n = x.len().min(y.len());
+        let mut i = 0usize;
+        while i + 8 <= n {
+            let d = word(x, i) ^ word(y, i);
+            if d == 0 {
+                let k = common_prefix_len(&x[i..n], &y[i..n]);
+                self.run += k;
+                i += k;
+                continue;
             }
-            run = 0;
+            // Little-endian: the low bytes of `d` are the lower addresses.
+            let head = d.trailing_zeros() as usize / 8;
+            if self.run + head >= MIN_SAME_RUN {
+                (self.same)(self.at + i - self.run, self.run + head);
+            }
+            self.run = d.leading_zeros() as usize / 8;
+            i += 8;
         }
+        for k in i..n {
+            if x[k] == y[k] {
+                self.run += 1;
+            } else {
+                if self.run >= MIN_SAME_RUN {
+                    (self.same)(self.at + k - self.run, self.run);
+                }
+                self.run = 0;
+            }
+        }
+        self.at += n;
     }
-    if run >= MIN_SAME_RUN {
-        same(n - run, run);
+
+    /// No more bytes: report the run that ends with them.
+    pub fn finish(mut self) {
+        if self.run >= MIN_SAME_RUN {
+            (self.same)(self.at - self.run, self.run);
+        }
     }
 }
 
@@ -701,6 +742,47 @@ mod tests {
             let w = encode(&new, Some(&prev), 0);
             assert_eq!(w.segments, segments_byte_by_byte(&new, &prev));
             assert_eq!(decode(w, &recent(&[&prev])).unwrap(), new);
+        }
+    }
+
+    /// Met piece by piece, with pieces known equal passed over, the runs
+    /// are the ones one comparison of the whole finds.
+    #[test]
+    fn runs_found_in_pieces_are_the_whole_comparison_runs() {
+        let mut next = random_below(0x6a09_e667_f3bc_c909);
+        for round in 0..2000 {
+            let len = next(3000) as usize;
+            let y = pattern(len, next(256) as u8);
+            let mut x = y.clone();
+            for _ in 0..next(30) {
+                if x.is_empty() {
+                    break;
+                }
+                let at = next(x.len() as u64) as usize;
+                for b in x.iter_mut().skip(at).take(1 + next(40) as usize) {
+                    if next(3) > 0 {
+                        *b = b.wrapping_add(1 + next(255) as u8);
+                    }
+                }
+            }
+            let mut whole = Vec::new();
+            same_runs(&x, &y, |from, len| whole.push((from, len)));
+            // Cut anywhere; a piece without a difference may be passed
+            // over as equal.
+            let mut pieces = Vec::new();
+            let mut runs = SameRuns::new(|from, len| pieces.push((from, len)));
+            let mut at = 0;
+            while at < len {
+                let end = (at + 1 + next(300) as usize).min(len);
+                if x[at..end] == y[at..end] && next(2) == 0 {
+                    runs.equal(end - at);
+                } else {
+                    runs.compare(&x[at..end], &y[at..end]);
+                }
+                at = end;
+            }
+            runs.finish();
+            assert_eq!(pieces, whole, "round {round}");
         }
     }
 

@@ -13,7 +13,8 @@ use super::images::Images;
 use super::parse::{self, Layouts, Mmap2Record, PerfRecord, SampleRecord};
 use super::procfs::{self, MapsEntry};
 use super::regs::ArchRegs;
-use super::ring::{Chunk, ChunkPool};
+use super::replica::{Deltas, Mismatch, Rebuilt, Replicas};
+use super::ring::{Chunk, ChunkPool, Detached};
 use super::touched::SampleRefs;
 use super::tracefs::SyscallPayloads;
 use super::untouched::{self, UntouchedPages};
@@ -194,8 +195,14 @@ pub(crate) struct Converter {
     execs: Option<ExecWatch>,
     /// Where converted chunks go back to the draining thread.
     chunks: Option<ChunkPool>,
-    /// The stack copy taken out of the record at hand (see [`Chunk`]).
-    detached: Option<Vec<u8>>,
+    /// The stack copy taken out of the record at hand (see [`Chunk`]);
+    /// if put together from the blocks that changed, its id, and what
+    /// that found is in `rebuilt`.
+    detached: Option<(Vec<u8>, Option<u64>)>,
+    /// Each thread's stack bytes, as the draining thread's (see
+    /// `replica`).
+    replicas: Replicas,
+    rebuilt: Rebuilt,
 }
 
 /// How a system-wide recording's records are converted.
@@ -219,6 +226,18 @@ impl SystemWide {
             kernel_addresses: HashSet::new(),
         }
     }
+}
+
+/// A sample's stack copy, from the stack pointer up.
+struct StackCopy<'a> {
+    bytes: Cow<'a, [u8]>,
+    /// The copy was made by the kernel, which stops at pages the thread
+    /// never touched (see `untouched`), with this much room.
+    kernel: Option<KernelCopy>,
+    /// The copy was put together from the blocks that changed (see
+    /// `replica`), with this id; what that found is in
+    /// [`Converter::rebuilt`].
+    rebuilt: Option<u64>,
 }
 
 /// Room the kernel had for a sample's stack copy.
@@ -286,6 +305,8 @@ impl Converter {
             execs: None,
             chunks: None,
             detached: None,
+            replicas: Replicas::default(),
+            rebuilt: Rebuilt::default(),
         }
     }
     /// Most bytes of stack the kernel copies per sample of `role`.
@@ -690,12 +711,16 @@ impl Converter {
             stack_size: self.stack_size(s.role),
             stack_offset: s.stack_offset,
         };
-        let stack = match self.detached.take() {
-            Some(bytes) => Cow::Owned(bytes),
-            None => Cow::Borrowed(s.stack),
+        let (stack, rebuilt) = match self.detached.take() {
+            Some((bytes, rebuilt)) => (Cow::Owned(bytes), rebuilt),
+            None => (Cow::Borrowed(s.stack), None),
         };
-        let (sample, hint) =
-            self.sample_with_stack(s.time, s.pid, s.tid, regs, stack, &s.callchain, Some(room));
+        let copy = StackCopy {
+            bytes: stack,
+            kernel: Some(room),
+            rebuilt,
+        };
+        let (sample, hint) = self.sample_with_stack(s.time, s.pid, s.tid, regs, copy, &s.callchain);
         let sample = Sample {
             cpu: s.cpu,
             kind,
@@ -713,24 +738,25 @@ impl Converter {
         }
     }
 
-    /// A sample of thread `tid` with `regs` and the stack copy `stack`
+    /// A sample of thread `tid` with `regs` and the stack copy `copy`
     /// (from the stack pointer up), trimmed at the end of the stack's
     /// mapping, its images noted for embedding; kind, weight, CPU and
     /// callchain for the caller to set. With it, what the scan for images
-    /// found of the stack, for the trace writer. `kernel`:
-    /// the copy was made by the kernel, which stops at pages the thread
-    /// never touched (see `untouched`), with room for this much.
-    #[allow(clippy::too_many_arguments)]
+    /// found of the stack, for the trace writer.
     fn sample_with_stack(
         &mut self,
         time: u64,
         pid: u32,
         tid: u32,
         regs: Regs,
-        stack: Cow<'_, [u8]>,
+        copy: StackCopy<'_>,
         callchain: &[u64],
-        kernel: Option<KernelCopy>,
     ) -> (Sample, Option<StackHint>) {
+        let StackCopy {
+            bytes: stack,
+            kernel,
+            rebuilt,
+        } = copy;
         let sp = regs.sp();
         let mut live = &stack[..];
         let mut flags = SampleFlags::default();
@@ -762,7 +788,7 @@ impl Converter {
                 Regs::Aarch64(r) => Some(r.lr),
                 Regs::X86_64(_) => None,
             };
-            hint = Some(self.images.touch_sample(&SampleRefs {
+            let refs = SampleRefs {
                 pid,
                 tid,
                 ip: regs.ip(),
@@ -771,7 +797,11 @@ impl Converter {
                 sp,
                 time,
                 stack: live,
-            }));
+            };
+            hint = Some(match rebuilt {
+                Some(id) => self.images.touch_rebuilt(&refs, id, &self.rebuilt),
+                None => self.images.touch_sample(&refs),
+            });
         }
         let keep = live.len();
         let bytes = match stack {
@@ -799,6 +829,35 @@ impl Converter {
         (sample, hint)
     }
 
+    /// The bytes of a stack copy taken out of its record, in a buffer of
+    /// the chunk pool's, and its id if put together from the blocks that
+    /// changed (what that found goes to `rebuilt`); `None` for a delta
+    /// that does not fit.
+    fn detached_stack(
+        &mut self,
+        stack: Detached,
+        deltas: &Deltas,
+    ) -> Option<(Vec<u8>, Option<u64>)> {
+        let d = match stack {
+            Detached::Whole(bytes) => return Some((bytes, None)),
+            Detached::Delta(d) => d,
+        };
+        let id = self.images.next_stack_id();
+        let pool = self.chunks.as_ref();
+        let copy = |held: &[u8]| pool.map_or_else(|| held.to_vec(), |p| p.stack_copy(held));
+        match self
+            .replicas
+            .rebuild(&d, deltas, id, &mut self.rebuilt, copy)
+        {
+            Ok(bytes) => Some((bytes, Some(id))),
+            // The sample keeps no stack, and counts as malformed.
+            Err(Mismatch) => {
+                self.malformed += 1;
+                None
+            }
+        }
+    }
+
     fn heap_event(&mut self, event: HeapEvent) {
         let released = self.released_upto;
         let Some(stats) = self.heap.as_mut() else {
@@ -817,8 +876,12 @@ impl Converter {
                 stats.allocations += 1;
                 let time = stats.place(pid, tid, time, released);
                 let regs = super::regs::from_sampler(self.regs.arch, regs);
-                let stack = Cow::Owned(stack);
-                let (sample, hint) = self.sample_with_stack(time, pid, tid, regs, stack, &[], None);
+                let copy = StackCopy {
+                    bytes: Cow::Owned(stack),
+                    kernel: None,
+                    rebuilt: None,
+                };
+                let (sample, hint) = self.sample_with_stack(time, pid, tid, regs, copy, &[]);
                 self.push_hinted(
                     time,
                     Record::Sample(Sample {
@@ -932,18 +995,33 @@ impl Convert for Converter {
     fn convert(&mut self, raw: RawMsg, out: &mut Vec<Record>) -> Result<(), RecordError> {
         match raw {
             RawMsg::Initial(init) => self.initial(init),
-            RawMsg::Chunk(Chunk { bytes, stacks, .. }) => {
+            RawMsg::Chunk(Chunk {
+                bytes,
+                stacks,
+                deltas,
+                ..
+            }) => {
                 let mut stacks = stacks.into_iter().peekable();
                 for (kind, misc, rec) in parse::split_records(&bytes) {
                     // A stack taken out of this record comes with it.
                     let at = rec.as_ptr() as usize - bytes.as_ptr() as usize;
-                    self.detached = stacks.next_if(|d| d.at == at).map(|d| d.bytes);
+                    if let Some(d) = stacks.next_if(|d| d.at == at) {
+                        self.detached = self.detached_stack(d.stack, &deltas);
+                    }
                     match parse::parse_record(&self.layouts, kind, misc, rec) {
                         Ok(r) => self.perf_record(r),
                         Err(_) => self.malformed += 1,
                     }
                     // A stack no sample took (a malformed record).
-                    if let Some(bytes) = self.detached.take() {
+                    if let Some((bytes, _)) = self.detached.take() {
+                        self.recycle_stack(bytes);
+                    }
+                }
+                // Stacks of records not reached (after a malformed
+                // header): their blocks count all the same, for the
+                // thread's later copies.
+                for d in stacks {
+                    if let Some((bytes, _)) = self.detached_stack(d.stack, &deltas) {
                         self.recycle_stack(bytes);
                     }
                 }
@@ -952,6 +1030,7 @@ impl Convert for Converter {
                 self.flush_all_switched_out();
                 if let Some(pool) = &self.chunks {
                     pool.give(bytes);
+                    pool.give(deltas.bytes);
                 }
             }
             RawMsg::Round(time) => {
@@ -1018,6 +1097,7 @@ impl Convert for Converter {
 
 #[cfg(test)]
 mod tests {
+    use super::super::ring::Keeper;
     use super::*;
     use lrnprof_format::{TraceHeader, TraceReader, TraceWriter};
 
@@ -1099,6 +1179,16 @@ mod tests {
         c.finish(&mut out, &mut warnings).unwrap();
         assert!(out.is_empty());
         assert_eq!(warnings, [RecordWarning::MalformedRecords { count: 1 }]);
+    }
+
+    /// Pseudo-random numbers below their argument, from `seed`.
+    fn random_below(mut seed: u64) -> impl FnMut(u64) -> u64 {
+        move |n| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed % n
+        }
     }
 
     fn u64s(v: &[u64]) -> Vec<u8> {
@@ -1260,7 +1350,7 @@ mod tests {
             out
         };
         let mut detached = Chunk::default();
-        detached.push_record(&layouts(), &rec, &ChunkPool::default());
+        detached.push_record(&layouts(), &rec, &ChunkPool::default(), None);
         assert_eq!(detached.stacks.len(), 1);
         let mut compacted = Vec::new();
         super::super::ring::compact_record(&layouts(), &rec, &mut compacted);
@@ -1300,7 +1390,7 @@ mod tests {
         // Arrival order 500, 600, 550 (another CPU's ring read late).
         let mut chunk = Chunk::default();
         for (time, leaf) in [(500, 1), (600, 2), (550, 3)] {
-            chunk.push_record(&layouts(), &sample(time, leaf), &ChunkPool::default());
+            chunk.push_record(&layouts(), &sample(time, leaf), &ChunkPool::default(), None);
         }
         let mut out = Vec::new();
         c.convert(RawMsg::Chunk(chunk), &mut out).unwrap();
@@ -1332,17 +1422,120 @@ mod tests {
         assert_eq!(read, expected);
     }
 
+    /// Deep stacks sent as the blocks that changed make the samples, hints
+    /// and trace that stacks sent whole make: threads taking turns, stacks
+    /// growing, shrinking and changing, chunks cut anywhere. With chunks
+    /// whose last records cannot be split, the samples and the trace are
+    /// still the same (the lost records' blocks count for their threads'
+    /// next copies, which only changes the hints).
+    #[test]
+    fn stacks_sent_as_deltas_make_the_same_trace() {
+        stacks_sent_as_deltas_make_the_same_trace_cut(false);
+        stacks_sent_as_deltas_make_the_same_trace_cut(true);
+    }
+
+    fn stacks_sent_as_deltas_make_the_same_trace_cut(cut_some: bool) {
+        let layouts = stack_layouts;
+        let mut next = random_below(0x6a09_e667_f3bc_c909);
+        let top = 0x7fff_0000u64;
+        let mut stacks: Vec<Vec<u64>> = (0..3)
+            .map(|t| (0..2000).map(|i| 0x40_0000 + t * 0x1000 + i).collect())
+            .collect();
+        // Chunks as the draining thread makes them both ways.
+        let (mut whole, mut delta) = (Vec::new(), Vec::new());
+        let (mut w, mut d) = (Chunk::default(), Chunk::default());
+        let mut keeper = Keeper::new(1);
+        let pool = ChunkPool::default();
+        for time in 1..=600u64 {
+            let t = next(3) as usize;
+            let stack = &mut stacks[t];
+            for _ in 0..next(4) {
+                let at = next(stack.len() as u64) as usize;
+                stack[at] = if next(5) == 0 {
+                    0
+                } else {
+                    0x40_0000 + next(1 << 20)
+                };
+            }
+            let depth = 300 + next(1700) as usize;
+            let words = &stack[stack.len() - depth..];
+            let sp = top - 8 * depth as u64;
+            let mut body = u64s(&[((11 + t as u64) << 32) | 10, time]);
+            body.extend(u64s(&[2, 0x7ff0, sp, 0x401000]));
+            body.extend(u64s(&[16384]));
+            let mut copy = u64s(words);
+            copy.resize(16384, 0);
+            body.extend(copy);
+            body.extend(u64s(&[8 * depth as u64]));
+            let rec = perf_record(parse::kind::SAMPLE, 0, &body);
+            w.push_record(&layouts(), &rec, &pool, None);
+            d.push_record(&layouts(), &rec, &pool, Some(&mut keeper));
+            if next(8) == 0 {
+                if cut_some && next(4) == 0 {
+                    // The last record's header cut: it and what follows
+                    // cannot be split.
+                    let cut = w.bytes.len() - 3;
+                    w.bytes.truncate(cut);
+                    let cut = d.bytes.len() - 3;
+                    d.bytes.truncate(cut);
+                }
+                whole.push(std::mem::take(&mut w));
+                delta.push(std::mem::take(&mut d));
+            }
+        }
+        whole.push(w);
+        delta.push(d);
+        assert!(delta
+            .iter()
+            .flat_map(|c| &c.stacks)
+            .all(|s| matches!(s.stack, Detached::Delta(_))));
+        let run = |chunks: Vec<Chunk>| {
+            let mut c = Converter::new(ConvertSettings {
+                layouts: layouts(),
+                embed: EmbedLevel::Symbols,
+                ..settings()
+            });
+            let mut out = Vec::new();
+            for chunk in chunks {
+                c.convert(RawMsg::Chunk(chunk), &mut out).unwrap();
+            }
+            c.finish(&mut out, &mut Vec::new()).unwrap();
+            let samples: Vec<Record> = out
+                .into_iter()
+                .filter(|r| matches!(r, Record::Sample(_)))
+                .collect();
+            let hints: Vec<Option<StackHint>> = samples.iter().map(|r| c.stack_hint(r)).collect();
+            let mut trace = Vec::new();
+            let mut tw =
+                TraceWriter::new(&mut trace, &TraceHeader::example(), Default::default()).unwrap();
+            for (r, h) in samples.iter().zip(&hints) {
+                tw.write_owned_hinted(r.clone(), h.as_ref()).unwrap();
+            }
+            tw.finish().unwrap();
+            (samples, hints, trace)
+        };
+        let (sent_whole, sent_delta) = (run(whole), run(delta));
+        assert!(sent_whole.0.len() > 400, "{}", sent_whole.0.len());
+        assert!(
+            sent_whole
+                .1
+                .iter()
+                .filter(|h| h.as_ref().is_some_and(|h| h.base.is_some()))
+                .count()
+                > 300
+        );
+        assert_eq!(sent_delta.0, sent_whole.0);
+        if !cut_some {
+            assert_eq!(sent_delta.1, sent_whole.1);
+        }
+        assert_eq!(sent_delta.2, sent_whole.2);
+    }
+
     /// Held records come out as a stable sort by time would give them,
     /// whatever runs they arrive in and wherever releases cut.
     #[test]
     fn held_records_are_released_in_time_then_arrival_order() {
-        let mut seed = 0x2545_f491_4f6c_dd1du64;
-        let mut next = move |n: u64| {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            seed % n
-        };
+        let mut next = random_below(0x2545_f491_4f6c_dd1d);
         let lost = |time: u64, count: u64| {
             Record::Lost(LostRecord {
                 time: Timestamp(time),

@@ -4,6 +4,7 @@
 //! table of the addresses the trace refers to. Runs on the writer thread.
 
 use super::procfs::{self, MapsEntry};
+use super::replica::Rebuilt;
 use super::spaces::AddressSpaces;
 use super::sys;
 use super::touched::{SampleRefs, Touched};
@@ -147,6 +148,24 @@ impl Images {
         let then = self.spaces.then_if_ended(sample.pid, sample.time);
         self.touched
             .sample(self.spaces.current(), then.as_deref(), sample)
+    }
+
+    /// Like [`touch_sample`](Self::touch_sample), for a copy put together
+    /// from the blocks that changed (see [`Touched::sample_rebuilt`]).
+    pub fn touch_rebuilt(
+        &mut self,
+        sample: &SampleRefs<'_>,
+        id: u64,
+        rebuilt: &Rebuilt,
+    ) -> StackHint {
+        let then = self.spaces.then_if_ended(sample.pid, sample.time);
+        self.touched
+            .sample_rebuilt(self.spaces.current(), then.as_deref(), sample, id, rebuilt)
+    }
+
+    /// A number for a stack copy, given to no other.
+    pub fn next_stack_id(&mut self) -> u64 {
+        self.touched.next_id()
     }
 
     /// Keep `runs`, a [`StackHint`]'s, for a later sample's hint.

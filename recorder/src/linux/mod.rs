@@ -21,6 +21,7 @@ mod layouts;
 mod parse;
 mod procfs;
 mod regs;
+mod replica;
 mod ring;
 mod spaces;
 mod sys;
@@ -48,6 +49,7 @@ use lrnprof_format::{
 use lrnprof_image::FrameCache;
 pub(crate) use parse::fuzz_records;
 use parse::Layouts;
+use std::cell::RefCell;
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::atomic::AtomicI32;
@@ -326,6 +328,7 @@ pub(crate) fn record(
         converter = converter.with_exec_watch(watch);
     }
     let chunk_pool = ring::ChunkPool::default();
+    let keeper = RefCell::new(ring::Keeper::new(NATIVE_REGS.sp_index));
     converter = converter
         .with_chunk_pool(chunk_pool.clone())
         .with_writer_thread(writer_thread);
@@ -360,6 +363,7 @@ pub(crate) fn record(
             Outlet {
                 sender: &sender,
                 pool: &chunk_pool,
+                keeper: &keeper,
             },
             &mut control,
             heap.as_mut(),
@@ -385,6 +389,7 @@ pub(crate) fn record(
     let outlet = Outlet {
         sender: &sender,
         pool: &chunk_pool,
+        keeper: &keeper,
     };
     let drained = drain_all(&mut events, &layouts, &outlet, heap.as_mut(), true);
     drop(urgency);
@@ -647,11 +652,13 @@ fn attach_all_threads(events: &mut Events, pid: u32) -> Result<(), RecordError> 
 }
 
 /// Where drained records go: the writer thread, and the chunk buffers it
-/// hands back.
+/// hands back; with what the draining thread keeps of each thread's stack
+/// copies, to send only what changed.
 #[derive(Clone, Copy)]
 struct Outlet<'a> {
     sender: &'a SinkSender<RawMsg>,
     pool: &'a ring::ChunkPool,
+    keeper: &'a RefCell<ring::Keeper>,
 }
 
 /// Drain every ring buffer once, and the allocation sampler's ring;
@@ -664,7 +671,12 @@ fn drain_all(
     heap: Option<&mut HeapSession>,
     last: bool,
 ) -> Result<bool, RecordError> {
-    let Outlet { sender, pool } = *outlet;
+    let Outlet {
+        sender,
+        pool,
+        keeper,
+    } = *outlet;
+    let mut keeper = keeper.borrow_mut();
     let round = sys::monotonic_ns();
     let mut behind = false;
     // Records are compacted straight from the ring into chunks of about
@@ -682,7 +694,7 @@ fn drain_all(
             if chunk.bytes.capacity() == 0 {
                 chunk.bytes = pool.take(room + rec.len());
             }
-            chunk.push_record(layouts, rec, pool);
+            chunk.push_record(layouts, rec, pool, Some(&mut keeper));
             if chunk.len() >= MAX_CHUNK && sent.is_ok() {
                 sent = sender.send(RawMsg::Chunk(std::mem::take(&mut chunk)));
             }

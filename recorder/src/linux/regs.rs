@@ -13,6 +13,8 @@ pub(crate) struct ArchRegs {
     pub mask: u64,
     /// Values arrive in mask bit order.
     pub convert: fn(&[u64]) -> Option<Regs>,
+    /// Which of the values is the stack pointer.
+    pub sp_index: usize,
 }
 
 /// x86-64: `PERF_REG_X86_BP` (6), `SP` (7), `IP` (8).
@@ -21,6 +23,7 @@ pub(crate) const X86_64: ArchRegs = ArchRegs {
     arch: Arch::X86_64,
     mask: (1 << 6) | (1 << 7) | (1 << 8),
     convert: x86_64,
+    sp_index: 1,
 };
 
 /// AArch64: `PERF_REG_ARM64_X29` (29), `LR` (30), `SP` (31), `PC` (32).
@@ -29,6 +32,7 @@ pub(crate) const AARCH64: ArchRegs = ArchRegs {
     arch: Arch::Aarch64,
     mask: 0xf << 29,
     convert: aarch64,
+    sp_index: 2,
 };
 
 /// The registers the allocation sampler records (`lrnprof_preload`'s
@@ -92,6 +96,7 @@ mod tests {
             })
         );
         assert_eq!((X86_64.convert)(&[1, 2]), None);
+        assert_eq!(r.sp(), [0xb0, 0x5b, 0x1b][X86_64.sp_index]);
     }
 
     #[test]
@@ -107,6 +112,7 @@ mod tests {
                 lr: 0x40_1234
             })
         );
+        assert_eq!(r.sp(), [0xf0, 0, 0x5000, 0][AARCH64.sp_index]);
     }
 
     #[test]

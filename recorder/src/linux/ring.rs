@@ -1,6 +1,7 @@
 //! Copying records out of a perf ring buffer.
 
 use super::parse::{kind, sample, split_records, Layout, Layouts};
+use super::replica::{Deltas, StackDelta, StackKeeper};
 use std::sync::{Arc, Mutex};
 
 /// Buffers handed back by the writer thread, for the draining thread's
@@ -208,7 +209,9 @@ pub(crate) fn compact_record(layouts: &Layouts, rec: &[u8], out: &mut Vec<u8>) {
         .then(|| stack_field(layouts.of_sample(rec)?.1, rec))
         .flatten()
     {
-        Some((at, size, dyn_size)) if dyn_size < size => {
+        Some(StackField {
+            at, size, dyn_size, ..
+        }) if dyn_size < size => {
             let start = out.len();
             out.extend_from_slice(&rec[..at]);
             out.extend_from_slice(&dyn_size.to_ne_bytes());
@@ -232,14 +235,18 @@ pub(crate) const DETACH_STACK_MIN: u64 = 2048;
 
 /// Records drained from one ring buffer, on their way to the writer
 /// thread: perf records as [`compact_record`] leaves them, and the long
-/// stack copies taken out of them, each in a buffer the sample keeps, so
-/// its bytes are copied once on their way from the ring to the trace.
+/// stack copies taken out of them: as the blocks that changed since the
+/// thread's earlier copies (see `replica`), or whole in a buffer the
+/// sample keeps, so their bytes are copied once on their way from the
+/// ring to the trace.
 #[derive(Debug, Default)]
 pub(crate) struct Chunk {
     pub bytes: Vec<u8>,
     /// In the order of their records.
     pub stacks: Vec<DetachedStack>,
-    /// Bytes in `stacks`.
+    /// The changed blocks of the stacks sent as deltas.
+    pub deltas: Deltas,
+    /// Bytes in `stacks` and `deltas`.
     detached_len: usize,
 }
 
@@ -264,33 +271,75 @@ impl Chunk {
     }
 
     /// Append record `rec` like [`compact_record`], but a sample's live
-    /// stack of [`DETACH_STACK_MIN`] bytes or more goes to a buffer of its
-    /// own (one of `pool`'s): the record left in `bytes` has a stack size
-    /// of 0.
-    pub fn push_record(&mut self, layouts: &Layouts, rec: &[u8], pool: &ChunkPool) {
+    /// stack of [`DETACH_STACK_MIN`] bytes or more is taken out (the
+    /// record left in `bytes` has a stack size of 0): as the blocks that
+    /// differ from what `keeper` held of the thread's copies, or, with no
+    /// keeper or a sample that does not say whose stack it is, whole in a
+    /// buffer of its own (one of `pool`'s).
+    pub fn push_record(
+        &mut self,
+        layouts: &Layouts,
+        rec: &[u8],
+        pool: &ChunkPool,
+        keeper: Option<&mut Keeper>,
+    ) {
         let is_sample = rec.get(0..4) == Some(&kind::SAMPLE.to_ne_bytes()[..]);
-        match is_sample
-            .then(|| stack_field(layouts.of_sample(rec)?.1, rec))
+        let Some((layout, field)) = is_sample
+            .then(|| {
+                let layout = layouts.of_sample(rec)?.1;
+                Some((layout, stack_field(layout, rec)?))
+            })
             .flatten()
-        {
-            Some((at, _, dyn_size)) if dyn_size >= DETACH_STACK_MIN => {
-                let start = self.bytes.len();
-                self.bytes.extend_from_slice(&rec[..at]);
-                self.bytes.extend_from_slice(&0u64.to_ne_bytes());
-                let new_len = (self.bytes.len() - start) as u16;
-                self.bytes[start + 6..start + 8].copy_from_slice(&new_len.to_ne_bytes());
-                self.detached_len += dyn_size as usize;
-                if self.stacks.capacity() == 0 {
-                    // About as many as fit a chunk, at once.
-                    self.stacks.reserve(CHUNK_STACKS);
+            .filter(|(_, f)| f.dyn_size >= DETACH_STACK_MIN)
+        else {
+            compact_record(layouts, rec, &mut self.bytes);
+            return;
+        };
+        let (at, dyn_size) = (field.at, field.dyn_size as usize);
+        let start = self.bytes.len();
+        self.bytes.extend_from_slice(&rec[..at]);
+        self.bytes.extend_from_slice(&0u64.to_ne_bytes());
+        let new_len = (self.bytes.len() - start) as u16;
+        self.bytes[start + 6..start + 8].copy_from_slice(&new_len.to_ne_bytes());
+        if self.stacks.capacity() == 0 {
+            // About as many as fit a chunk, at once.
+            self.stacks.reserve(CHUNK_STACKS);
+        }
+        let live = &rec[at + 8..at + 8 + dyn_size];
+        let owner = keeper.and_then(|k| Some((field.owner(layout, rec, k.sp_index)?, k)));
+        let stack = match owner {
+            Some(((pid, tid, sp), k)) => {
+                if self.deltas.bytes.capacity() == 0 {
+                    self.deltas.bytes = pool.take(0);
                 }
-                let live = &rec[at + 8..at + 8 + dyn_size as usize];
-                self.stacks.push(DetachedStack {
-                    at: start,
-                    bytes: pool.stack_copy(live),
-                });
+                let before = self.deltas.bytes.len();
+                let d = k.stacks.delta(pid, tid, sp, live, &mut self.deltas);
+                self.detached_len += self.deltas.bytes.len() - before;
+                Detached::Delta(d)
             }
-            _ => compact_record(layouts, rec, &mut self.bytes),
+            None => {
+                self.detached_len += dyn_size;
+                Detached::Whole(pool.stack_copy(live))
+            }
+        };
+        self.stacks.push(DetachedStack { at: start, stack });
+    }
+}
+
+/// The draining thread's state for sending stacks as deltas.
+#[derive(Debug)]
+pub(crate) struct Keeper {
+    /// Which of the sampled user registers is the stack pointer.
+    sp_index: usize,
+    stacks: StackKeeper,
+}
+
+impl Keeper {
+    /// Stack pointers are the `sp_index`th sampled user register.
+    pub fn new(sp_index: usize) -> Keeper {
+        Keeper {
+            sp_index,
+            stacks: StackKeeper::default(),
         }
     }
 }
@@ -300,13 +349,48 @@ impl Chunk {
 pub(crate) struct DetachedStack {
     /// Offset of the record in [`Chunk::bytes`].
     pub at: usize,
-    /// The live bytes.
-    pub bytes: Vec<u8>,
+    pub stack: Detached,
 }
 
-/// Offset of a sample's `STACK_USER` size field in `rec`, the size and
-/// `dyn_size`; `None` if the record has no stack or is malformed.
-fn stack_field(layout: &Layout, rec: &[u8]) -> Option<(usize, u64, u64)> {
+/// How a stack copy taken out of its record travels.
+#[derive(Debug)]
+pub(crate) enum Detached {
+    /// The live bytes.
+    Whole(Vec<u8>),
+    /// The blocks that changed, in the chunk's [`Deltas`].
+    Delta(StackDelta),
+}
+
+/// Where a sample's stack copy is, and what says whose it is.
+#[derive(Debug, Clone, Copy)]
+struct StackField {
+    /// Offset of the `STACK_USER` size field in the record.
+    at: usize,
+    size: u64,
+    dyn_size: u64,
+    /// Offset of the pid and tid (`PERF_SAMPLE_TID`), if sampled.
+    tid_at: Option<usize>,
+    /// Offset of the first user register value, if the sample has them.
+    regs_at: Option<usize>,
+}
+
+impl StackField {
+    /// The sample's pid, tid and the `index`th user register value.
+    fn owner(&self, layout: &Layout, rec: &[u8], index: usize) -> Option<(u32, u32, u64)> {
+        let read32 = |at: usize| Some(u32::from_ne_bytes(rec.get(at..at + 4)?.try_into().ok()?));
+        let tid_at = self.tid_at?;
+        if index >= layout.user_regs {
+            return None;
+        }
+        let reg_at = self.regs_at? + index * 8;
+        let reg = u64::from_ne_bytes(rec.get(reg_at..reg_at + 8)?.try_into().ok()?);
+        Some((read32(tid_at)?, read32(tid_at + 4)?, reg))
+    }
+}
+
+/// Where the stack copy of sample `rec` is; `None` if it has none or is
+/// malformed.
+fn stack_field(layout: &Layout, rec: &[u8]) -> Option<StackField> {
     let t = layout.sample_type;
     if t & sample::STACK_USER == 0 {
         return None;
@@ -330,6 +414,8 @@ fn stack_field(layout: &Layout, rec: &[u8]) -> Option<(usize, u64, u64)> {
     if t & (sample::READ | sample::BRANCH_STACK) != 0 {
         return None;
     }
+    let before_tid = fixed[..2].iter().filter(|&&b| t & b != 0).count() * 8;
+    let tid_at = (t & sample::TID != 0).then_some(8 + before_tid);
     let mut at = 8 + fixed.iter().filter(|&&b| t & b != 0).count() * 8;
     if t & sample::CALLCHAIN != 0 {
         let nr = usize::try_from(read(at)?).ok()?;
@@ -339,10 +425,12 @@ fn stack_field(layout: &Layout, rec: &[u8]) -> Option<(usize, u64, u64)> {
         let size = u32::from_ne_bytes(rec.get(at..at.checked_add(4)?)?.try_into().ok()?);
         at = at.checked_add(4)?.checked_add(size as usize)?;
     }
+    let mut regs_at = None;
     if t & sample::REGS_USER != 0 {
         let abi = read(at)?;
         at += 8;
         if abi != 0 {
+            regs_at = Some(at);
             at += layout.user_regs * 8;
         }
     }
@@ -354,7 +442,13 @@ fn stack_field(layout: &Layout, rec: &[u8]) -> Option<(usize, u64, u64)> {
         .checked_add(8)?
         .checked_add(usize::try_from(size).ok()?)?;
     let dyn_size = read(dyn_at)?.min(size);
-    Some((at, size, dyn_size))
+    Some(StackField {
+        at,
+        size,
+        dyn_size,
+        tid_at,
+        regs_at,
+    })
 }
 
 #[cfg(test)]
@@ -489,7 +583,7 @@ mod tests {
         let short = sample_rec(8192, DETACH_STACK_MIN - 8);
         let mut chunk = Chunk::default();
         for rec in [&short, &long, &short] {
-            chunk.push_record(&layouts, rec, &ChunkPool::default());
+            chunk.push_record(&layouts, rec, &ChunkPool::default(), None);
         }
         // The short ones as compact_record leaves them, the long one
         // without its stack, which comes beside it.
@@ -501,7 +595,11 @@ mod tests {
         assert_eq!(chunk.stacks.len(), 1);
         assert_eq!(chunk.stacks[0].at, compacted.len());
         let live = (DETACH_STACK_MIN + 8) as usize;
-        assert_eq!(chunk.stacks[0].bytes, long[8 + 48 + 8..8 + 48 + 8 + live]);
+        let whole = |d: &DetachedStack| match &d.stack {
+            Detached::Whole(bytes) => bytes.clone(),
+            Detached::Delta(d) => panic!("{d:?}"),
+        };
+        assert_eq!(whole(&chunk.stacks[0]), long[8 + 48 + 8..8 + 48 + 8 + live]);
         assert_eq!(chunk.len(), chunk.bytes.len() + live);
         let (k, misc, r) = recs[1];
         let PerfRecord::Sample(s) = parse_record(&layouts, k, misc, r).unwrap() else { panic!() };
@@ -518,10 +616,29 @@ mod tests {
         let at = old.as_ptr();
         pool.give_stack(old);
         let mut pooled = Chunk::default();
-        pooled.push_record(&layouts, &long, &pool);
+        pooled.push_record(&layouts, &long, &pool, None);
         assert_eq!(pooled.bytes, chunk.bytes[compacted.len()..chunk.bytes.len() - compacted.len()]);
-        assert_eq!(pooled.stacks[0].bytes, chunk.stacks[0].bytes);
-        assert_eq!(pooled.stacks[0].bytes.as_ptr(), at);
+        assert_eq!(whole(&pooled.stacks[0]), whole(&chunk.stacks[0]));
+        let Detached::Whole(bytes) = &pooled.stacks[0].stack else { panic!() };
+        assert_eq!(bytes.as_ptr(), at);
+        // With a keeper, the thread's stack goes as the blocks that
+        // changed, whose, and where (the second register, bp sp ip).
+        let mut keeper = Keeper::new(1);
+        let mut delta = Chunk::default();
+        for _ in 0..2 {
+            delta.push_record(&layouts, &long, &pool, Some(&mut keeper));
+        }
+        assert_eq!(delta.bytes, [&pooled.bytes[..], &pooled.bytes[..]].concat());
+        let deltas: Vec<&StackDelta> = delta.stacks.iter().map(|d| match &d.stack {
+            Detached::Delta(d) => d,
+            Detached::Whole(_) => panic!("sent whole"),
+        }).collect();
+        assert_eq!((deltas[0].pid, deltas[0].tid, deltas[0].sp, deltas[0].len), (10, 11, 2, live as u32));
+        // The first whole, the second the same: nothing changed.
+        assert_eq!(delta.deltas.changed, [(0, live as u32)]);
+        assert_eq!(delta.deltas.bytes, whole(&chunk.stacks[0]));
+        assert!(deltas[1].changed.is_empty());
+        assert_eq!(delta.len(), delta.bytes.len() + live);
         // Buffers too large for a stack copy are not kept.
         pool.give_stack(vec![0; (64 << 10) + 1]);
         assert!(pool.stack_copy(&[1, 2]).capacity() < 1024);

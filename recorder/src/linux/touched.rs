@@ -8,6 +8,7 @@
 //! the same address are looked at, and each lookup is a bounds test and a
 //! binary search.
 
+use super::replica::{ByAddress, Rebuilt};
 use lrnprof_format::{same_runs, BuildId, ImageMapRecord, StackHint};
 use rustc_hash::{FxHashMap, FxHashSet};
 use std::collections::{HashMap, HashSet};
@@ -19,11 +20,6 @@ pub(crate) const MAX_ADDRESSES: usize = 1 << 20;
 /// Keep at most this many threads' seen stacks (see [`SeenStack`]); past
 /// it they are forgotten and the next copies scanned whole.
 const MAX_SEEN_STACKS: usize = 4096;
-
-/// Widest address range a [`SeenStack`] covers: a whole copy (just under
-/// 64 KiB) and room to grow. A copy that would widen it further starts it
-/// afresh.
-const MAX_SEEN_SPAN: u64 = (64 + 4) << 10;
 
 /// Hints' runs buffers kept for reuse at most (samples wait to be put in
 /// time order with their hints, which come back in batches), and the
@@ -60,10 +56,6 @@ impl<T, const N: usize, const LEN: usize> Spares<T, N, LEN> {
         }
     }
 }
-
-/// How far a [`SeenStack`] grows downwards at least, so that a thread
-/// whose stack deepens sample by sample does not move the bytes each time.
-const SEEN_GROW: u64 = 4 << 10;
 
 /// An executable mapping of an image with a build id, in one process.
 struct TouchRange {
@@ -145,7 +137,16 @@ pub(crate) struct Touched {
     changed: HashSet<u32>,
     /// The id of the last stack copy compared (see [`StackHint::id`]).
     last_id: u64,
+    /// Counts changes of mappings: when each process's last changed, and
+    /// when each thread's copy put together from changed blocks was last
+    /// looked up (see [`Touched::sample_rebuilt`]).
+    epoch: u64,
+    changed_at: FxHashMap<u32, u64>,
+    scanned_at: FxHashMap<(u32, u32), u64>,
 }
+
+/// Processes whose last change of mappings is remembered at most.
+const MAX_CHANGED_AT: usize = 1 << 16;
 
 /// Lookups kept at most while their processes' mappings are unknown.
 const MAX_WAITING: usize = 1 << 20;
@@ -215,6 +216,14 @@ impl Touched {
         self.index.remove(&pid);
         self.dirty.insert(pid);
         self.changed.insert(pid);
+        self.epoch += 1;
+        if !self.changed_at.contains_key(&pid) && self.changed_at.len() >= MAX_CHANGED_AT {
+            // Forget when each process changed, and so when each thread
+            // was looked up: every next copy is looked up whole.
+            self.changed_at.clear();
+            self.scanned_at.clear();
+        }
+        self.changed_at.insert(pid, self.epoch);
     }
 
     /// Every ring has been read past time `before`: look up again what
@@ -305,21 +314,102 @@ impl Touched {
             self.seen_stacks.clear();
         }
         let mut seen = self.seen_stacks.remove(&(pid, tid)).unwrap_or_default();
+        let mut words = std::mem::take(&mut self.words);
+        words.clear();
+        let mut hint = StackHint {
+            id: self.next_id(),
+            base: None,
+            runs: self.spare_runs.take(),
+        };
+        hint.base = seen.update(s.sp, s.stack, hint.id, &mut hint.runs, |w| words.push(w));
+        self.look_up(maps, then, s, &words);
+        self.words = words;
+        self.seen_stacks.insert((pid, tid), seen);
+        hint
+    }
+
+    /// Like [`sample`](Self::sample), for a copy the writer put together
+    /// from the blocks that changed (see `replica`), named `id`: `rebuilt`
+    /// is what that found against the thread's earlier copies, over the
+    /// whole copy, of which the sample keeps `s.stack`. A thread's first
+    /// copy after its process's mappings changed is looked up whole.
+    pub fn sample_rebuilt(
+        &mut self,
+        maps: &HashMap<u32, Vec<ImageMapRecord>>,
+        then: Option<&[ImageMapRecord]>,
+        s: &SampleRefs<'_>,
+        id: u64,
+        rebuilt: &Rebuilt,
+    ) -> StackHint {
+        let keep = s.stack.len();
+        let mut words = std::mem::take(&mut self.words);
+        words.clear();
+        if self.scan_whole((s.pid, s.tid)) {
+            words.extend(
+                s.stack
+                    .chunks_exact(8)
+                    .map(|w| u64::from_ne_bytes(w.try_into().expect("8 bytes")))
+                    .filter(|&w| w != 0),
+            );
+        } else {
+            words.extend(
+                rebuilt
+                    .words
+                    .iter()
+                    .filter(|&&(at, _)| at as usize + 8 <= keep)
+                    .map(|&(_, w)| w),
+            );
+        }
+        let mut hint = StackHint {
+            id,
+            base: rebuilt.base,
+            runs: self.spare_runs.take(),
+        };
+        // The runs of the part kept.
+        hint.runs
+            .extend(rebuilt.runs.iter().filter_map(|&(from, len)| {
+                let room = keep.checked_sub(from as usize).filter(|&r| r > 0)?;
+                Some((from, len.min(room as u32)))
+            }));
+        self.look_up(maps, then, s, &words);
+        self.words = words;
+        hint
+    }
+
+    /// Whether thread `key`'s copy must be looked up whole: its process's
+    /// mappings changed since its last copy, or that is not known.
+    fn scan_whole(&mut self, key: (u32, u32)) -> bool {
+        let changed = self.changed_at.get(&key.0).copied().unwrap_or(0);
+        if !self.scanned_at.contains_key(&key) && self.scanned_at.len() >= MAX_SEEN_STACKS {
+            self.scanned_at.clear();
+        }
+        let last = self.scanned_at.insert(key, self.epoch);
+        last.is_none_or(|last| last < changed)
+    }
+
+    /// A number for a stack copy, given to no other (see
+    /// [`StackHint::id`]).
+    pub fn next_id(&mut self) -> u64 {
+        self.last_id += 1;
+        self.last_id
+    }
+
+    /// Look up what sample `s` refers to: its instruction pointer, its
+    /// callchain, link register and the stack `words` that changed.
+    fn look_up(
+        &mut self,
+        maps: &HashMap<u32, Vec<ImageMapRecord>>,
+        then: Option<&[ImageMapRecord]>,
+        s: &SampleRefs<'_>,
+        words: &[u64],
+    ) {
+        let pid = s.pid;
         // Return addresses are looked up one byte back, inside their call.
         // The callchain starts with the instruction pointer itself.
         let chain = match s.callchain.split_first() {
             Some((&first, rest)) if first == s.ip => rest,
             _ => s.callchain,
         };
-        let mut words = std::mem::take(&mut self.words);
-        words.clear();
-        self.last_id += 1;
-        let mut hint = StackHint {
-            id: self.last_id,
-            base: None,
-            runs: self.spare_runs.take(),
-        };
-        hint.base = seen.update(s.sp, s.stack, hint.id, &mut hint.runs, |w| words.push(w));
         let returns = chain
             .iter()
             .copied()
@@ -342,9 +432,6 @@ impl Touched {
             waiting.extend(lookups.take(MAX_WAITING - self.waiting_len));
             self.waiting_len += waiting.len() - before;
         }
-        self.words = words;
-        self.seen_stacks.insert((pid, tid), seen);
-        hint
     }
 
     /// Keep `runs`, a hint's, for a later sample's hint (see
@@ -510,10 +597,8 @@ impl Touched {
 /// no copy has held yet are zero, and a zero word is no code address.
 #[derive(Default)]
 struct SeenStack {
-    /// AVMA of `bytes[0]`.
-    start: u64,
-    bytes: Vec<u8>,
-    /// The id of the last copy written over `bytes`, which hold it whole.
+    held: ByAddress,
+    /// The id of the last copy written over `held`, which holds it whole.
     last: Option<u64>,
 }
 
@@ -533,14 +618,13 @@ impl SeenStack {
         runs: &mut Vec<(u32, u32)>,
         mut changed: impl FnMut(u64),
     ) -> Option<u64> {
-        let base = if self.cover(sp, stack.len() as u64) {
+        let base = if self.held.cover(sp, stack.len() as u64) {
             self.last
         } else {
             None
         };
         self.last = Some(id);
-        let off = (sp - self.start) as usize;
-        let held = &mut self.bytes[off..off + stack.len()];
+        let held = self.held.at(sp, stack.len());
         runs.clear();
         same_runs(stack, held, |from, len| {
             runs.push((from as u32, len as u32))
@@ -558,38 +642,6 @@ impl SeenStack {
             from = next;
         }
         base
-    }
-
-    /// Widen the range held to cover `len` bytes at `sp`, with word
-    /// boundaries where `sp`'s are; start afresh when that cannot be.
-    /// Returns whether what was held is kept.
-    fn cover(&mut self, sp: u64, len: u64) -> bool {
-        let end = self.start + self.bytes.len() as u64;
-        let (lo, hi) = (self.start.min(sp), end.max(sp.saturating_add(len)));
-        if self.bytes.is_empty()
-            || !(sp.wrapping_sub(self.start)).is_multiple_of(8)
-            || hi - lo > MAX_SEEN_SPAN
-        {
-            self.start = sp;
-            self.bytes.clear();
-            self.bytes.resize(len as usize, 0);
-            return false;
-        }
-        if lo < self.start {
-            // Grow downwards with room to spare (within the span, above
-            // address zero, whole words), so that a stack deepening copy
-            // by copy does not move the bytes each time.
-            let spare = MAX_SEEN_SPAN - (hi - lo);
-            let grow = self.start - lo + (SEEN_GROW.min(spare).min(lo) & !7);
-            self.bytes
-                .splice(0..0, std::iter::repeat_n(0, grow as usize));
-            self.start -= grow;
-        }
-        let need = (hi - self.start) as usize;
-        if need > self.bytes.len() {
-            self.bytes.resize(need, 0);
-        }
-        true
     }
 }
 
@@ -614,6 +666,7 @@ fn hold(new: &[u8], held: &mut [u8], from: usize, to: usize, changed: &mut impl 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::linux::replica::MAX_SPAN;
     use lrnprof_format::{ImageKind, Pid, Timestamp};
 
     fn map(pid: u32, start: u64, end: u64, id: u8) -> ImageMapRecord {
@@ -895,7 +948,52 @@ mod tests {
         let mut seen = SeenStack::default();
         assert_eq!(update(&mut seen, 0x1000, &[0, 7, 0]), [7]);
         // A copy too far from what is held starts afresh.
-        assert_eq!(update(&mut seen, 0x1000 + MAX_SEEN_SPAN, &[7]), [7]);
+        assert_eq!(update(&mut seen, 0x1000 + MAX_SPAN, &[7]), [7]);
+    }
+
+    /// A copy put together from changed blocks has its changed words
+    /// looked up (within the part the sample keeps), and is looked up
+    /// whole the first time and after its process's mappings change; its
+    /// hint keeps the id, base and runs found, cut to the part kept.
+    #[test]
+    fn rebuilt_copies_look_up_what_changed() {
+        let words = |w: &[u64]| w.iter().flat_map(|x| x.to_ne_bytes()).collect::<Vec<u8>>();
+        let mut t = Touched::new(true);
+        let list = vec![map(1, 0x1000, 0x2000, 1)];
+        let stack = words(&[0x1201, 0x1301, 0x1401]);
+        let refs = |stack| SampleRefs {
+            pid: 1,
+            tid: 10,
+            ip: 0x1100,
+            lr: None,
+            callchain: &[],
+            sp: 0x7000,
+            time: 5,
+            stack,
+        };
+        let rebuilt = |words: Vec<(u32, u64)>| Rebuilt {
+            base: Some(3),
+            runs: vec![(0, 8), (8, 16), (20, 100), (24, 16)],
+            words,
+        };
+        let looked_up = |t: &Touched| t.image(&BuildId(vec![1])).unwrap().lookups();
+        // The thread's first copy: whole, whatever changed.
+        let h = t.sample_rebuilt(&maps(&list), None, &refs(&stack), 4, &rebuilt(vec![]));
+        assert_eq!((h.id, h.base), (4, Some(3)));
+        assert_eq!(h.runs, [(0, 8), (8, 16), (20, 4)]);
+        assert_eq!(looked_up(&t), [0x1100, 0x1200, 0x1300, 0x1400]);
+        // Then only what changed, in the part kept.
+        let next = words(&[0x1601, 0x1701, 0x1801]);
+        let changed = rebuilt(vec![(8, 0x1701), (16, 0x1801)]);
+        t.sample_rebuilt(&maps(&list), None, &refs(&next[..16]), 5, &changed);
+        assert_eq!(looked_up(&t), [0x1100, 0x1200, 0x1300, 0x1400, 0x1700]);
+        // New mappings: whole again.
+        t.mappings_changed(1);
+        t.sample_rebuilt(&maps(&list), None, &refs(&next), 6, &rebuilt(vec![]));
+        assert_eq!(
+            looked_up(&t),
+            [0x1100, 0x1200, 0x1300, 0x1400, 0x1600, 0x1700, 0x1800]
+        );
     }
 
     /// What the comparison hands the trace writer: runs equal to the last
