@@ -538,6 +538,34 @@ pub(crate) fn fuzz_records(data: &[u8]) {
             assert_eq!(again, Ok(PerfRecord::Sample(sample)));
         }
     }
+    // Long stacks taken out whole, or as the blocks that changed since the
+    // thread's earlier copies: put together again, they are the same.
+    use super::replica::{Rebuilt, Replicas};
+    use super::ring::{Chunk, ChunkPool, Detached, Keeper};
+    let pool = ChunkPool::default();
+    let mut keeper = Keeper::new(usize::from(regs[0] >> 6));
+    let (mut whole, mut delta) = (Chunk::default(), Chunk::default());
+    for (_, _, record) in split_records(buf) {
+        whole.push_record(&layout, record, &pool, None);
+        delta.push_record(&layout, record, &pool, Some(&mut keeper));
+    }
+    assert_eq!(whole.bytes, delta.bytes);
+    assert_eq!(whole.stacks.len(), delta.stacks.len());
+    let (mut replicas, mut found) = (Replicas::default(), Rebuilt::default());
+    for (id, (w, d)) in whole.stacks.iter().zip(&delta.stacks).enumerate() {
+        assert_eq!(w.at, d.at);
+        let Detached::Whole(bytes) = &w.stack else {
+            panic!("a stack without a keeper went as a delta")
+        };
+        match &d.stack {
+            Detached::Whole(b) => assert_eq!(b, bytes),
+            Detached::Delta(x) => {
+                let again =
+                    replicas.rebuild(x, &delta.deltas, id as u64, &mut found, <[u8]>::to_vec);
+                assert_eq!(again.as_ref(), Ok(bytes));
+            }
+        }
+    }
 }
 
 #[cfg(test)]

@@ -48,9 +48,19 @@ pub(crate) struct ByAddress {
 }
 
 impl ByAddress {
-    /// Widen the range held to cover `len` bytes at `sp`, with word
-    /// boundaries where `sp`'s are; start afresh (all zero) when that
-    /// cannot be. Returns whether what was held is kept.
+    /// Whether `len` bytes at `sp` can be held: they end far enough below
+    /// the top of the address space for the range held to grow around
+    /// them (a stack always does; a malformed record might not).
+    pub fn can_hold(sp: u64, len: u64) -> bool {
+        sp.checked_add(len)
+            .and_then(|end| end.checked_add(MAX_SPAN))
+            .is_some()
+    }
+
+    /// Widen the range held to cover `len` bytes at `sp` (which
+    /// [`can_hold`](Self::can_hold)), with word boundaries where `sp`'s
+    /// are; start afresh (all zero) when that cannot be. Returns whether
+    /// what was held is kept.
     pub fn cover(&mut self, sp: u64, len: u64) -> bool {
         let end = self.start + self.bytes.len() as u64;
         let (lo, hi) = (self.start.min(sp), end.max(sp.saturating_add(len)));
@@ -119,9 +129,9 @@ pub(crate) struct StackKeeper {
 }
 
 impl StackKeeper {
-    /// Compare `stack`, thread `tid`'s copy of the bytes at `sp`, with
-    /// what its copies held, add the blocks that differ to `out`, and hold
-    /// `stack` from now on.
+    /// Compare `stack`, thread `tid`'s copy of the bytes at `sp` (which
+    /// [`ByAddress::can_hold`]), with what its copies held, add the blocks
+    /// that differ to `out`, and hold `stack` from now on.
     pub fn delta(
         &mut self,
         pid: u32,
@@ -215,15 +225,18 @@ pub(crate) struct Rebuilt {
     pub words: Vec<(u32, u64)>,
 }
 
-/// A [`StackDelta`] that does not fit its chunk's [`Deltas`]: the draining
-/// and writer threads disagree, which is a bug.
+/// A [`StackDelta`] that does not fit its chunk's [`Deltas`] (the
+/// draining and writer threads disagree, which is a bug), or that no
+/// stack could be (see [`ByAddress::can_hold`], which the draining thread
+/// checks first).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Mismatch;
 
 impl Replicas {
     /// Put the copy `d` together again from the blocks in `deltas`, named
-    /// `id`: `bytes` gets the copy's bytes (the held ones, to copy from),
-    /// `found` what was found on the way (emptied first).
+    /// `id`: returns what `bytes` makes of the copy's bytes (the held
+    /// ones, to copy from); `found` gets what was found on the way
+    /// (emptied first).
     pub fn rebuild<T>(
         &mut self,
         d: &StackDelta,
@@ -237,7 +250,7 @@ impl Replicas {
             self.held.clear();
             self.broken.clear();
         }
-        if self.broken.contains(&key) {
+        if self.broken.contains(&key) || !ByAddress::can_hold(d.sp, u64::from(d.len)) {
             return Err(Mismatch);
         }
         let result = self.put_together(d, deltas, id, found);
@@ -483,6 +496,16 @@ mod tests {
         };
         assert_eq!(
             replicas.rebuild(&fine, &deltas, 4, &mut found, |_| ()),
+            Err(Mismatch)
+        );
+        // Where no stack can be (the top of the address space): refused.
+        let top = StackDelta {
+            forget_all: true,
+            sp: u64::MAX - 100,
+            ..fine.clone()
+        };
+        assert_eq!(
+            replicas.rebuild(&top, &deltas, 5, &mut found, |_| ()),
             Err(Mismatch)
         );
         let fresh = StackDelta {

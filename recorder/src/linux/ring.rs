@@ -1,7 +1,7 @@
 //! Copying records out of a perf ring buffer.
 
 use super::parse::{kind, sample, split_records, Layout, Layouts};
-use super::replica::{Deltas, StackDelta, StackKeeper};
+use super::replica::{ByAddress, Deltas, StackDelta, StackKeeper};
 use std::sync::{Arc, Mutex};
 
 /// Buffers handed back by the writer thread, for the draining thread's
@@ -306,7 +306,9 @@ impl Chunk {
             self.stacks.reserve(CHUNK_STACKS);
         }
         let live = &rec[at + 8..at + 8 + dyn_size];
-        let owner = keeper.and_then(|k| Some((field.owner(layout, rec, k.sp_index)?, k)));
+        let owner = keeper
+            .and_then(|k| Some((field.owner(layout, rec, k.sp_index)?, k)))
+            .filter(|((_, _, sp), _)| ByAddress::can_hold(*sp, dyn_size as u64));
         let stack = match owner {
             Some(((pid, tid, sp), k)) => {
                 if self.deltas.bytes.capacity() == 0 {

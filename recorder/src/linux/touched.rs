@@ -618,6 +618,20 @@ impl SeenStack {
         runs: &mut Vec<(u32, u32)>,
         mut changed: impl FnMut(u64),
     ) -> Option<u64> {
+        runs.clear();
+        if !ByAddress::can_hold(sp, stack.len() as u64) {
+            // Not a stack (a malformed sample): nothing held, every word
+            // looked up.
+            *self = SeenStack::default();
+            hold(
+                stack,
+                &mut vec![0; stack.len()],
+                0,
+                stack.len(),
+                &mut changed,
+            );
+            return None;
+        }
         let base = if self.held.cover(sp, stack.len() as u64) {
             self.last
         } else {
@@ -625,7 +639,6 @@ impl SeenStack {
         };
         self.last = Some(id);
         let held = self.held.at(sp, stack.len());
-        runs.clear();
         same_runs(stack, held, |from, len| {
             runs.push((from as u32, len as u32))
         });
@@ -949,6 +962,11 @@ mod tests {
         assert_eq!(update(&mut seen, 0x1000, &[0, 7, 0]), [7]);
         // A copy too far from what is held starts afresh.
         assert_eq!(update(&mut seen, 0x1000 + MAX_SPAN, &[7]), [7]);
+        // One at the top of the address space (a malformed sample) is
+        // not held: looked up whole every time.
+        let top = u64::MAX - 20;
+        assert_eq!(update(&mut seen, top, &[7, 0]), [7]);
+        assert_eq!(update(&mut seen, top, &[7, 0]), [7]);
     }
 
     /// A copy put together from changed blocks has its changed words
