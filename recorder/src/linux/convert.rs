@@ -1097,6 +1097,7 @@ impl Convert for Converter {
 
 #[cfg(test)]
 mod tests {
+    use super::super::replica::tests::random_below;
     use super::super::ring::Keeper;
     use super::*;
     use lrnprof_format::{TraceHeader, TraceReader, TraceWriter};
@@ -1179,16 +1180,6 @@ mod tests {
         c.finish(&mut out, &mut warnings).unwrap();
         assert!(out.is_empty());
         assert_eq!(warnings, [RecordWarning::MalformedRecords { count: 1 }]);
-    }
-
-    /// Pseudo-random numbers below their argument, from `seed`.
-    fn random_below(mut seed: u64) -> impl FnMut(u64) -> u64 {
-        move |n| {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            seed % n
-        }
     }
 
     fn u64s(v: &[u64]) -> Vec<u8> {

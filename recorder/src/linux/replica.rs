@@ -318,11 +318,12 @@ impl Replicas {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use lrnprof_format::same_runs;
 
-    fn random_below(seed: u64) -> impl FnMut(u64) -> u64 {
+    /// Pseudo-random numbers below their argument (0 for 0), from `seed`.
+    pub(crate) fn random_below(seed: u64) -> impl FnMut(u64) -> u64 {
         let mut x = seed;
         move |n| {
             x ^= x << 13;
