@@ -43,9 +43,11 @@ pub(crate) trait Convert: Send + 'static {
     fn convert(&mut self, raw: Self::Raw, out: &mut Vec<Record>) -> Result<(), RecordError>;
 
     /// What is known of the stack of `record`, a record this converter
-    /// just pushed onto `out`, asked of each in the order pushed: saves the
-    /// trace writer comparing it with the thread's previous stack.
-    fn stack_hint(&mut self, _record: &Record) -> Option<StackHint> {
+    /// just pushed onto `out`, asked of each in the order pushed, right
+    /// before it is written: saves the trace writer comparing it with the
+    /// thread's previous stack. A sample's stack bytes may be put into
+    /// the record only now.
+    fn stack_hint(&mut self, _record: &mut Record) -> Option<StackHint> {
         None
     }
 
@@ -341,16 +343,17 @@ fn run<C: Convert>(
                 break;
             }
         }
-        for r in records.drain(..) {
+        for mut r in records.drain(..) {
+            let hint = converter.stack_hint(&mut r);
             counter.count(&r);
-            let hint = converter.stack_hint(&r);
             writer.write_owned_hinted(r, hint.as_ref())?;
             if let Some(hint) = hint {
                 converter.recycle_hint(hint);
             }
-        }
-        while let Some(bytes) = writer.take_spare_stack() {
-            converter.recycle_stack(bytes);
+            // The buffer a sample's stack just released is the next one's.
+            while let Some(bytes) = writer.take_spare_stack() {
+                converter.recycle_stack(bytes);
+            }
         }
         // A recorder killed with SIGKILL keeps what is in whole blocks:
         // write one at least every second, however few records it holds.
@@ -369,14 +372,17 @@ fn run<C: Convert>(
     converter.finish(&mut records, &mut warnings)?;
     // Blobs go in blocks of their own, so their size in the file is known.
     let mut blobs_start = None;
-    for r in records.drain(..) {
+    for mut r in records.drain(..) {
         if matches!(r, Record::Blob(_)) && blobs_start.is_none() {
             writer.flush_block()?;
             blobs_start = Some(writer.bytes_written());
         }
+        let hint = converter.stack_hint(&mut r);
         counter.count(&r);
-        let hint = converter.stack_hint(&r);
         writer.write_owned_hinted(r, hint.as_ref())?;
+        while let Some(bytes) = writer.take_spare_stack() {
+            converter.recycle_stack(bytes);
+        }
     }
     writer.flush_block()?;
     let blob_file_bytes = blobs_start.map_or(0, |s| writer.bytes_written() - s);

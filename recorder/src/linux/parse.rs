@@ -540,7 +540,7 @@ pub(crate) fn fuzz_records(data: &[u8]) {
     }
     // Long stacks taken out whole, or as the blocks that changed since the
     // thread's earlier copies: put together again, they are the same.
-    use super::replica::{Rebuilt, Replicas};
+    use super::replica::{Followers, Rebuilt, Replicas};
     use super::ring::{Chunk, ChunkPool, Detached, Keeper};
     let pool = ChunkPool::default();
     let mut keeper = Keeper::new(usize::from(regs[0] >> 6));
@@ -552,6 +552,7 @@ pub(crate) fn fuzz_records(data: &[u8]) {
     assert_eq!(whole.bytes, delta.bytes);
     assert_eq!(whole.stacks.len(), delta.stacks.len());
     let (mut replicas, mut found) = (Replicas::default(), Rebuilt::default());
+    let mut followers = Followers::default();
     for (id, (w, d)) in whole.stacks.iter().zip(&delta.stacks).enumerate() {
         assert_eq!(w.at, d.at);
         let Detached::Whole(bytes) = &w.stack else {
@@ -563,6 +564,9 @@ pub(crate) fn fuzz_records(data: &[u8]) {
                 let again =
                     replicas.rebuild(x, &delta.deltas, id as u64, &mut found, <[u8]>::to_vec);
                 assert_eq!(again.as_ref(), Ok(bytes));
+                // And a second time, as the samples are written.
+                let later = followers.log(x, &delta.deltas).expect("logged");
+                assert_eq!(followers.bytes(&later), Ok(&bytes[..]));
             }
         }
     }

@@ -94,6 +94,12 @@ impl ByAddress {
         let off = (sp - self.start) as usize;
         &mut self.bytes[off..off + len]
     }
+
+    /// The `len` bytes held at `sp`, if held.
+    pub fn view(&self, sp: u64, len: usize) -> Option<&[u8]> {
+        let off = usize::try_from(sp.checked_sub(self.start)?).ok()?;
+        self.bytes.get(off..off.checked_add(len)?)
+    }
 }
 
 /// The changed blocks of the copies of one chunk, one copy after another.
@@ -116,6 +122,9 @@ pub(crate) struct StackDelta {
     pub len: u32,
     /// Every thread's bytes are forgotten first, on both sides.
     pub forget_all: bool,
+    /// How many times every thread was forgotten before this copy: a
+    /// thread's bytes start afresh with each generation.
+    pub generation: u32,
     /// The copy's stretches, `Deltas::changed[changed]`.
     pub changed: std::ops::Range<usize>,
     /// Where their bytes start in `Deltas::bytes`.
@@ -125,27 +134,47 @@ pub(crate) struct StackDelta {
 /// The draining thread's side: what each thread's copies held.
 #[derive(Debug, Default)]
 pub(crate) struct StackKeeper {
-    held: FxHashMap<(u32, u32), ByAddress>,
+    held: FxHashMap<(u32, u32), Kept>,
+    /// Times every thread was forgotten.
+    generation: u32,
+}
+
+#[derive(Debug, Default)]
+struct Kept {
+    bytes: ByAddress,
+    /// The time of the thread's last copy sent as a delta.
+    last_time: u64,
 }
 
 impl StackKeeper {
     /// Compare `stack`, thread `tid`'s copy of the bytes at `sp` (which
-    /// [`ByAddress::can_hold`]), with what its copies held, add the blocks
-    /// that differ to `out`, and hold `stack` from now on.
+    /// [`ByAddress::can_hold`]) sampled at `time`, with what its copies
+    /// held, add the blocks that differ to `out`, and hold `stack` from
+    /// now on. `None`, holding nothing, for a copy not later than the
+    /// thread's last one sent: it must travel whole, since the writer
+    /// puts copies together a second time in time order (see
+    /// [`Followers`]).
     pub fn delta(
         &mut self,
         pid: u32,
         tid: u32,
         sp: u64,
+        time: u64,
         stack: &[u8],
         out: &mut Deltas,
-    ) -> StackDelta {
+    ) -> Option<StackDelta> {
         let key = (pid, tid);
+        if self.held.get(&key).is_some_and(|k| time <= k.last_time) {
+            return None;
+        }
         let forget_all = !self.held.contains_key(&key) && self.held.len() >= MAX_THREADS;
         if forget_all {
             self.held.clear();
+            self.generation = self.generation.wrapping_add(1);
         }
-        let held = self.held.entry(key).or_default();
+        let kept = self.held.entry(key).or_default();
+        kept.last_time = time;
+        let held = &mut kept.bytes;
         held.cover(sp, stack.len() as u64);
         let held = held.at(sp, stack.len());
         let (changed_from, bytes_at) = (out.changed.len(), out.bytes.len());
@@ -153,15 +182,16 @@ impl StackKeeper {
             out.changed.push((from as u32, (to - from) as u32));
             out.bytes.extend_from_slice(&stack[from..to]);
         });
-        StackDelta {
+        Some(StackDelta {
             pid,
             tid,
             sp,
             len: stack.len() as u32,
             forget_all,
+            generation: self.generation,
             changed: changed_from..out.changed.len(),
             bytes_at,
-        }
+        })
     }
 }
 
@@ -267,6 +297,22 @@ impl Replicas {
         }
     }
 
+    /// Thread `tid`'s bytes, taken out (left empty) until
+    /// [`restore`](Self::restore)d, to be read while the caller's other
+    /// state is borrowed.
+    pub fn take(&mut self, pid: u32, tid: u32) -> Option<ByAddress> {
+        self.held
+            .get_mut(&(pid, tid))
+            .map(|r| std::mem::take(&mut r.bytes))
+    }
+
+    /// Put back what [`take`](Self::take) took.
+    pub fn restore(&mut self, pid: u32, tid: u32, bytes: ByAddress) {
+        if let Some(r) = self.held.get_mut(&(pid, tid)) {
+            r.bytes = bytes;
+        }
+    }
+
     fn put_together(
         &mut self,
         d: &StackDelta,
@@ -315,6 +361,207 @@ impl Replicas {
         same.finish();
         Ok(())
     }
+}
+
+/// The writer thread's second copy of each thread's bytes, brought up to
+/// date as samples leave the time-ordering queue, just before each goes
+/// to the trace writer: a sample's stack bytes are copied out of it then,
+/// into the buffer the trace writer has just released, instead of into a
+/// buffer of their own when the sample is converted (which, by the time
+/// it is written, a round of samples later, is out of the cache).
+///
+/// Each thread's changed blocks are logged as the copies are put
+/// together ([`log`](Self::log)) and applied in the same order when a
+/// sample's bytes are wanted ([`bytes`](Self::bytes)). Samples leave the
+/// queue in time order, and the draining thread sends as changed blocks
+/// only copies later than the thread's last one sent that way, so a
+/// thread's samples are wanted in the order their blocks were logged; a
+/// sample dropped on the way ([`drop_later`](Self::drop_later)) has its
+/// blocks applied all the same.
+#[derive(Debug, Default)]
+pub(crate) struct Followers {
+    /// By generation (see [`StackDelta::generation`]), pid and tid.
+    threads: FxHashMap<(u32, u32, u32), Follower>,
+    /// The latest generation logged.
+    latest: u32,
+    /// Logged steps already applied, for their buffers.
+    spare: Vec<Step>,
+}
+
+#[derive(Debug, Default)]
+struct Follower {
+    bytes: ByAddress,
+    /// Steps logged so far.
+    logged: u64,
+    /// Steps applied to `bytes` so far.
+    applied: u64,
+    /// Steps not applied yet, in order.
+    log: std::collections::VecDeque<Step>,
+    /// A step did not fit (a bug): no more bytes for this generation.
+    broken: bool,
+}
+
+/// The blocks of one copy, as [`StackDelta`] gives them.
+#[derive(Debug, Default)]
+struct Step {
+    seq: u64,
+    sp: u64,
+    len: u32,
+    changed: Vec<(u32, u32)>,
+    bytes: Vec<u8>,
+    /// Its sample will never ask for its bytes.
+    dropped: bool,
+}
+
+/// Spare steps kept at most.
+const MAX_SPARE_STEPS: usize = 256;
+
+/// Where a sample's stack bytes will be: the copy logged as step `seq` of
+/// a thread's bytes in [`Followers`], of which the sample keeps `keep`
+/// bytes at `sp`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Later {
+    generation: u32,
+    pid: u32,
+    tid: u32,
+    seq: u64,
+    pub sp: u64,
+    /// Bytes the sample keeps (the copy's, or fewer).
+    pub keep: u32,
+}
+
+impl Later {
+    /// Whose stack it is.
+    pub fn pid(&self) -> u32 {
+        self.pid
+    }
+
+    /// Whose stack it is.
+    pub fn tid(&self) -> u32 {
+        self.tid
+    }
+}
+
+impl Followers {
+    /// Log the changed blocks of `d` (in `deltas`, which
+    /// [`Replicas::rebuild`] took without a mismatch) as its thread's
+    /// next step.
+    pub fn log(&mut self, d: &StackDelta, deltas: &Deltas) -> Result<Later, Mismatch> {
+        let changed = deltas.changed.get(d.changed.clone()).ok_or(Mismatch)?;
+        let n: usize = changed.iter().map(|&(_, n)| n as usize).sum();
+        let bytes = deltas
+            .bytes
+            .get(d.bytes_at..)
+            .and_then(|b| b.get(..n))
+            .ok_or(Mismatch)?;
+        if d.generation != self.latest {
+            // Threads of the generation before may still have samples
+            // waiting; older ones not.
+            self.latest = d.generation;
+            let latest = self.latest;
+            self.threads
+                .retain(|&(g, _, _), _| g == latest || g.wrapping_add(1) == latest);
+        }
+        let f = self
+            .threads
+            .entry((d.generation, d.pid, d.tid))
+            .or_default();
+        let mut step = self.spare.pop().unwrap_or_default();
+        step.seq = f.logged;
+        step.sp = d.sp;
+        step.len = d.len;
+        step.changed.clear();
+        step.changed.extend_from_slice(changed);
+        step.bytes.clear();
+        step.bytes.extend_from_slice(bytes);
+        step.dropped = false;
+        f.logged += 1;
+        f.log.push_back(step);
+        Ok(Later {
+            generation: d.generation,
+            pid: d.pid,
+            tid: d.tid,
+            seq: f.logged - 1,
+            sp: d.sp,
+            keep: d.len,
+        })
+    }
+
+    /// The bytes of `later`'s copy that its sample keeps; `Mismatch` if
+    /// the copy is no longer to be had (a later copy of the thread was
+    /// asked for first, or its generation was forgotten).
+    pub fn bytes(&mut self, later: &Later) -> Result<&[u8], Mismatch> {
+        let f = self
+            .threads
+            .get_mut(&(later.generation, later.pid, later.tid))
+            .ok_or(Mismatch)?;
+        if f.broken || f.applied > later.seq {
+            return Err(Mismatch);
+        }
+        apply(f, later.seq + 1, false, &mut self.spare)?;
+        if f.applied != later.seq + 1 {
+            return Err(Mismatch);
+        }
+        f.bytes.view(later.sp, later.keep as usize).ok_or(Mismatch)
+    }
+
+    /// `later`'s sample will not ask for its bytes: its blocks are applied
+    /// once the thread's earlier samples had theirs.
+    pub fn drop_later(&mut self, later: &Later) {
+        let Some(f) = self
+            .threads
+            .get_mut(&(later.generation, later.pid, later.tid))
+        else {
+            return;
+        };
+        if let Some(step) = f.log.iter_mut().find(|s| s.seq == later.seq) {
+            step.dropped = true;
+        }
+        // Dropped steps at the front wait for no one.
+        let _ = apply(f, f.applied, true, &mut self.spare);
+    }
+}
+
+/// Apply `f`'s logged steps up to step `upto` (excluded), and, with
+/// `dropped`, the dropped steps right after it. A step that does not fit
+/// breaks the thread's bytes for good.
+fn apply(
+    f: &mut Follower,
+    upto: u64,
+    dropped: bool,
+    spare: &mut Vec<Step>,
+) -> Result<(), Mismatch> {
+    if f.broken {
+        return Err(Mismatch);
+    }
+    while let Some(step) = f.log.front() {
+        if step.seq >= upto && !(dropped && step.dropped) {
+            break;
+        }
+        let step = f.log.pop_front().expect("a front step");
+        f.applied = step.seq + 1;
+        let len = step.len as usize;
+        if !ByAddress::can_hold(step.sp, step.len.into()) {
+            f.broken = true;
+            return Err(Mismatch);
+        }
+        f.bytes.cover(step.sp, step.len.into());
+        let held = f.bytes.at(step.sp, len);
+        let mut src = &step.bytes[..];
+        for &(from, n) in &step.changed {
+            let (from, n) = (from as usize, n as usize);
+            let (Some(dst), Some(new)) = (held.get_mut(from..from + n), src.get(..n)) else {
+                f.broken = true;
+                return Err(Mismatch);
+            };
+            dst.copy_from_slice(new);
+            src = &src[n..];
+        }
+        if spare.len() < MAX_SPARE_STEPS {
+            spare.push(step);
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -377,7 +624,9 @@ pub(crate) mod tests {
             if next(4) == 0 {
                 deltas = Deltas::default();
             }
-            let d = keeper.delta(1, tid, sp, copy, &mut deltas);
+            let d = keeper
+                .delta(1, tid, sp, round + 1, copy, &mut deltas)
+                .unwrap();
             id += 1;
             let got = replicas
                 .rebuild(&d, &deltas, id, &mut found, <[u8]>::to_vec)
@@ -411,15 +660,15 @@ pub(crate) mod tests {
         let mut keeper = StackKeeper::default();
         let mut deltas = Deltas::default();
         let mut stack = vec![7u8; 4000];
-        let d = keeper.delta(1, 2, 0x1000, &stack, &mut deltas);
+        let d = keeper.delta(1, 2, 0x1000, 1, &stack, &mut deltas).unwrap();
         assert_eq!(deltas.changed[d.changed.clone()], [(0, 4000)]);
-        let d = keeper.delta(1, 2, 0x1000, &stack, &mut deltas);
+        let d = keeper.delta(1, 2, 0x1000, 2, &stack, &mut deltas).unwrap();
         assert!(d.changed.is_empty());
         stack[100] = 1;
         stack[130] = 1;
         stack[3999] = 1;
         let before = deltas.bytes.len();
-        let d = keeper.delta(1, 2, 0x1000, &stack, &mut deltas);
+        let d = keeper.delta(1, 2, 0x1000, 3, &stack, &mut deltas).unwrap();
         assert_eq!(deltas.changed[d.changed.clone()], [(64, 128), (3968, 32)]);
         assert_eq!(d.bytes_at, before);
         assert_eq!(deltas.bytes.len() - before, 160);
@@ -434,15 +683,18 @@ pub(crate) mod tests {
         let mut found = Rebuilt::default();
         let stack = vec![3u8; 256];
         for tid in 0..=MAX_THREADS as u32 {
-            let d = keeper.delta(1, tid, 0x1000, &stack, &mut deltas);
+            let d = keeper
+                .delta(1, tid, 0x1000, 1, &stack, &mut deltas)
+                .unwrap();
             assert_eq!(d.forget_all, tid == MAX_THREADS as u32);
+            assert_eq!(d.generation, u32::from(tid == MAX_THREADS as u32));
             replicas
                 .rebuild(&d, &deltas, u64::from(tid), &mut found, |_| ())
                 .unwrap();
         }
         assert_eq!((keeper.held.len(), replicas.held.len()), (1, 1));
         // Thread 0 was forgotten: sent whole, no base.
-        let d = keeper.delta(1, 0, 0x1000, &stack, &mut deltas);
+        let d = keeper.delta(1, 0, 0x1000, 2, &stack, &mut deltas).unwrap();
         assert_eq!(deltas.changed[d.changed.clone()], [(0, 256)]);
         replicas
             .rebuild(&d, &deltas, 999, &mut found, |_| ())
@@ -465,6 +717,7 @@ pub(crate) mod tests {
             sp: 0x1000,
             len: 128,
             forget_all: false,
+            generation: 0,
             changed: 0..2,
             bytes_at: 0,
         };
@@ -519,5 +772,111 @@ pub(crate) mod tests {
             replicas.rebuild(&fresh, &deltas, 5, &mut found, <[u8]>::to_vec),
             Ok(whole)
         );
+    }
+
+    /// A copy not later than the thread's last one sent as a delta is
+    /// refused (it travels whole) and held nowhere: the next delta is
+    /// against the copy before it.
+    #[test]
+    fn copies_out_of_time_order_are_not_deltas() {
+        let mut keeper = StackKeeper::default();
+        let mut deltas = Deltas::default();
+        let stack = vec![7u8; 4000];
+        assert!(keeper.delta(1, 2, 0x1000, 5, &stack, &mut deltas).is_some());
+        let other = vec![9u8; 4000];
+        assert_eq!(keeper.delta(1, 2, 0x1000, 5, &other, &mut deltas), None);
+        assert_eq!(keeper.delta(1, 2, 0x1000, 3, &other, &mut deltas), None);
+        // Another thread is not held back.
+        assert!(keeper.delta(1, 3, 0x1000, 4, &other, &mut deltas).is_some());
+        let d = keeper.delta(1, 2, 0x1000, 6, &stack, &mut deltas).unwrap();
+        assert!(d.changed.is_empty());
+    }
+
+    /// The followers give every copy's bytes when asked in the order the
+    /// copies were logged, each thread on its own, with some samples
+    /// dropped on the way, across both sides forgetting every thread; a
+    /// copy asked for after a later one of its thread is refused.
+    #[test]
+    fn followers_give_each_copy_asked_in_order() {
+        let mut next = random_below(0x3c6e_f372_fe94_f82b);
+        let mut keeper = StackKeeper::default();
+        let mut replicas = Replicas::default();
+        let mut followers = Followers::default();
+        let mut found = Rebuilt::default();
+        let mut deltas = Deltas::default();
+        let top = 0x7fff_0000u64;
+        let threads = 6u32;
+        let mut stacks: Vec<Vec<u8>> = (0..threads).map(|_| vec![0; 16_000]).collect();
+        // Per thread, the copies logged and not asked for yet.
+        let mut waiting: Vec<std::collections::VecDeque<(Later, Vec<u8>)>> =
+            (0..threads).map(|_| Default::default()).collect();
+        let (mut asked, mut dropped) = (0, 0);
+        for round in 0..4000u64 {
+            if next(500) == 0 {
+                // Enough other threads for both sides to forget them all.
+                for tid in 100..100 + MAX_THREADS as u32 {
+                    let d = keeper
+                        .delta(1, tid, 0x1000, round + 1, &[1; 64], &mut deltas)
+                        .unwrap();
+                    replicas
+                        .rebuild(&d, &deltas, 0, &mut found, |_| ())
+                        .unwrap();
+                    let later = followers.log(&d, &deltas).unwrap();
+                    followers.drop_later(&later);
+                }
+            }
+            let tid = next(u64::from(threads)) as u32;
+            let stack = &mut stacks[tid as usize];
+            for _ in 0..next(6) {
+                let at = next(stack.len() as u64) as usize;
+                for b in stack.iter_mut().skip(at).take(1 + next(100) as usize) {
+                    *b = b.wrapping_add(1 + next(255) as u8);
+                }
+            }
+            let depth = (2048 + next(12_000) as usize) & !7;
+            let sp = top - depth as u64;
+            let copy = &stack[stack.len() - depth..];
+            if next(4) == 0 {
+                deltas = Deltas::default();
+            }
+            let d = keeper
+                .delta(1, tid, sp, round + 1, copy, &mut deltas)
+                .unwrap();
+            replicas
+                .rebuild(&d, &deltas, round, &mut found, |_| ())
+                .unwrap();
+            let mut later = followers.log(&d, &deltas).unwrap();
+            later.keep = (later.keep as u64 - next(later.keep as u64 / 2)) as u32;
+            waiting[tid as usize].push_back((later, copy[..later.keep as usize].to_vec()));
+            // Ask for (or drop) some of one thread's copies, oldest first.
+            let t = next(u64::from(threads)) as usize;
+            for _ in 0..next(4) {
+                let Some((later, bytes)) = waiting[t].pop_front() else {
+                    break;
+                };
+                if next(5) == 0 {
+                    followers.drop_later(&later);
+                    dropped += 1;
+                } else {
+                    assert_eq!(followers.bytes(&later), Ok(&bytes[..]), "round {round}");
+                    asked += 1;
+                }
+            }
+        }
+        assert!(asked > 2000 && dropped > 400, "{asked} {dropped}");
+        // Two more copies, asked for last first: only the last is given.
+        let mut two = Vec::new();
+        for (time, byte) in [(5000, 1u8), (5001, 2)] {
+            let copy = vec![byte; 4096];
+            let d = keeper
+                .delta(1, 0, top - 4096, time, &copy, &mut deltas)
+                .unwrap();
+            replicas
+                .rebuild(&d, &deltas, time, &mut found, |_| ())
+                .unwrap();
+            two.push((followers.log(&d, &deltas).unwrap(), copy));
+        }
+        assert_eq!(followers.bytes(&two[1].0), Ok(&two[1].1[..]));
+        assert_eq!(followers.bytes(&two[0].0), Err(Mismatch));
     }
 }

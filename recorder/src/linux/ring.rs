@@ -308,17 +308,21 @@ impl Chunk {
         let live = &rec[at + 8..at + 8 + dyn_size];
         let owner = keeper
             .and_then(|k| Some((field.owner(layout, rec, k.sp_index)?, k)))
-            .filter(|((_, _, sp), _)| ByAddress::can_hold(*sp, dyn_size as u64));
-        let stack = match owner {
-            Some(((pid, tid, sp), k)) => {
-                if self.deltas.bytes.capacity() == 0 {
-                    self.deltas.bytes = pool.take(0);
-                }
-                let before = self.deltas.bytes.len();
-                let d = k.stacks.delta(pid, tid, sp, live, &mut self.deltas);
-                self.detached_len += self.deltas.bytes.len() - before;
-                Detached::Delta(d)
+            .filter(|(o, _)| ByAddress::can_hold(o.sp, dyn_size as u64));
+        let delta = owner.and_then(|(o, k)| {
+            if self.deltas.bytes.capacity() == 0 {
+                self.deltas.bytes = pool.take(0);
             }
+            let before = self.deltas.bytes.len();
+            let d = k
+                .stacks
+                .delta(o.pid, o.tid, o.sp, o.time, live, &mut self.deltas)?;
+            self.detached_len += self.deltas.bytes.len() - before;
+            Some(d)
+        });
+        let stack = match delta {
+            Some(d) => Detached::Delta(d),
+            // No keeper, no owner, or older than the thread's last copy.
             None => {
                 self.detached_len += dyn_size;
                 Detached::Whole(pool.stack_copy(live))
@@ -372,21 +376,37 @@ struct StackField {
     dyn_size: u64,
     /// Offset of the pid and tid (`PERF_SAMPLE_TID`), if sampled.
     tid_at: Option<usize>,
+    /// Offset of the time (`PERF_SAMPLE_TIME`), if sampled.
+    time_at: Option<usize>,
     /// Offset of the first user register value, if the sample has them.
     regs_at: Option<usize>,
 }
 
+/// Whose stack a sample copied, and when.
+#[derive(Debug, Clone, Copy)]
+struct Owner {
+    pid: u32,
+    tid: u32,
+    /// The stack pointer.
+    sp: u64,
+    time: u64,
+}
+
 impl StackField {
-    /// The sample's pid, tid and the `index`th user register value.
-    fn owner(&self, layout: &Layout, rec: &[u8], index: usize) -> Option<(u32, u32, u64)> {
+    /// The sample's pid, tid, time and the `index`th user register value.
+    fn owner(&self, layout: &Layout, rec: &[u8], index: usize) -> Option<Owner> {
         let read32 = |at: usize| Some(u32::from_ne_bytes(rec.get(at..at + 4)?.try_into().ok()?));
+        let read64 = |at: usize| Some(u64::from_ne_bytes(rec.get(at..at + 8)?.try_into().ok()?));
         let tid_at = self.tid_at?;
         if index >= layout.user_regs {
             return None;
         }
-        let reg_at = self.regs_at? + index * 8;
-        let reg = u64::from_ne_bytes(rec.get(reg_at..reg_at + 8)?.try_into().ok()?);
-        Some((read32(tid_at)?, read32(tid_at + 4)?, reg))
+        Some(Owner {
+            pid: read32(tid_at)?,
+            tid: read32(tid_at + 4)?,
+            sp: read64(self.regs_at? + index * 8)?,
+            time: read64(self.time_at?)?,
+        })
     }
 }
 
@@ -418,6 +438,8 @@ fn stack_field(layout: &Layout, rec: &[u8]) -> Option<StackField> {
     }
     let before_tid = fixed[..2].iter().filter(|&&b| t & b != 0).count() * 8;
     let tid_at = (t & sample::TID != 0).then_some(8 + before_tid);
+    let before_time = fixed[..3].iter().filter(|&&b| t & b != 0).count() * 8;
+    let time_at = (t & sample::TIME != 0).then_some(8 + before_time);
     let mut at = 8 + fixed.iter().filter(|&&b| t & b != 0).count() * 8;
     if t & sample::CALLCHAIN != 0 {
         let nr = usize::try_from(read(at)?).ok()?;
@@ -449,6 +471,7 @@ fn stack_field(layout: &Layout, rec: &[u8]) -> Option<StackField> {
         size,
         dyn_size,
         tid_at,
+        time_at,
         regs_at,
     })
 }
@@ -627,10 +650,13 @@ mod tests {
         // changed, whose, and where (the second register, bp sp ip).
         let mut keeper = Keeper::new(1);
         let mut delta = Chunk::default();
-        for _ in 0..2 {
-            delta.push_record(&layouts, &long, &pool, Some(&mut keeper));
+        let mut later = long.clone();
+        later[16..24].copy_from_slice(&501u64.to_ne_bytes());
+        for rec in [&long, &later] {
+            delta.push_record(&layouts, rec, &pool, Some(&mut keeper));
         }
-        assert_eq!(delta.bytes, [&pooled.bytes[..], &pooled.bytes[..]].concat());
+        assert_eq!(delta.bytes[..pooled.bytes.len()], pooled.bytes);
+        assert_eq!(delta.bytes.len(), 2 * pooled.bytes.len());
         let deltas: Vec<&StackDelta> = delta.stacks.iter().map(|d| match &d.stack {
             Detached::Delta(d) => d,
             Detached::Whole(_) => panic!("sent whole"),
@@ -641,6 +667,9 @@ mod tests {
         assert_eq!(delta.deltas.bytes, whole(&chunk.stacks[0]));
         assert!(deltas[1].changed.is_empty());
         assert_eq!(delta.len(), delta.bytes.len() + live);
+        // A copy not later than the thread's last one goes whole.
+        delta.push_record(&layouts, &long, &pool, Some(&mut keeper));
+        assert_eq!(whole(&delta.stacks[2]), whole(&chunk.stacks[0]));
         // Buffers too large for a stack copy are not kept.
         pool.give_stack(vec![0; (64 << 10) + 1]);
         assert!(pool.stack_copy(&[1, 2]).capacity() < 1024);
