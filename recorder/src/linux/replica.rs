@@ -12,7 +12,10 @@
 //! in the same order, so they hold the same bytes; and what the writer
 //! needs of the comparison (the runs equal to what was held, for the
 //! trace's delta encoding, and the changed words, for the scan for
-//! images) is found in the changed blocks alone.
+//! images) is found in the changed blocks alone. The sample then waits
+//! for time order with its blocks only, and its bytes are copied out of
+//! a second copy of the thread's bytes just before it is written
+//! ([`Followers`]).
 //!
 //! Before, each deep copy was copied whole from the ring into a buffer the
 //! writer thread then took, and compared whole again there: on a 40 KiB
