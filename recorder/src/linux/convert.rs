@@ -753,10 +753,11 @@ impl Converter {
         let taken = self.detached.take();
         // A stack put together from the blocks that changed is read where
         // it was put together, taken out of `replicas` meanwhile.
-        let held = match &taken {
-            Some(Taken::Replica { later, .. }) => self.replicas.take(later.pid(), later.tid()),
+        let owner = match &taken {
+            Some(Taken::Replica { later, .. }) => Some((later.pid(), later.tid())),
             _ => None,
         };
+        let held = owner.and_then(|(pid, tid)| self.replicas.take(pid, tid));
         let copy = match taken {
             Some(Taken::Whole(bytes)) => StackCopy::owned(bytes, Some(room)),
             Some(Taken::Replica { id, later }) => {
@@ -787,8 +788,8 @@ impl Converter {
         };
         let (sample, carried) =
             self.sample_with_stack(s.time, s.pid, s.tid, regs, copy, &s.callchain);
-        if let Some(held) = held {
-            self.replicas.restore(s.pid, s.tid, held);
+        if let (Some((pid, tid)), Some(held)) = (owner, held) {
+            self.replicas.restore(pid, tid, held);
         }
         let sample = Sample {
             cpu: s.cpu,
