@@ -918,7 +918,7 @@ impl Converter {
         let id = self.images.next_stack_id();
         let logged = self
             .replicas
-            .rebuild(&d, deltas, id, &mut self.rebuilt, |_| ())
+            .rebuild(&d, deltas, id, &mut self.rebuilt)
             .and_then(|()| self.followers.log(&d, deltas));
         match logged {
             Ok(later) => Some(Taken::Replica { id, later }),
@@ -1063,7 +1063,8 @@ impl Convert for Converter {
         };
         if let Some(later) = &carried.later {
             // The stack's bytes, copied now into the buffer the trace
-            // writer released last, which the cache still holds.
+            // writer released last (recently written, unlike a buffer
+            // filled when the sample was converted).
             match self.followers.bytes(later) {
                 Ok(bytes) => {
                     s.stack.bytes = match &self.chunks {

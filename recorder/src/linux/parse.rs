@@ -561,9 +561,10 @@ pub(crate) fn fuzz_records(data: &[u8]) {
         match &d.stack {
             Detached::Whole(b) => assert_eq!(b, bytes),
             Detached::Delta(x) => {
-                let again =
-                    replicas.rebuild(x, &delta.deltas, id as u64, &mut found, <[u8]>::to_vec);
-                assert_eq!(again.as_ref(), Ok(bytes));
+                let again = replicas.rebuild(x, &delta.deltas, id as u64, &mut found);
+                assert_eq!(again, Ok(()));
+                let held = replicas.view(x.pid, x.tid, x.sp, x.len as usize);
+                assert_eq!(held, Some(&bytes[..]));
                 // And a second time, as the samples are written.
                 let later = followers.log(x, &delta.deltas).expect("logged");
                 assert_eq!(followers.bytes(&later), Ok(&bytes[..]));

@@ -167,10 +167,11 @@ impl StackKeeper {
         out: &mut Deltas,
     ) -> Option<StackDelta> {
         let key = (pid, tid);
-        if self.held.get(&key).is_some_and(|k| time <= k.last_time) {
-            return None;
-        }
-        let forget_all = !self.held.contains_key(&key) && self.held.len() >= MAX_THREADS;
+        let known = match self.held.get(&key) {
+            Some(k) if time <= k.last_time => return None,
+            k => k.is_some(),
+        };
+        let forget_all = !known && self.held.len() >= MAX_THREADS;
         if forget_all {
             self.held.clear();
             self.generation = self.generation.wrapping_add(1);
@@ -267,17 +268,15 @@ pub(crate) struct Mismatch;
 
 impl Replicas {
     /// Put the copy `d` together again from the blocks in `deltas`, named
-    /// `id`: returns what `bytes` makes of the copy's bytes (the held
-    /// ones, to copy from); `found` gets what was found on the way
-    /// (emptied first).
-    pub fn rebuild<T>(
+    /// `id` (its bytes are then the thread's: [`view`](Self::view));
+    /// `found` gets what was found on the way (emptied first).
+    pub fn rebuild(
         &mut self,
         d: &StackDelta,
         deltas: &Deltas,
         id: u64,
         found: &mut Rebuilt,
-        bytes: impl FnOnce(&[u8]) -> T,
-    ) -> Result<T, Mismatch> {
+    ) -> Result<(), Mismatch> {
         let key = (d.pid, d.tid);
         if d.forget_all {
             self.held.clear();
@@ -287,17 +286,16 @@ impl Replicas {
             return Err(Mismatch);
         }
         let result = self.put_together(d, deltas, id, found);
-        match result {
-            Ok(()) => {
-                let held = self.held.get_mut(&key).ok_or(Mismatch)?;
-                Ok(bytes(held.bytes.at(d.sp, d.len as usize)))
-            }
-            Err(e) => {
-                self.held.remove(&key);
-                self.broken.insert(key);
-                Err(e)
-            }
+        if result.is_err() {
+            self.held.remove(&key);
+            self.broken.insert(key);
         }
+        result
+    }
+
+    /// The `len` bytes thread `tid` holds at `sp`, if held.
+    pub fn view(&self, pid: u32, tid: u32, sp: u64, len: usize) -> Option<&[u8]> {
+        self.held.get(&(pid, tid))?.bytes.view(sp, len)
     }
 
     /// Thread `tid`'s bytes, taken out (left empty) until
@@ -631,10 +629,9 @@ pub(crate) mod tests {
                 .delta(1, tid, sp, round + 1, copy, &mut deltas)
                 .unwrap();
             id += 1;
-            let got = replicas
-                .rebuild(&d, &deltas, id, &mut found, <[u8]>::to_vec)
-                .unwrap();
-            assert_eq!(got, copy, "round {round}");
+            replicas.rebuild(&d, &deltas, id, &mut found).unwrap();
+            let got = replicas.view(1, tid, sp, copy.len());
+            assert_eq!(got, Some(copy), "round {round}");
             // Against a plain comparison of the whole copy.
             let (held, last) = plain.entry(tid).or_default();
             let kept = held.cover(sp, copy.len() as u64);
@@ -692,16 +689,14 @@ pub(crate) mod tests {
             assert_eq!(d.forget_all, tid == MAX_THREADS as u32);
             assert_eq!(d.generation, u32::from(tid == MAX_THREADS as u32));
             replicas
-                .rebuild(&d, &deltas, u64::from(tid), &mut found, |_| ())
+                .rebuild(&d, &deltas, u64::from(tid), &mut found)
                 .unwrap();
         }
         assert_eq!((keeper.held.len(), replicas.held.len()), (1, 1));
         // Thread 0 was forgotten: sent whole, no base.
         let d = keeper.delta(1, 0, 0x1000, 2, &stack, &mut deltas).unwrap();
         assert_eq!(deltas.changed[d.changed.clone()], [(0, 256)]);
-        replicas
-            .rebuild(&d, &deltas, 999, &mut found, |_| ())
-            .unwrap();
+        replicas.rebuild(&d, &deltas, 999, &mut found).unwrap();
         assert_eq!(found.base, None);
     }
 
@@ -724,16 +719,13 @@ pub(crate) mod tests {
             changed: 0..2,
             bytes_at: 0,
         };
-        assert_eq!(
-            replicas.rebuild(&d, &deltas, 1, &mut found, |_| ()),
-            Err(Mismatch)
-        );
+        assert_eq!(replicas.rebuild(&d, &deltas, 1, &mut found), Err(Mismatch));
         let past = StackDelta {
             changed: 0..3,
             ..d.clone()
         };
         assert_eq!(
-            replicas.rebuild(&past, &deltas, 2, &mut found, |_| ()),
+            replicas.rebuild(&past, &deltas, 2, &mut found),
             Err(Mismatch)
         );
         let short = StackDelta {
@@ -742,7 +734,7 @@ pub(crate) mod tests {
             ..d
         };
         assert_eq!(
-            replicas.rebuild(&short, &deltas, 3, &mut found, |_| ()),
+            replicas.rebuild(&short, &deltas, 3, &mut found),
             Err(Mismatch)
         );
         // The thread's later copies are refused, until all are forgotten.
@@ -752,7 +744,7 @@ pub(crate) mod tests {
             ..short
         };
         assert_eq!(
-            replicas.rebuild(&fine, &deltas, 4, &mut found, |_| ()),
+            replicas.rebuild(&fine, &deltas, 4, &mut found),
             Err(Mismatch)
         );
         // Where no stack can be (the top of the address space): refused.
@@ -762,7 +754,7 @@ pub(crate) mod tests {
             ..fine.clone()
         };
         assert_eq!(
-            replicas.rebuild(&top, &deltas, 5, &mut found, |_| ()),
+            replicas.rebuild(&top, &deltas, 5, &mut found),
             Err(Mismatch)
         );
         let fresh = StackDelta {
@@ -771,10 +763,8 @@ pub(crate) mod tests {
         };
         let mut whole = vec![1; 64];
         whole.resize(128, 0);
-        assert_eq!(
-            replicas.rebuild(&fresh, &deltas, 5, &mut found, <[u8]>::to_vec),
-            Ok(whole)
-        );
+        assert_eq!(replicas.rebuild(&fresh, &deltas, 5, &mut found), Ok(()));
+        assert_eq!(replicas.view(1, 1, 0x1000, 128), Some(&whole[..]));
     }
 
     /// A copy not later than the thread's last one sent as a delta is
@@ -821,9 +811,7 @@ pub(crate) mod tests {
                     let d = keeper
                         .delta(1, tid, 0x1000, round + 1, &[1; 64], &mut deltas)
                         .unwrap();
-                    replicas
-                        .rebuild(&d, &deltas, 0, &mut found, |_| ())
-                        .unwrap();
+                    replicas.rebuild(&d, &deltas, 0, &mut found).unwrap();
                     let later = followers.log(&d, &deltas).unwrap();
                     followers.drop_later(&later);
                 }
@@ -845,9 +833,7 @@ pub(crate) mod tests {
             let d = keeper
                 .delta(1, tid, sp, round + 1, copy, &mut deltas)
                 .unwrap();
-            replicas
-                .rebuild(&d, &deltas, round, &mut found, |_| ())
-                .unwrap();
+            replicas.rebuild(&d, &deltas, round, &mut found).unwrap();
             let mut later = followers.log(&d, &deltas).unwrap();
             later.keep = (later.keep as u64 - next(later.keep as u64 / 2)) as u32;
             waiting[tid as usize].push_back((later, copy[..later.keep as usize].to_vec()));
@@ -874,9 +860,7 @@ pub(crate) mod tests {
             let d = keeper
                 .delta(1, 0, top - 4096, time, &copy, &mut deltas)
                 .unwrap();
-            replicas
-                .rebuild(&d, &deltas, time, &mut found, |_| ())
-                .unwrap();
+            replicas.rebuild(&d, &deltas, time, &mut found).unwrap();
             two.push((followers.log(&d, &deltas).unwrap(), copy));
         }
         assert_eq!(followers.bytes(&two[1].0), Ok(&two[1].1[..]));
