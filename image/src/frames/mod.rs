@@ -13,7 +13,7 @@ mod build;
 mod cache;
 
 pub use build::{frame_table_for_file, FrameRequest, FrameTableBuilt, MAX_DWARF_BYTES};
-pub use cache::FrameCache;
+pub use cache::{FrameCache, FrameSpans};
 
 use crate::resolve::FrameLine;
 use crate::ImageError;
