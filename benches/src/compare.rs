@@ -601,8 +601,14 @@ fn run_one(
                 _ => &o.rec,
             };
             let mut c = Command::new(rec);
-            // A frame cache of the benchmark's own, empty at its start.
-            c.env("LRNPROF_CACHE_DIR", o.work_dir.join("frame-cache"));
+            // A frame cache of the benchmark's own, empty at its start;
+            // the baseline's apart (a recorder removes the entries of
+            // other cache layouts).
+            let cache = match setup.profiler {
+                Profiler::LrnprofBaseline => "frame-cache-baseline",
+                _ => "frame-cache",
+            };
+            c.env("LRNPROF_CACHE_DIR", o.work_dir.join(cache));
             if setup.profiler == Profiler::LrnprofNoEmbed {
                 c.args(["--embed", "none"]);
             }

@@ -291,8 +291,13 @@ fn profiler_command(o: &SystemBenchOptions, setup: SystemSetup, out: &Path) -> O
             };
             let mut c = Command::new(rec);
             // Through the environment: a baseline built before the cache
-            // existed ignores it.
-            c.env("LRNPROF_CACHE_DIR", o.work_dir.join("frame-cache"));
+            // existed ignores it. The baseline's cache is its own: a
+            // recorder removes the entries of other cache layouts.
+            let cache = match setup {
+                SystemSetup::BaselineLrnprof => "frame-cache-baseline",
+                _ => "frame-cache",
+            };
+            c.env("LRNPROF_CACHE_DIR", o.work_dir.join(cache));
             c.args(["--all", "-F", &freq]);
             if setup == SystemSetup::LrnprofNoCache {
                 c.arg("--no-cache");
