@@ -86,11 +86,11 @@ pub use embed::{
 };
 pub use error::ImageError;
 pub use frames::{
-    frame_table_for_file, FrameCache, FrameRequest, FrameSpans, FrameTable, FrameTableBuilt,
-    FRAMES_TABLE, MAX_DWARF_BYTES,
+    frame_table_for_file, FrameCache, FrameRequest, FrameTable, FrameTableBuilt, FRAMES_TABLE,
+    MAX_DWARF_BYTES,
 };
 pub use layout::{Layout, LayoutSection, LayoutSegment, LAYOUT_SECTION};
-pub use resolve::{load_dwarf, project_inline, FrameLine, Resolver, Spans};
+pub use resolve::{load_dwarf, project_inline, FrameLine, Resolver};
 pub use sections::{
     canonical_section_name, section_role, EmbedLevel, SectionRole, DEBUG_SECTION_PREFIX,
     MACHO_HEADER_SECTION, MACHO_UNWIND_SECTIONS, SYMBOL_SECTIONS, UNWIND_SECTIONS,

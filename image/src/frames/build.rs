@@ -3,11 +3,11 @@
 //! same files (the image's symbol table merged with its separate debug
 //! file's, and the DWARF of whichever of the two has it).
 
-use super::cache::{FrameCache, FrameSpans, NameSource};
+use super::cache::{FrameCache, NameSource};
 use super::FrameTable;
 use crate::debug_file::debug_file_candidates;
 use crate::layout::Layout;
-use crate::resolve::{load_dwarf, FrameLine, Resolver, Spans};
+use crate::resolve::{load_dwarf, FrameLine, Resolver};
 use crate::sections::{canonical_section_name, DEBUG_SECTION_PREFIX};
 use crate::source::FileSource;
 use crate::symbols::{merge_symbols, symbols_of_object};
@@ -197,7 +197,7 @@ fn build_table(
         source,
     });
     let wanted = svmas(&Layout::of(&image), file_offsets);
-    let kept = cache.map_or_else(FrameSpans::default, |c| c.load(build_id, source));
+    let kept = cache.map_or_else(FrameTable::default, |c| c.load(build_id, source));
     let mut misses: Vec<u64> = wanted
         .iter()
         .copied()
@@ -211,8 +211,7 @@ fn build_table(
                 .map(<[FrameLine]>::to_vec)
                 .unwrap_or_default()
         });
-        let none = FrameSpans::default();
-        let built = finish(entries, left_out, debug_file, &kept, none, keeping, None);
+        let built = finish(entries, left_out, debug_file, &kept, None, keeping, None);
         return Ok(Some((built, 0)));
     }
     if own_dwarf && matches!(first, FileSource::Cached(_)) {
@@ -316,45 +315,16 @@ fn build_table(
         })
         .flatten();
     let resolver = Resolver::new(&symbols, dwarf);
-    // For the cache, each address not kept is resolved with every
-    // stretch of its function (see `Spans::function`), unless an address
-    // before it did that; without the cache, alone.
-    let mut spans = keeping.map(|_| Spans::new(&resolver));
-    let mut found: Vec<(u64, u64, Vec<FrameLine>)> = Vec::new();
-    let mut covered = 0..0;
-    for &svma in &misses {
-        if covered.contains(&svma) {
-            continue;
-        }
-        let Some(spans) = spans.as_mut() else {
-            found.push((svma, svma.saturating_add(1), resolver.lookup(svma, true)));
-            continue;
-        };
-        let stretches = spans.function(svma);
-        let whole = stretches.windows(2).all(|w| w[0].0.end == w[1].0.start);
-        covered = match (stretches.first(), stretches.last()) {
-            (Some(first), Some(last)) if whole => first.0.start..last.0.end,
-            _ => 0..0,
-        };
-        found.extend(
-            stretches
-                .into_iter()
-                .map(|(r, lines)| (r.start, r.end, lines)),
-        );
-    }
-    let found = FrameSpans::new(found);
-    let (entries, left_out) = assemble(&wanted, max_bytes, |svma| {
-        kept.get(svma)
-            .or_else(|| found.get(svma))
-            .map(<[FrameLine]>::to_vec)
-            .unwrap_or_default()
+    let (entries, left_out) = assemble(&wanted, max_bytes, |svma| match kept.get(svma) {
+        Some(lines) => lines.to_vec(),
+        None => resolver.lookup(svma, true),
     });
     let mut built = finish(
         entries,
         left_out,
         debug_file,
         &kept,
-        found,
+        Some(&misses),
         keeping,
         sections_error,
     );
@@ -392,15 +362,14 @@ struct Keeping<'a> {
     source: NameSource,
 }
 
-/// The built table of `entries`; the stretches `found` now (each with
-/// what its addresses resolve to) join what the cache keeps for the image
-/// (`kept`).
+/// The built table of `entries`; those that were `resolved` now (sorted;
+/// `None`: none) join what the cache keeps for the image (`kept`).
 fn finish(
     entries: Vec<(u64, Vec<FrameLine>)>,
     left_out: usize,
     debug_file: Option<PathBuf>,
-    kept: &FrameSpans,
-    found: FrameSpans,
+    kept: &FrameTable,
+    resolved: Option<&[u64]>,
     keeping: Option<Keeping<'_>>,
     mut cache_error: Option<String>,
 ) -> FrameTableBuilt {
@@ -409,17 +378,25 @@ fn finish(
         .filter(|(s, _)| kept.get(*s).is_some())
         .count();
     let table = FrameTable::new(entries);
-    if let Some(k) = keeping.filter(|_| !found.is_empty()) {
-        let both = kept.iter().chain(found.iter());
-        let merged = FrameSpans::new(both.map(|(s, e, l)| (s, e, l.to_vec())));
-        // An entry that would grow past its bound starts again from this
-        // recording's stretches.
-        let stored = match k.cache.store(k.id, k.source, &merged) {
-            Ok(false) => k.cache.store(k.id, k.source, &found),
-            other => other,
-        };
-        if let Err(e) = stored {
-            cache_error.get_or_insert_with(|| format!("{}: {e}", k.cache.dir().display()));
+    if let (Some(k), Some(resolved)) = (keeping, resolved) {
+        let is_new = |s: &u64| resolved.binary_search(s).is_ok();
+        let new: Vec<_> = table
+            .entries()
+            .iter()
+            .filter(|(s, _)| is_new(s))
+            .cloned()
+            .collect();
+        if !new.is_empty() {
+            let merged = FrameTable::new(kept.entries().iter().cloned().chain(new));
+            // An entry that would grow past its bound starts again from
+            // this recording's addresses.
+            let stored = match k.cache.store(k.id, k.source, &merged) {
+                Ok(false) => k.cache.store(k.id, k.source, &table),
+                other => other,
+            };
+            if let Err(e) = stored {
+                cache_error.get_or_insert_with(|| format!("{}: {e}", k.cache.dir().display()));
+            }
         }
     }
     FrameTableBuilt {
@@ -630,12 +607,6 @@ mod tests {
         let all = build_cached(&offsets, 1 << 20, &cache);
         assert_eq!(all.from_cache, 3);
         assert_eq!(all.bytes, afresh(&offsets).bytes);
-        // Addresses beside the kept ones, never asked for: from the
-        // stretches kept around them, named as when resolved afresh.
-        let beside: Vec<u64> = offsets.iter().map(|o| o + 1).collect();
-        let near = build_cached(&beside, 1 << 20, &cache);
-        assert_eq!(near.from_cache, 3);
-        assert_eq!(near.bytes, afresh(&beside).bytes);
         // A table's byte limit holds for kept addresses too.
         let none = build_cached(&offsets, 0, &cache);
         assert_eq!((none.addresses, none.left_out), (0, 3));
@@ -643,7 +614,6 @@ mod tests {
     }
 
     /// The path of the libc mapped in this process.
-    #[cfg(target_os = "linux")]
     fn libc_path() -> Option<String> {
         let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
         maps.lines()
@@ -652,69 +622,16 @@ mod tests {
             .map(str::to_string)
     }
 
-    /// The libc mapped in this process: its path, build id and bytes.
-    #[cfg(target_os = "linux")]
-    fn libc_file() -> (String, BuildId, Vec<u8>) {
-        let path = libc_path().expect("a libc mapped in this test process");
-        let id = crate::build_id_of_file(std::path::Path::new(&path)).expect("libc's build id");
-        let bytes = std::fs::read(&path).unwrap();
-        (path, id, bytes)
-    }
-
-    #[test]
-    #[cfg(target_os = "linux")]
-    fn libc_addresses_beside_kept_ones_are_named_as_afresh() {
-        // Kept stretches found with most of libc's units hidden name
-        // addresses never asked for as all of its DWARF does.
-        let (path, id, bytes) = libc_file();
-        let obj = object::File::parse(&bytes[..]).unwrap();
-        let layout = Layout::of(&obj);
-        let starts: Vec<u64> = obj
-            .dynamic_symbols()
-            .filter(|s| s.kind() == object::SymbolKind::Text && s.size() > 32)
-            .step_by(25)
-            .filter_map(|s| layout.file_offset_of_svma(s.address()))
-            .collect();
-        let at = |k: u64| {
-            let mut o: Vec<u64> = starts.iter().map(|s| s + k).collect();
-            o.sort_unstable();
-            o.dedup();
-            o
-        };
-        let root = std::env::temp_dir().join(format!("lrnprof-frames-libc-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&root);
-        let cache = FrameCache::new(&root);
-        let request = |offsets: &[u64], cache: Option<&FrameCache>| {
-            let request = FrameRequest {
-                file: File::open(&path).unwrap(),
-                path: &path,
-                build_id: &id,
-                file_offsets: offsets,
-                max_bytes: 4 << 20,
-                debug_roots: &[],
-                symbols_alone: true,
-                cache,
-            };
-            build_table(request, cache.is_some()).unwrap().unwrap().0
-        };
-        request(&at(4), Some(&cache));
-        let mut from_cache = 0;
-        for k in [1, 5, 9, 17, 31] {
-            let offsets = at(k);
-            let kept = request(&offsets, Some(&cache));
-            assert_eq!(kept.bytes, request(&offsets, None).bytes, "at +{k}");
-            from_cache += kept.from_cache;
-        }
-        assert!(from_cache > starts.len(), "{from_cache} from the cache");
-        std::fs::remove_dir_all(&root).unwrap();
-    }
-
     #[test]
     #[cfg(target_os = "linux")]
     fn reading_only_the_units_needed_gives_the_same_table() {
         // libc with its separate debug file (Debian's libc6-dbg): two
         // thousand units, of which a few hundred addresses need few.
-        let (path, id, bytes) = libc_file();
+        let Some(path) = libc_path() else {
+            panic!("no libc mapped in this test process");
+        };
+        let id = crate::build_id_of_file(std::path::Path::new(&path)).expect("libc's build id");
+        let bytes = std::fs::read(&path).unwrap();
         let obj = object::File::parse(&bytes[..]).unwrap();
         let layout = Layout::of(&obj);
         // Every 20th exported function, and an address inside each.

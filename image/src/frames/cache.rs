@@ -1,17 +1,12 @@
 //! A directory of frame tables kept between recordings: for each image
-//! (by build id) the addresses earlier recordings resolved, each with the
-//! stretch of addresses around it named alike ([`Spans`](crate::Spans)),
-//! and what they resolved to. An image's bytes never change under its
-//! build id, so an address in a stretch kept there needs neither the
-//! image's DWARF nor its symbol tables again; a recording whose addresses
-//! are all there skips inflating, parsing and looking up altogether.
-//! (Sampled instruction pointers move from run to run within the same
-//! lines and functions: kept as single addresses, a few of libc's and a
-//! hundred of python's were new in every recording.)
+//! (by build id) the addresses earlier recordings resolved and what they
+//! resolved to. An image's bytes never change under its build id, so an
+//! address found there needs neither the image's DWARF nor its symbol
+//! tables again; a recording whose addresses are all there skips
+//! inflating, parsing and looking up altogether.
 //!
-//! Entries are the stretches' first addresses as a frame table in the
-//! trace's own encoding ([`FrameTable::to_bytes`]) and their lengths
-//! ([`FrameSpans`]), one file per image and source of names
+//! Entries are frame tables in the trace's own encoding
+//! ([`FrameTable::to_bytes`]), one file per image and source of names
 //! (the image's own DWARF, a separate debug file, or symbols alone:
 //! installing a debug file later changes what an address resolves to).
 //! Where that DWARF is compressed (Debian's debug files are), the
@@ -24,11 +19,9 @@
 //! rewritten. Removing the directory at any time is safe.
 
 use super::FrameTable;
-use crate::resolve::FrameLine;
 use crate::source::{read_at_most, HeldBytes};
 use bincode::Options;
 use lrnprof_format::BuildId;
-use serde::{Deserialize, Serialize};
 use std::ffi::OsString;
 use std::fmt::Write as _;
 use std::io::{self, Write as _};
@@ -38,7 +31,7 @@ use std::path::{Path, PathBuf};
 /// demangling, how a debug file is picked), so that tables resolved
 /// before are not used. With the crate's version it names the directory
 /// entries live in.
-const LAYOUT: u32 = 2;
+const LAYOUT: u32 = 1;
 
 /// Most bytes of one entry. Past it an entry keeps only what the last
 /// recording resolved.
@@ -139,36 +132,36 @@ impl FrameCache {
         self.file_path(id, &format!("{}.dwarf", source.suffix()))
     }
 
-    /// The stretches kept for image `id` named from `source`: none when
-    /// there is no entry, or it cannot be read or parsed.
-    pub(crate) fn load(&self, id: &BuildId, source: NameSource) -> FrameSpans {
+    /// The table kept for image `id` named from `source`: empty when there
+    /// is none, or it cannot be read or parsed.
+    pub(crate) fn load(&self, id: &BuildId, source: NameSource) -> FrameTable {
         let Some(path) = self.entry_path(id, source) else {
-            return FrameSpans::default();
+            return FrameTable::default();
         };
         let Some(bytes) = std::fs::File::open(&path)
             .ok()
             .and_then(|f| read_at_most(&f, MAX_ENTRY_BYTES as u64))
         else {
-            return FrameSpans::default();
+            return FrameTable::default();
         };
-        let spans = FrameSpans::parse(&bytes).unwrap_or_default();
+        let table = FrameTable::parse(&bytes).unwrap_or_default();
         touch(&path);
-        spans
+        table
     }
 
-    /// Keep `spans` as image `id`'s entry named from `source`, replacing
+    /// Keep `table` as image `id`'s entry named from `source`, replacing
     /// the one there. Whether it was kept: not when larger than
     /// [`MAX_ENTRY_BYTES`] or `id` is too short to key an entry.
     pub(crate) fn store(
         &self,
         id: &BuildId,
         source: NameSource,
-        spans: &FrameSpans,
+        table: &FrameTable,
     ) -> io::Result<bool> {
         let Some(path) = self.entry_path(id, source) else {
             return Ok(false);
         };
-        let bytes = spans.to_bytes();
+        let bytes = table.to_bytes();
         if bytes.len() > MAX_ENTRY_BYTES {
             return Ok(false);
         }
@@ -318,100 +311,6 @@ impl KeptSections {
     }
 }
 
-/// A frame cache entry: stretches of an image's addresses, each with what
-/// every address in it resolves to; they do not overlap.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct FrameSpans {
-    /// The first address of each stretch and its levels.
-    starts: FrameTable,
-    /// The end (exclusive) of each stretch, in the order of `starts`.
-    ends: Vec<u64>,
-}
-
-/// How an entry is encoded: its stretches' starts as a frame table, and
-/// their lengths.
-#[derive(Serialize, Deserialize)]
-struct SpansWire {
-    starts: Vec<u8>,
-    lengths: Vec<u64>,
-}
-
-impl FrameSpans {
-    /// The stretches `spans` (`(start, end, levels)`, in any order); where
-    /// two overlap, the one starting first keeps the addresses they
-    /// share (any part of a stretch is named alike too).
-    pub fn new(spans: impl IntoIterator<Item = (u64, u64, Vec<FrameLine>)>) -> FrameSpans {
-        let mut spans: Vec<_> = spans.into_iter().filter(|s| s.0 < s.1).collect();
-        spans.sort_by_key(|s| (s.0, std::cmp::Reverse(s.1)));
-        let mut kept: Vec<(u64, u64, Vec<FrameLine>)> = Vec::with_capacity(spans.len());
-        for (start, end, lines) in spans {
-            let start = kept.last().map_or(start, |last| start.max(last.1));
-            if start < end {
-                kept.push((start, end, lines));
-            }
-        }
-        let ends = kept.iter().map(|s| s.1).collect();
-        FrameSpans {
-            starts: FrameTable::new(kept.into_iter().map(|(start, _, lines)| (start, lines))),
-            ends,
-        }
-    }
-
-    /// The levels of `svma`, if a stretch holds it.
-    pub fn get(&self, svma: u64) -> Option<&[FrameLine]> {
-        let entries = self.starts.entries();
-        let i = entries.partition_point(|e| e.0 <= svma).checked_sub(1)?;
-        (svma < self.ends[i]).then(|| &entries[i].1[..])
-    }
-
-    /// The stretches, by address.
-    pub fn iter(&self) -> impl Iterator<Item = (u64, u64, &[FrameLine])> {
-        self.starts
-            .entries()
-            .iter()
-            .zip(&self.ends)
-            .map(|((start, lines), &end)| (*start, end, &lines[..]))
-    }
-
-    /// Whether there are none.
-    pub fn is_empty(&self) -> bool {
-        self.ends.is_empty()
-    }
-
-    fn to_bytes(&self) -> Vec<u8> {
-        let lengths = self.iter().map(|(start, end, _)| end - start).collect();
-        let wire = SpansWire {
-            starts: self.starts.to_bytes(),
-            lengths,
-        };
-        header_options()
-            .serialize(&wire)
-            .expect("encoding to memory cannot fail")
-    }
-
-    /// Read a cache entry's bytes; `None` if they are not one, or
-    /// stretches overlap.
-    pub fn parse(bytes: &[u8]) -> Option<FrameSpans> {
-        let wire: SpansWire = header_options()
-            .with_limit(bytes.len() as u64)
-            .deserialize(bytes)
-            .ok()?;
-        let starts = FrameTable::parse(&wire.starts).ok()?;
-        if starts.len() != wire.lengths.len() {
-            return None;
-        }
-        let mut ends = Vec::with_capacity(wire.lengths.len());
-        for ((start, _), &len) in starts.entries().iter().zip(&wire.lengths) {
-            let end = start.checked_add(len).filter(|_| len > 0)?;
-            if ends.last().is_some_and(|&last| last > *start) {
-                return None;
-            }
-            ends.push(end);
-        }
-        Some(FrameSpans { starts, ends })
-    }
-}
-
 /// How the names and lengths of kept sections are encoded.
 fn header_options() -> impl Options {
     bincode::DefaultOptions::new()
@@ -466,6 +365,7 @@ fn touch(path: &Path) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::resolve::FrameLine;
 
     fn scratch(name: &str) -> PathBuf {
         let dir =
@@ -474,15 +374,14 @@ mod tests {
         dir
     }
 
-    /// A stretch of four addresses at each of `svmas`.
-    fn table(svmas: &[u64]) -> FrameSpans {
-        FrameSpans::new(svmas.iter().map(|&s| {
+    fn table(svmas: &[u64]) -> FrameTable {
+        FrameTable::new(svmas.iter().map(|&s| {
             let line = FrameLine {
                 function: format!("f{s}"),
                 file: Some("a.c".into()),
                 line: Some(s as u32),
             };
-            (s, s + 4, vec![line])
+            (s, vec![line])
         }))
     }
 
@@ -539,47 +438,6 @@ mod tests {
             assert_eq!(mode & 0o777, 0o700);
         }
         std::fs::remove_dir_all(&root).unwrap();
-    }
-
-    #[test]
-    fn stretches_hold_their_addresses_and_do_not_overlap() {
-        let line = |f: &str| {
-            vec![FrameLine {
-                function: f.into(),
-                file: None,
-                line: None,
-            }]
-        };
-        let spans = FrameSpans::new([
-            (0x100, 0x110, line("a")),
-            (0x108, 0x120, line("a")),
-            (0x200, 0x200, line("empty")),
-            (0x300, 0x301, line("b")),
-        ]);
-        let got: Vec<(u64, u64)> = spans.iter().map(|(s, e, _)| (s, e)).collect();
-        assert_eq!(got, [(0x100, 0x110), (0x110, 0x120), (0x300, 0x301)]);
-        assert_eq!(spans.get(0x100), Some(&line("a")[..]));
-        assert_eq!(spans.get(0x11f), Some(&line("a")[..]));
-        assert_eq!(spans.get(0x120), None);
-        assert_eq!(spans.get(0x200), None);
-        assert_eq!(spans.get(0x300), Some(&line("b")[..]));
-        assert_eq!(spans.get(0xff), None);
-        assert_eq!(FrameSpans::parse(&spans.to_bytes()), Some(spans.clone()));
-        // Overlapping or empty stretches, or lengths that do not match
-        // the starts, are not read.
-        let wire = |lengths: Vec<u64>| {
-            let starts = FrameTable::new([(0x100, line("a")), (0x104, line("a"))]);
-            let wire = SpansWire {
-                starts: starts.to_bytes(),
-                lengths,
-            };
-            header_options().serialize(&wire).unwrap()
-        };
-        assert!(FrameSpans::parse(&wire(vec![4, 4])).is_some());
-        assert!(FrameSpans::parse(&wire(vec![5, 4])).is_none());
-        assert!(FrameSpans::parse(&wire(vec![0, 4])).is_none());
-        assert!(FrameSpans::parse(&wire(vec![4])).is_none());
-        assert!(FrameSpans::parse(&wire(vec![4, u64::MAX])).is_none());
     }
 
     #[test]

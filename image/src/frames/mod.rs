@@ -13,7 +13,7 @@ mod build;
 mod cache;
 
 pub use build::{frame_table_for_file, FrameRequest, FrameTableBuilt, MAX_DWARF_BYTES};
-pub use cache::{FrameCache, FrameSpans};
+pub use cache::FrameCache;
 
 use crate::resolve::FrameLine;
 use crate::ImageError;

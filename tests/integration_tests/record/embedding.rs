@@ -410,9 +410,8 @@ fn frame_tables_are_kept_in_the_cache_between_recordings() {
     assert_eq!(String::from_utf8(offline).unwrap(), local);
     // The entry now holds what the first recording kept and every frame
     // of the second's table, as the trace has them.
-    let entry = |bytes: &[u8]| lrnprof_image::FrameSpans::parse(bytes).expect("an entry parses");
-    let (first, now) = (entry(&first), entry(&std::fs::read(&kept).unwrap()));
-    let parse = |bytes: &[u8]| lrnprof_image::FrameTable::parse(bytes).expect("a table parses");
+    let parse = |bytes: &[u8]| lrnprof_image::FrameTable::parse(bytes).expect("an entry parses");
+    let (first, now) = (parse(&first), parse(&std::fs::read(&kept).unwrap()));
     let (_, records) = load_complete(&second);
     let table = records
         .iter()
@@ -429,10 +428,8 @@ fn frame_tables_are_kept_in_the_cache_between_recordings() {
         })
         .expect("the second trace's frame table of the program");
     assert!(!table.is_empty());
-    let kept_before = first.iter().map(|(start, _, lines)| (start, lines));
-    let in_table = table.entries().iter().map(|(s, l)| (*s, &l[..]));
-    for (svma, lines) in kept_before.chain(in_table) {
-        assert_eq!(now.get(svma), Some(lines), "address {svma:#x}");
+    for (svma, lines) in first.entries().iter().chain(table.entries()) {
+        assert_eq!(now.get(*svma), Some(&lines[..]), "address {svma:#x}");
     }
     // A file where the cache directory should be: one warning, a whole trace.
     let blocked = dir.join("blocked");
