@@ -4,7 +4,7 @@
 
 use crate::error::BenchError;
 use crate::folded::parse_folded;
-use crate::measure::{command_line, measure, Measured};
+use crate::measure::{command_line, frame_cache_dir, measure, Measured};
 use crate::perf_text::{parse_perf_script, parse_perf_stats, StackCompleteness};
 use crate::workloads::{self, Workload};
 use lrnprof_format::{Record, TraceReader};
@@ -601,14 +601,8 @@ fn run_one(
                 _ => &o.rec,
             };
             let mut c = Command::new(rec);
-            // A frame cache of the benchmark's own, empty at its start;
-            // the baseline's apart (a recorder removes the entries of
-            // other cache layouts).
-            let cache = match setup.profiler {
-                Profiler::LrnprofBaseline => "frame-cache-baseline",
-                _ => "frame-cache",
-            };
-            c.env("LRNPROF_CACHE_DIR", o.work_dir.join(cache));
+            let baseline = setup.profiler == Profiler::LrnprofBaseline;
+            c.env("LRNPROF_CACHE_DIR", frame_cache_dir(&o.work_dir, baseline));
             if setup.profiler == Profiler::LrnprofNoEmbed {
                 c.args(["--embed", "none"]);
             }

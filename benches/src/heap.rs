@@ -9,7 +9,7 @@
 //! `wait4` counts too.
 
 use crate::error::BenchError;
-use crate::measure::{measure, Measured};
+use crate::measure::{frame_cache_dir, measure, Measured};
 use crate::stats::{median, paired_overheads};
 use lrnprof_format::{Record, SampleKind, TraceReader};
 use std::collections::BTreeMap;
@@ -250,10 +250,9 @@ fn run_one(
     });
     let rounds = rounds.to_string();
     let freq = o.freq.to_string();
-    let lrnprof_with = |rec: &Path, extra: &[&str]| {
+    let lrnprof_with = |rec: &Path, baseline: bool, extra: &[&str]| {
         let mut c = Command::new(rec);
-        // A frame cache of the benchmark's own, empty at its start.
-        c.env("LRNPROF_CACHE_DIR", o.work_dir.join("frame-cache"));
+        c.env("LRNPROF_CACHE_DIR", frame_cache_dir(&o.work_dir, baseline));
         c.args(extra)
             .args(["--freq", &freq, "--out"])
             .arg(&output)
@@ -262,7 +261,7 @@ fn run_one(
             .arg(&rounds);
         c
     };
-    let lrnprof = |extra: &[&str]| lrnprof_with(&o.rec, extra);
+    let lrnprof = |extra: &[&str]| lrnprof_with(&o.rec, false, extra);
     let mut cmd = match setup {
         HeapSetup::Alone => {
             let mut c = Command::new(program);
@@ -273,7 +272,8 @@ fn run_one(
         HeapSetup::LrnprofHeapOnly => lrnprof(&["--heap", "--no-cpu"]),
         HeapSetup::LrnprofCpuOnly => lrnprof(&[]),
         HeapSetup::BaselineHeap => {
-            lrnprof_with(o.baseline_rec.as_deref().unwrap_or(&o.rec), &["--heap"])
+            let rec = o.baseline_rec.as_deref().unwrap_or(&o.rec);
+            lrnprof_with(rec, true, &["--heap"])
         }
         HeapSetup::Heaptrack => {
             let mut c = Command::new(&o.heaptrack);

@@ -11,7 +11,7 @@
 use crate::error::BenchError;
 use std::fs::File;
 use std::os::unix::process::ExitStatusExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus};
 use std::time::{Duration, Instant};
 
@@ -166,6 +166,18 @@ mod sys {
             }
         }
     }
+}
+
+/// The frame cache (`LRNPROF_CACHE_DIR`) of a benchmark's `lrnprof-rec`
+/// under `work_dir`: the benchmark's own, empty at its start. A baseline
+/// recorder's is apart: a recorder removes the entries of other cache
+/// layouts, so two builds sharing one would leave each other cold.
+pub fn frame_cache_dir(work_dir: &Path, baseline: bool) -> PathBuf {
+    work_dir.join(if baseline {
+        "frame-cache-baseline"
+    } else {
+        "frame-cache"
+    })
 }
 
 #[cfg(test)]

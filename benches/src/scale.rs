@@ -9,7 +9,7 @@
 
 use crate::compare::gunzip;
 use crate::error::BenchError;
-use crate::measure::{measure, Measured};
+use crate::measure::{frame_cache_dir, measure, Measured};
 use crate::stats::{median, paired_ratios};
 use lrnprof_format::{Record, TraceReader};
 use std::ffi::OsString;
@@ -530,8 +530,7 @@ fn record(
 ) -> Result<(), BenchError> {
     let _ = writeln!(progress, "recording {} at {freq} Hz", trace.display());
     let mut c = Command::new(&o.rec);
-    // A frame cache of the benchmark's own, empty at its start.
-    c.env("LRNPROF_CACHE_DIR", o.work_dir.join("frame-cache"));
+    c.env("LRNPROF_CACHE_DIR", frame_cache_dir(&o.work_dir, false));
     c.args(["--freq", &freq.to_string(), "--out"])
         .arg(trace)
         .arg("--")

@@ -10,7 +10,7 @@
 
 use crate::cli::build_c_program;
 use crate::error::BenchError;
-use crate::measure::{measure, Measured};
+use crate::measure::{frame_cache_dir, measure, Measured};
 use crate::stats::median;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -160,9 +160,10 @@ pub fn run_syscalls(options: &SyscallBenchOptions) -> Result<SyscallComparison, 
             argv.push(exe.display().to_string());
             argv.push(calls.clone());
             let mut cmd = Command::new(&argv[0]);
-            // lrnprof-rec's frame cache: the benchmark's own, empty at its
-            // start.
-            cmd.env("LRNPROF_CACHE_DIR", options.work_dir.join("frame-cache"));
+            cmd.env(
+                "LRNPROF_CACHE_DIR",
+                frame_cache_dir(&options.work_dir, false),
+            );
             cmd.args(&argv[1..])
                 .stdin(Stdio::null())
                 .stdout(Stdio::null());

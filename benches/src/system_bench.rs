@@ -23,7 +23,7 @@
 use crate::cli::build_c_program;
 use crate::compare::{json_of, lrnprof_facts, output_of, perf_facts, TraceFacts};
 use crate::error::BenchError;
-use crate::measure::{command_line, measure, wait_measured, Measured};
+use crate::measure::{command_line, frame_cache_dir, measure, wait_measured, Measured};
 use crate::stats::{median, paired_overheads};
 use crate::workloads::{prepare, Workload};
 use lrnprof_format::{Record, TraceReader};
@@ -291,13 +291,9 @@ fn profiler_command(o: &SystemBenchOptions, setup: SystemSetup, out: &Path) -> O
             };
             let mut c = Command::new(rec);
             // Through the environment: a baseline built before the cache
-            // existed ignores it. The baseline's cache is its own: a
-            // recorder removes the entries of other cache layouts.
-            let cache = match setup {
-                SystemSetup::BaselineLrnprof => "frame-cache-baseline",
-                _ => "frame-cache",
-            };
-            c.env("LRNPROF_CACHE_DIR", o.work_dir.join(cache));
+            // existed ignores it.
+            let baseline = setup == SystemSetup::BaselineLrnprof;
+            c.env("LRNPROF_CACHE_DIR", frame_cache_dir(&o.work_dir, baseline));
             c.args(["--all", "-F", &freq]);
             if setup == SystemSetup::LrnprofNoCache {
                 c.arg("--no-cache");
