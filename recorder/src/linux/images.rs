@@ -455,7 +455,15 @@ impl Images {
             Some(std::path::PathBuf::from(path)),
             Some(mapping),
         ];
-        candidates.into_iter().flatten().find(|p| p.exists())
+        candidates
+            .into_iter()
+            .flatten()
+            .find(|p| p.exists())
+            .or_else(|| {
+                // The main thread has ended: its root and mappings are gone.
+                let tid = procfs::other_live_thread(true, pid)?;
+                self.host_path(tid, start, end, path)
+            })
     }
 
     fn file_build_id(&mut self, pid: u32, start: u64, end: u64, path: &str) -> Option<BuildId> {
@@ -495,7 +503,12 @@ impl Images {
         if len > 1 << 20 {
             return None;
         }
-        let bytes = sys::read_process_memory(pid, start, len).ok()?;
+        let bytes = sys::read_process_memory(pid, start, len)
+            .or_else(|e| match procfs::other_live_thread(true, pid) {
+                Some(tid) => sys::read_process_memory(tid, start, len),
+                None => Err(e),
+            })
+            .ok()?;
         let id = build_id_of_bytes(&bytes)?;
         self.seen.entry(id.clone()).or_insert(SeenImage {
             file: None,

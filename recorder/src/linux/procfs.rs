@@ -126,11 +126,37 @@ pub(crate) fn root_path(pid: u32, path: &str) -> PathBuf {
     PathBuf::from(format!("/proc/{pid}/root{path}"))
 }
 
-/// Read `/proc/PID/maps`.
+/// Read `/proc/PID/maps` (through a thread still running once the main
+/// one has ended, see [`other_live_thread`]).
 pub(crate) fn read_maps(pid: u32) -> std::io::Result<Vec<MapsEntry>> {
-    Ok(parse_maps(&std::fs::read_to_string(format!(
-        "/proc/{pid}/maps"
-    ))?))
+    let read = |id: u32| std::fs::read_to_string(format!("/proc/{id}/maps"));
+    let text = read(pid)?;
+    // Every running process has mappings; kernel threads have none.
+    match other_live_thread(text.is_empty(), pid) {
+        Some(tid) => Ok(parse_maps(&read(tid).unwrap_or(text))),
+        None => Ok(parse_maps(&text)),
+    }
+}
+
+/// A thread of process `pid` other than the main one that has not ended,
+/// if the main one has (`pthread_exit`) while others run, and only if
+/// `suspect` (a read of the process's files gave nothing). The process's
+/// own files under `/proc/PID` (`maps`, `cmdline`, `exe`, `root`, `mem`)
+/// are then empty or gone, but `/proc/TID` of a running thread serves
+/// them.
+pub(crate) fn other_live_thread(suspect: bool, pid: u32) -> Option<u32> {
+    if !suspect {
+        return None;
+    }
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    if parse_stat_state(&stat) != Some('Z') || stat_says_exited(&stat) {
+        return None;
+    }
+    list_tasks(pid).ok()?.into_iter().find(|&tid| {
+        tid != pid
+            && std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/stat"))
+                .is_ok_and(|s| !matches!(parse_stat_state(&s), Some('Z' | 'X') | None))
+    })
 }
 
 /// The thread ids of process `pid`, sorted.
@@ -150,16 +176,26 @@ pub(crate) fn thread_name(pid: u32, tid: u32) -> Option<String> {
 
 /// A process's argv, empty if unknown.
 pub(crate) fn command_line(pid: u32) -> Vec<String> {
-    std::fs::read(format!("/proc/{pid}/cmdline"))
-        .map(|b| parse_cmdline(&b))
-        .unwrap_or_default()
+    let read = |id: u32| {
+        std::fs::read(format!("/proc/{id}/cmdline"))
+            .map(|b| parse_cmdline(&b))
+            .unwrap_or_default()
+    };
+    let argv = read(pid);
+    match other_live_thread(argv.is_empty(), pid) {
+        Some(tid) => read(tid),
+        None => argv,
+    }
 }
 
 /// A process's executable path, if readable.
 pub(crate) fn executable(pid: u32) -> Option<String> {
-    std::fs::read_link(format!("/proc/{pid}/exe"))
-        .ok()
-        .map(|p| p.to_string_lossy().into_owned())
+    let read = |id: u32| {
+        std::fs::read_link(format!("/proc/{id}/exe"))
+            .ok()
+            .map(|p| p.to_string_lossy().into_owned())
+    };
+    read(pid).or_else(|| read(other_live_thread(true, pid)?))
 }
 
 /// A process's parent pid, if known.
@@ -174,12 +210,32 @@ pub(crate) fn owner_uid(pid: u32) -> Option<u32> {
     parse_status_field(&s, "Uid")?.parse().ok()
 }
 
-/// Whether the process is gone or a zombie (it will not run again).
+/// Whether the process will not run again: gone, dead, or a zombie with
+/// no thread left (see [`stat_says_exited`]).
 pub(crate) fn has_exited(pid: u32) -> bool {
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(s) => matches!(parse_stat_state(&s), Some('Z' | 'X') | None),
+        Ok(s) => stat_says_exited(&s),
         Err(_) => true,
     }
+}
+
+/// Whether a `/proc/PID/stat` text is that of a process that will not run
+/// again. A process whose main thread ended (`pthread_exit`) while others
+/// run shows as a zombie too, but with more than one thread (field 20,
+/// `num_threads`, counts the zombie leader).
+pub(crate) fn stat_says_exited(text: &str) -> bool {
+    match parse_stat_state(text) {
+        Some('X') | None => true,
+        Some('Z') => parse_stat_num_threads(text).is_none_or(|n| n <= 1),
+        Some(_) => false,
+    }
+}
+
+/// Field 20 (`num_threads`) of a `/proc/PID/stat` text.
+fn parse_stat_num_threads(text: &str) -> Option<u64> {
+    let after = &text[text.rfind(')')? + 1..];
+    // The state is field 3, the first after the name.
+    after.split_whitespace().nth(20 - 3)?.parse().ok()
 }
 
 /// Every process's pid, ascending (`/proc/[0-9]*`).
@@ -286,6 +342,22 @@ garbage line
         assert_eq!(parse_stat_state("42 (a) b) c) Z 1 2"), Some('Z'));
         assert_eq!(parse_stat_state("42 (sleep) S 1"), Some('S'));
         assert_eq!(parse_stat_state("nonsense"), None);
+    }
+
+    #[test]
+    fn a_zombie_leader_with_threads_left_has_not_exited() {
+        // Fields 3 to 20: state, ppid, pgrp, session, tty_nr, tpgid, flags,
+        // minflt, cminflt, majflt, cmajflt, utime, stime, cutime, cstime,
+        // priority, nice, num_threads.
+        let stat = |state: char, threads: u32| {
+            format!("42 (a (b) c) {state} 1 42 42 0 -1 4194560 90 0 0 0 7 3 0 0 20 0 {threads} 0 9")
+        };
+        assert!(!stat_says_exited(&stat('Z', 2)));
+        assert!(stat_says_exited(&stat('Z', 1)));
+        assert!(stat_says_exited(&stat('X', 1)));
+        assert!(!stat_says_exited(&stat('R', 1)));
+        assert!(stat_says_exited("42 (a) Z 1 2"));
+        assert!(stat_says_exited("nonsense"));
     }
 
     #[test]

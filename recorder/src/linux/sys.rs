@@ -437,6 +437,18 @@ pub(crate) fn eventfd() -> Result<OwnedFd, RecordError> {
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
+/// A descriptor of process `pid` that polls readable once every thread of
+/// it has ended (Linux 5.3 and later).
+pub(crate) fn pidfd_open(pid: u32) -> io::Result<OwnedFd> {
+    // Safety: pidfd_open takes no pointers.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // Safety: pidfd_open returned a new descriptor that we now own.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+}
+
 /// Make an [`eventfd`] readable. Never blocks (the counter cannot
 /// overflow from one increment per request).
 pub(crate) fn eventfd_add(fd: &OwnedFd) {

@@ -134,6 +134,93 @@ fn attach_by_pid_records_existing_threads_and_images() {
     remove_scratch_dir(&dir);
 }
 
+/// Whether process `pid`'s main thread has ended and its two workers
+/// named themselves.
+fn main_ended_workers_named(pid: u32) -> bool {
+    let state = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| s[s.rfind(')')? + 1..].trim_start().chars().next());
+    let names: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/task"))
+        .map(|d| {
+            d.filter_map(|e| std::fs::read_to_string(e.ok()?.path().join("comm")).ok())
+                .collect()
+        })
+        .unwrap_or_default();
+    state == Some('Z') && names.iter().filter(|n| n.starts_with("worker-")).count() == 2
+}
+
+#[test]
+fn attach_after_the_main_thread_ended_records_until_the_last_thread_ends() {
+    require_perf!();
+    let dir = scratch_dir("rec-attach-main-ended");
+    let exe = build_threads(&dir);
+    // Each worker runs 1.5 s of CPU time, then the process exits.
+    let mut child = Command::new(&exe)
+        .arg("1500")
+        .env("REC_CPU_TIME", "1")
+        .env("REC_MAIN_EXITS", "1")
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    wait_until("the main thread ending, the workers named", || {
+        main_ended_workers_named(pid)
+    });
+    let out = dir.join("t.lpt");
+    // No duration: the recording ends with the process, which stays a
+    // zombie (not reaped) until the recorder has returned.
+    let result = rec(&[
+        os("--pid"),
+        os(&pid.to_string()),
+        os("--out"),
+        out.as_os_str(),
+    ]);
+    let status = child.wait().unwrap();
+    assert_success(&result);
+    assert!(status.success(), "{status:?}");
+    let stderr = String::from_utf8_lossy(&result.stderr);
+    assert!(stderr.contains("(target exited)"), "{stderr}");
+    let (_, records) = load_complete(&out);
+    assert_time_ordered(&records);
+    assert_samples_plausible(&records);
+    // What the main thread's /proc entries no longer show was read through
+    // a worker's.
+    let command = records.iter().find_map(|r| match r {
+        Record::Process(p) if p.pid == Pid(pid) => Some(p.command.clone()),
+        _ => None,
+    });
+    assert_eq!(
+        command,
+        Some(vec![exe.to_string_lossy().into_owned(), "1500".to_string()])
+    );
+    let exe_map = images(&records)
+        .into_iter()
+        .find(|m| Path::new(&m.path) == exe)
+        .expect("the fixture's image, from a worker's maps");
+    assert_eq!(exe_map.build_id.as_ref().unwrap().0, build_id(&exe));
+    let all = samples(&records);
+    assert!(all.len() >= 10, "only {} samples", all.len());
+    assert!(all.iter().all(|s| s.pid == Pid(pid) && s.tid.0 != pid));
+    // The workers' stack copies reach back to where they started.
+    let worker_main = symbol_avma(&records, Pid(pid), &exe, "worker_main");
+    let leaf = symbol_avma(&records, Pid(pid), &exe, "leaf_work");
+    let in_leaf: Vec<&&Sample> = all.iter().filter(|s| leaf.contains(&s.regs.ip())).collect();
+    assert!(
+        in_leaf.len() >= 10,
+        "only {} samples in the leaf",
+        in_leaf.len()
+    );
+    let reaching = in_leaf
+        .iter()
+        .filter(|s| stack_holds_address_in(s, &worker_main))
+        .count();
+    assert!(
+        reaching as f64 >= 0.99 * in_leaf.len() as f64,
+        "{reaching} of {} leaf samples reach worker_main",
+        in_leaf.len()
+    );
+    remove_scratch_dir(&dir);
+}
+
 #[test]
 fn dlopened_library_appears_mid_run() {
     require_perf!();
