@@ -110,6 +110,13 @@ pub(crate) fn record(
         if !std::path::Path::new(&format!("/proc/{pid}")).exists() || procfs::has_exited(pid) {
             return Err(RecordError::NoSuchProcess { pid });
         }
+        if !(options.kernel && options.cpu) && procfs::is_kernel_thread(pid) {
+            let name = procfs::thread_name(pid, pid).unwrap_or_default();
+            return Err(RecordError::InvalidOption(format!(
+                "pid {pid} ({name}) is a kernel thread, which runs no user code: add --kernel \
+                 to sample its kernel stacks"
+            )));
+        }
     }
     // Before anything starts: a missing tracefs is reported alone.
     let mut plan = plan_events(options)?;

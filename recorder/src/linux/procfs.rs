@@ -226,16 +226,34 @@ pub(crate) fn has_exited(pid: u32) -> bool {
 pub(crate) fn stat_says_exited(text: &str) -> bool {
     match parse_stat_state(text) {
         Some('X') | None => true,
-        Some('Z') => parse_stat_num_threads(text).is_none_or(|n| n <= 1),
+        Some('Z') => parse_stat_field(text, 20).is_none_or(|threads| threads <= 1),
         Some(_) => false,
     }
 }
 
-/// Field 20 (`num_threads`) of a `/proc/PID/stat` text.
-fn parse_stat_num_threads(text: &str) -> Option<u64> {
+/// Numeric field `n` (counted from 1, as in proc(5): 9 `flags`, 20
+/// `num_threads`) of a `/proc/PID/stat` text.
+fn parse_stat_field(text: &str, n: usize) -> Option<u64> {
     let after = &text[text.rfind(')')? + 1..];
     // The state is field 3, the first after the name.
-    after.split_whitespace().nth(20 - 3)?.parse().ok()
+    after
+        .split_whitespace()
+        .nth(n.checked_sub(3)?)?
+        .parse()
+        .ok()
+}
+
+/// Whether a `/proc/PID/stat` text is that of a kernel thread
+/// (`PF_KTHREAD` in its flags): it runs no user code.
+pub(crate) fn stat_says_kernel_thread(text: &str) -> bool {
+    const PF_KTHREAD: u64 = 0x0020_0000;
+    parse_stat_field(text, 9).is_some_and(|flags| flags & PF_KTHREAD != 0)
+}
+
+/// Whether process `pid` is a kernel thread (see
+/// [`stat_says_kernel_thread`]); `false` if unknown.
+pub(crate) fn is_kernel_thread(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| stat_says_kernel_thread(&s))
 }
 
 /// Every process's pid, ascending (`/proc/[0-9]*`).
@@ -358,6 +376,15 @@ garbage line
         assert!(!stat_says_exited(&stat('R', 1)));
         assert!(stat_says_exited("42 (a) Z 1 2"));
         assert!(stat_says_exited("nonsense"));
+    }
+
+    #[test]
+    fn kernel_threads_by_their_flags() {
+        let kthreadd = "2 (kthreadd) S 0 0 0 0 -1 2129984 0 0 0 0 0 1 0 0 20 0 1 0 9";
+        let bash = "9827 (bash) S 1 9827 9827 0 -1 4194560 90 0 0 0 7 3 0 0 20 0 1 0 9";
+        assert!(stat_says_kernel_thread(kthreadd));
+        assert!(!stat_says_kernel_thread(bash));
+        assert!(!stat_says_kernel_thread("2 (x) S"));
     }
 
     #[test]

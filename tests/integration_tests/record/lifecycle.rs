@@ -125,6 +125,24 @@ fn startup_errors_are_one_line_and_leave_no_file() {
 }
 
 #[test]
+#[cfg_attr(not(target_os = "linux"), ignore = "kernel threads are Linux's")]
+fn attaching_to_a_kernel_thread_asks_for_kernel() {
+    // Pid 2 is kthreadd, the parent of every kernel thread, unless this
+    // runs in a PID namespace, where no kernel thread is visible.
+    if std::fs::read_to_string("/proc/2/comm").ok().as_deref() != Some("kthreadd\n") {
+        skip!("pid 2 is not kthreadd here (a PID namespace?)");
+    }
+    let dir = scratch_dir("rec-kthread");
+    let out = dir.join("t.lpt");
+    assert_fails_cleanly(
+        &[os("--pid"), os("2"), os("--out"), out.as_os_str()],
+        &out,
+        "pid 2 (kthreadd) is a kernel thread, which runs no user code: add --kernel",
+    );
+    remove_scratch_dir(&dir);
+}
+
+#[test]
 fn another_users_process_is_refused_with_advice() {
     // Needs root to run the recorder as an unprivileged user.
     if !cfg!(target_os = "linux") || !is_root() || !has_program("runuser") {
