@@ -10,6 +10,7 @@ use super::attr::Role;
 use super::execwatch::ExecWatch;
 use super::heap::{HeapEvent, HeapStats};
 use super::images::Images;
+use super::pace::Pace;
 use super::parse::{self, Layouts, Mmap2Record, PerfRecord, SampleRecord};
 use super::procfs::{self, MapsEntry};
 use super::regs::ArchRegs;
@@ -216,6 +217,8 @@ pub(crate) struct Converter {
     /// Command lines read the moment processes exec'd, when the kernel
     /// tells (see `execwatch`).
     execs: Option<ExecWatch>,
+    /// Short waits between drains when something may be cut short.
+    pace: Pace,
     /// Where converted chunks go back to the draining thread.
     chunks: Option<ChunkPool>,
     /// The stack copy taken out of the record at hand.
@@ -341,6 +344,7 @@ impl Converter {
             untouched: UntouchedPages::new(page_size),
             system: None,
             execs: None,
+            pace: Pace::default(),
             chunks: None,
             detached: None,
             replicas: Replicas::default(),
@@ -383,6 +387,13 @@ impl Converter {
     /// programs).
     pub fn with_exec_watch(mut self, watch: ExecWatch) -> Converter {
         self.execs = Some(watch);
+        self
+    }
+
+    /// Ask the draining thread through `pace` for short waits after a
+    /// thread starts or a copy is cut short.
+    pub fn with_pace(mut self, pace: Pace) -> Converter {
+        self.pace = pace;
         self
     }
 
@@ -473,6 +484,9 @@ impl Converter {
     }
 
     fn thread(&mut self, t: u64, pid: u32, tid: u32, event: ThreadEvent, name: Option<String>) {
+        if matches!(event, ThreadEvent::Existing | ThreadEvent::Start) {
+            self.pace.hurry(t);
+        }
         if let Some(n) = &name {
             self.names.insert(tid, n.clone());
         }
@@ -848,6 +862,7 @@ impl Converter {
             if let Some(missing) = missing {
                 flags = SampleFlags::STACK_CUT_SHORT;
                 self.untouched.cut_short(pid, tid, time, missing);
+                self.pace.hurry(time);
             }
         }
         self.pids_seen.insert(pid);

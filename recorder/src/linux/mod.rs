@@ -18,6 +18,7 @@ mod images;
 mod kernel;
 mod launch;
 mod layouts;
+mod pace;
 mod parse;
 mod procfs;
 mod regs;
@@ -71,14 +72,9 @@ const MAX_RING_PAGES: usize = 4096;
 const CHANNEL_CAPACITY: usize = 32;
 /// Bytes of records per message at most (one record may exceed it).
 const MAX_CHUNK: usize = 1 << 20;
-/// Longest wait between drains. Short, because a stack copy cut short at
-/// a page its thread never touched is completed only once the writer sees
-/// it (see `untouched`): until then every sample of that thread is cut
-/// short too. 20 ms keeps that under 2% of a 1 kHz thread's first second.
-const POLL_INTERVAL: Duration = Duration::from_millis(20);
 /// Longest wait between drains with allocation sampling: its ring is
 /// polled, not waited on, and a full ring makes allocating threads wait.
-/// Not shorter than [`POLL_INTERVAL`]: every drain wakes the recorder's
+/// Not shorter than [`pace::SHORT`]: every drain wakes the recorder's
 /// threads, which on a busy machine run on the program's core and evict
 /// its caches (at 10 ms benches' alloc_heavy was preempted 15-20% more
 /// often, docs/benchmarks.md). The 2 MiB ring holds about 50 ms of that
@@ -325,6 +321,10 @@ pub(crate) fn record(
         converter = converter.with_heap(explained);
     }
     converter = converter.with_frame_cache(options.cache_dir.as_deref().map(FrameCache::new));
+    let pace = pace::Pace::waking(Arc::clone(&wake));
+    // Short waits from the start: the writer sees the threads only later.
+    pace.hurry(sys::monotonic_ns());
+    converter = converter.with_pace(pace.clone());
     if system || settings.kernel {
         converter = converter.with_system(SystemWide::new(std::process::id(), settings.kernel));
     }
@@ -362,6 +362,7 @@ pub(crate) fn record(
         reporter,
         counter: counter.as_mut(),
         urgency: &mut urgency,
+        pace: &pace,
     };
     let outcome = sent.and_then(|()| {
         sample_loop(
@@ -694,16 +695,24 @@ struct Outlet<'a> {
     keeper: &'a RefCell<ring::Keeper>,
 }
 
+/// What a drain found.
+struct Drained {
+    /// A ring was more full than it should be between drains (see
+    /// `urgency`).
+    behind: bool,
+    /// How full the fullest kernel ring was, 0 to 1.
+    fullest: f64,
+}
+
 /// Drain every ring buffer once, and the allocation sampler's ring;
-/// `last`: the recording is over. Returns whether a ring was more full
-/// than it should be between drains (see `urgency`).
+/// `last`: the recording is over.
 fn drain_all(
     events: &mut Events,
     layouts: &Layouts,
     outlet: &Outlet<'_>,
     heap: Option<&mut HeapSession>,
     last: bool,
-) -> Result<bool, RecordError> {
+) -> Result<Drained, RecordError> {
     let Outlet {
         sender,
         pool,
@@ -712,6 +721,7 @@ fn drain_all(
     let mut keeper = keeper.borrow_mut();
     let round = sys::monotonic_ns();
     let mut behind = false;
+    let mut fullest: f64 = 0.0;
     // Records are compacted straight from the ring into chunks of about
     // MAX_CHUNK bytes: each live byte is copied once here.
     let mut wrapped = Vec::new();
@@ -722,6 +732,7 @@ fn drain_all(
         // than enough), or one chunk.
         let pending = ring.pending();
         behind |= urgency::behind(pending, ring.data_size(), urgency::KERNEL_RING_FRACTION);
+        fullest = fullest.max(pending as f64 / ring.data_size().max(1) as f64);
         let room = pending.min(MAX_CHUNK);
         ring.drain_records(&mut wrapped, |rec| {
             if chunk.bytes.capacity() == 0 {
@@ -760,7 +771,7 @@ fn drain_all(
     if let Some(round) = round {
         sender.send(RawMsg::Round(round))?;
     }
-    Ok(behind)
+    Ok(Drained { behind, fullest })
 }
 
 /// Read what the syscall counting programs counted and send it to the
@@ -798,6 +809,8 @@ struct Control<'a> {
     counter: Option<&'a mut SyscallCounter>,
     /// The recorder's threads' priority, raised while the rings fill.
     urgency: &'a mut Urgency,
+    /// How long to wait between drains.
+    pace: &'a pace::Pace,
 }
 
 /// Drain until a stop condition; returns why and how a launched child ended.
@@ -818,10 +831,7 @@ impl TargetEnd {
         if self.index.is_some() {
             return self.ended;
         }
-        if self
-            .checked_at
-            .is_some_and(|at| at.elapsed() < POLL_INTERVAL)
-        {
+        if self.checked_at.is_some_and(|at| at.elapsed() < pace::SHORT) {
             return false;
         }
         self.checked_at = Some(std::time::Instant::now());
@@ -840,17 +850,13 @@ fn sample_loop(
 ) -> Result<(StopReason, Option<TargetExit>), RecordError> {
     let mut tallied_at = std::time::Instant::now();
     let sender = outlet.sender;
-    let poll_interval = if heap.is_some() {
-        HEAP_POLL_INTERVAL
-    } else {
-        POLL_INTERVAL
-    };
     let mut fds: Vec<i32> = events.ring_fds().map(|fd| fd.as_raw_fd()).collect();
+    let ring_count = fds.len();
     let wake_index = fds.len();
     fds.push(control.wake.as_raw_fd());
     // An attached process's end: polled with the rings where the kernel
     // offers it, so that no round has to read `/proc` (about 8 µs for a
-    // busy process); else `/proc` once per poll interval.
+    // busy process); else `/proc` once per short interval.
     let mut target = pid.filter(|_| child.is_none()).map(|pid| {
         let fd = sys::pidfd_open(pid).ok();
         if let Some(fd) = &fd {
@@ -864,9 +870,19 @@ fn sample_loop(
             checked_at: None,
         }
     });
+    // A launched command's end wakes the loop too (it is reaped below).
+    let child_fd = child.and_then(|child| sys::pidfd_open(child).ok());
+    if let Some(fd) = &child_fd {
+        fds.push(fd.as_raw_fd());
+    }
+    // The longest wait asked for before the last drain.
+    let mut waited = pace::SHORT;
+    let mut drained_at = std::time::Instant::now();
     loop {
-        let behind = drain_all(events, layouts, &outlet, heap.as_deref_mut(), false)?;
-        control.urgency.drained(behind);
+        let drained = drain_all(events, layouts, &outlet, heap.as_deref_mut(), false)?;
+        control.urgency.drained(drained.behind, waited);
+        let since = drained_at.elapsed();
+        drained_at = std::time::Instant::now();
         if let Some(c) = control.counter.as_deref_mut() {
             if tallied_at.elapsed() >= TALLY_INTERVAL {
                 tallied_at = std::time::Instant::now();
@@ -917,6 +933,17 @@ fn sample_loop(
         if control.deadline.passed() {
             return Ok((StopReason::Duration, None));
         }
+        let poll_interval = if heap.is_some() {
+            HEAP_POLL_INTERVAL
+        } else if child.is_some() && child_fd.is_none() {
+            // Only a round notices that the command exited.
+            pace::SHORT
+        } else {
+            control
+                .pace
+                .interval(sys::monotonic_ns(), drained.fullest, since)
+        };
+        waited = poll_interval;
         let timeout = control
             .ticker
             .timeout(control.deadline.timeout(poll_interval));
@@ -933,10 +960,7 @@ fn sample_loop(
         if let Some(t) = target.as_mut() {
             t.ended |= ready.iter().any(|&(i, _)| Some(i) == target_index);
         }
-        let mut rings = ready
-            .iter()
-            .filter(|&&(i, _)| i != wake_index && Some(i) != target_index)
-            .peekable();
+        let mut rings = ready.iter().filter(|&&(i, _)| i < ring_count).peekable();
         if !woken && rings.peek().is_some() && rings.all(|&(_, hup)| hup) {
             // Hung up (the thread owning the buffer exited): poll would
             // return at once from now on, so pace the loop.
@@ -971,7 +995,7 @@ mod tests {
         assert!(!running.has_ended());
         running.pid = pid;
         assert!(!running.has_ended(), "read /proc again within the interval");
-        running.checked_at = Some(std::time::Instant::now() - POLL_INTERVAL);
+        running.checked_at = Some(std::time::Instant::now() - pace::SHORT);
         assert!(running.has_ended());
         // With a pidfd, only what poll said counts.
         let mut polled = TargetEnd {

@@ -25,8 +25,9 @@
 //!   purpose (it stays in the caches) and holds about 50 ms of the
 //!   busiest allocator measured: a drain finds up to 40% of it, and a
 //!   full one makes allocating threads wait, not lose records.
-//! - Drains [`LATE`]: the draining thread did not get a CPU in time, or
-//!   waited for the writer (whose lag blocks it).
+//! - Drains more than [`LATE`] later than the wait asked for (see
+//!   `pace`): the draining thread did not get a CPU in time, or waited
+//!   for the writer (whose lag blocks it).
 
 use super::procfs;
 use super::sys::{self, Scheduling};
@@ -53,9 +54,10 @@ pub(crate) fn over_fair_share(cpu: Duration, wall: Duration, cpus: usize, runnin
     used > FAIR_SHARE_USE * share
 }
 
-/// Drains further apart than this mean the draining thread did not get a
-/// CPU when it asked (it polls at most 20 ms), or waited for the writer.
-pub(crate) const LATE: Duration = Duration::from_millis(50);
+/// Drains further apart than the wait asked for by more than this mean
+/// the draining thread did not get a CPU when it asked, or waited for the
+/// writer.
+pub(crate) const LATE: Duration = Duration::from_millis(30);
 
 /// A kernel ring is behind once more than `1 / KERNEL_RING_FRACTION` of
 /// it is full (the samples that overflow it are lost).
@@ -120,10 +122,11 @@ impl Urgency {
         u
     }
 
-    /// After a drain: whether anything was found behind.
-    pub fn drained(&mut self, behind: bool) {
+    /// After a drain: whether anything was found behind, and the longest
+    /// the draining thread meant to wait since the last drain.
+    pub fn drained(&mut self, behind: bool, waited_at_most: Duration) {
         let now = Instant::now();
-        let late = now.duration_since(self.last_drain) > LATE;
+        let late = now.duration_since(self.last_drain) > waited_at_most + LATE;
         self.last_drain = now;
         let busy = self.permitted && !self.always && self.over_fair_share(now);
         self.decide(now, self.always || behind || late || busy);
@@ -226,7 +229,7 @@ mod tests {
         let mut u = Urgency::new(Arc::new(AtomicI32::new(0)), true);
         let permitted = u.raised();
         u.last_behind = Instant::now() - CALM;
-        u.drained(false);
+        u.drained(false, Duration::from_millis(20));
         assert_eq!(u.raised(), permitted);
         drop(u);
         assert!(Scheduling::of_this_thread().unwrap().same_as(&before));
