@@ -292,6 +292,28 @@ pub(crate) struct RingPlan {
     pub stack_limited: bool,
 }
 
+impl RingPlan {
+    /// Bytes written to a ring before the kernel wakes the draining
+    /// thread. Each wake is a round of both of the recorder's threads
+    /// (on the order of 100 µs of CPU on a virtual machine), so a ring of
+    /// [`HALF_FULL_WAKE_MIN`] or more wakes it half full: at 10 kHz with
+    /// 64 KiB copies the other half of a 16 MiB ring still lasts 13 ms.
+    /// A smaller ring (a user held to `perf_event_mlock_kb`: 32 copies)
+    /// wakes it a quarter full, leaving more room for a late drain.
+    pub fn wakeup_bytes(&self, page_size: usize) -> u32 {
+        let bytes = self.pages * page_size;
+        let wake = if bytes >= HALF_FULL_WAKE_MIN {
+            bytes / 2
+        } else {
+            bytes / 4
+        };
+        wake.min(u32::MAX as usize) as u32
+    }
+}
+
+/// The smallest ring that wakes the draining thread half full.
+const HALF_FULL_WAKE_MIN: usize = 4 << 20;
+
 /// A ring must hold at least this many full-size samples, or bursts
 /// between two drains overflow it.
 const MIN_SAMPLES_PER_RING: usize = 32;
@@ -568,6 +590,14 @@ mod tests {
                 stack_limited: false
             }
         );
+    }
+
+    #[test]
+    fn big_rings_wake_the_drain_half_full_small_ones_a_quarter() {
+        let root = plan_ring(4096, 4096, true, Some(516), 65528);
+        assert_eq!(root.wakeup_bytes(4096), 8 << 20);
+        let user = plan_ring(4096, 4096, false, Some(516), 65528);
+        assert_eq!(user.wakeup_bytes(4096), 128 << 10);
     }
 
     #[test]

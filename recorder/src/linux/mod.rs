@@ -204,7 +204,7 @@ pub(crate) fn record(
         enable_on_exec: launched.is_some(),
         build_id: true,
         regs_mask: NATIVE_REGS.mask,
-        wakeup_bytes: (ring.pages * page_size / 4) as u32,
+        wakeup_bytes: ring.wakeup_bytes(page_size),
         system,
         kernel: options.kernel && options.cpu,
     };
@@ -813,7 +813,6 @@ struct Control<'a> {
     pace: &'a pace::Pace,
 }
 
-/// Drain until a stop condition; returns why and how a launched child ended.
 /// How the sampling loop learns that an attached process has ended.
 struct TargetEnd {
     pid: u32,
@@ -839,6 +838,7 @@ impl TargetEnd {
     }
 }
 
+/// Drain until a stop condition; returns why and how a launched child ended.
 fn sample_loop(
     events: &mut Events,
     layouts: &Layouts,

@@ -20,7 +20,8 @@
 //! - A kernel ring found more than an eighth full when drained, or the
 //!   allocation sampler's more than half. At 1 kHz with 64 KiB stack
 //!   copies a drain every 20 ms finds about 1/13 of a kernel ring per busy
-//!   CPU; at 10 kHz the kernel wakes the drain at a quarter, and the
+//!   CPU; at 10 kHz the kernel wakes the drain at half (see
+//!   `RingPlan::wakeup_bytes`), and the
 //!   threads stay raised. The allocation sampler's ring is small on
 //!   purpose (it stays in the caches) and holds about 50 ms of the
 //!   busiest allocator measured: a drain finds up to 40% of it, and a
