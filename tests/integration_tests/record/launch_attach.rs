@@ -201,22 +201,10 @@ fn attach_after_the_main_thread_ended_records_until_the_last_thread_ends() {
     assert!(all.len() >= 10, "only {} samples", all.len());
     assert!(all.iter().all(|s| s.pid == Pid(pid) && s.tid.0 != pid));
     // The workers' stack copies reach back to where they started.
-    let worker_main = symbol_avma(&records, Pid(pid), &exe, "worker_main");
-    let leaf = symbol_avma(&records, Pid(pid), &exe, "leaf_work");
-    let in_leaf: Vec<&&Sample> = all.iter().filter(|s| leaf.contains(&s.regs.ip())).collect();
+    let share = share_reaching(&records, Pid(pid), &exe, "leaf_work", "worker_main");
     assert!(
-        in_leaf.len() >= 10,
-        "only {} samples in the leaf",
-        in_leaf.len()
-    );
-    let reaching = in_leaf
-        .iter()
-        .filter(|s| stack_holds_address_in(s, &worker_main))
-        .count();
-    assert!(
-        reaching as f64 >= 0.99 * in_leaf.len() as f64,
-        "{reaching} of {} leaf samples reach worker_main",
-        in_leaf.len()
+        share >= 0.99,
+        "only {share} of leaf samples reach worker_main"
     );
     remove_scratch_dir(&dir);
 }
@@ -261,12 +249,17 @@ fn dlopened_library_appears_mid_run() {
 /// return address into `main`.
 fn share_reaching_main(out: &Path, exe: &Path, leaf: &str) -> f64 {
     let (reader, records) = load_complete(out);
-    let pid = root_pid(&reader);
-    let leaf = symbol_avma(&records, pid, exe, leaf);
-    let main = symbol_avma(&records, pid, exe, "main");
-    let in_leaf: Vec<&Sample> = samples(&records)
+    share_reaching(&records, root_pid(&reader), exe, leaf, "main")
+}
+
+/// The share of process `pid`'s samples in `leaf` (a function of `exe`)
+/// whose stack copy holds a return address into `caller`.
+fn share_reaching(records: &[Record], pid: Pid, exe: &Path, leaf: &str, caller: &str) -> f64 {
+    let leaf = symbol_avma(records, pid, exe, leaf);
+    let main = symbol_avma(records, pid, exe, caller);
+    let in_leaf: Vec<&Sample> = samples(records)
         .into_iter()
-        .filter(|s| leaf.contains(&s.regs.ip()))
+        .filter(|s| s.pid == pid && leaf.contains(&s.regs.ip()))
         .collect();
     assert!(
         in_leaf.len() >= 10,
