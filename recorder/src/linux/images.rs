@@ -461,7 +461,7 @@ impl Images {
             .find(|p| p.exists())
             .or_else(|| {
                 // The main thread has ended: its root and mappings are gone.
-                let tid = procfs::other_live_thread(true, pid)?;
+                let tid = procfs::other_live_thread(pid)?;
                 self.host_path(tid, start, end, path)
             })
     }
@@ -504,7 +504,7 @@ impl Images {
             return None;
         }
         let bytes = sys::read_process_memory(pid, start, len)
-            .or_else(|e| match procfs::other_live_thread(true, pid) {
+            .or_else(|e| match procfs::other_live_thread(pid) {
                 Some(tid) => sys::read_process_memory(tid, start, len),
                 None => Err(e),
             })

@@ -816,9 +816,8 @@ struct Control<'a> {
 /// How the sampling loop learns that an attached process has ended.
 struct TargetEnd {
     pid: u32,
-    /// Index of the process's pidfd among the polled descriptors.
-    index: Option<usize>,
-    _fd: Option<OwnedFd>,
+    /// The process's pidfd, and its index among the polled descriptors.
+    pidfd: Option<(OwnedFd, usize)>,
     /// The pidfd polled readable.
     ended: bool,
     /// Without a pidfd: when `/proc` was last read.
@@ -826,8 +825,13 @@ struct TargetEnd {
 }
 
 impl TargetEnd {
+    /// The pidfd's index among the polled descriptors.
+    fn index(&self) -> Option<usize> {
+        self.pidfd.as_ref().map(|&(_, i)| i)
+    }
+
     fn has_ended(&mut self) -> bool {
-        if self.index.is_some() {
+        if self.pidfd.is_some() {
             return self.ended;
         }
         if self.checked_at.is_some_and(|at| at.elapsed() < pace::SHORT) {
@@ -852,20 +856,19 @@ fn sample_loop(
     let sender = outlet.sender;
     let mut fds: Vec<i32> = events.ring_fds().map(|fd| fd.as_raw_fd()).collect();
     let ring_count = fds.len();
-    let wake_index = fds.len();
+    let wake_index = ring_count;
     fds.push(control.wake.as_raw_fd());
     // An attached process's end: polled with the rings where the kernel
     // offers it, so that no round has to read `/proc` (about 8 µs for a
     // busy process); else `/proc` once per short interval.
     let mut target = pid.filter(|_| child.is_none()).map(|pid| {
-        let fd = sys::pidfd_open(pid).ok();
-        if let Some(fd) = &fd {
+        let pidfd = sys::pidfd_open(pid).ok().map(|fd| {
             fds.push(fd.as_raw_fd());
-        }
+            (fd, fds.len() - 1)
+        });
         TargetEnd {
             pid,
-            index: fd.is_some().then_some(fds.len() - 1),
-            _fd: fd,
+            pidfd,
             ended: false,
             checked_at: None,
         }
@@ -956,9 +959,9 @@ fn sample_loop(
         if woken {
             sys::eventfd_reset(control.wake);
         }
-        let target_index = target.as_ref().and_then(|t| t.index);
         if let Some(t) = target.as_mut() {
-            t.ended |= ready.iter().any(|&(i, _)| Some(i) == target_index);
+            let index = t.index();
+            t.ended |= ready.iter().any(|&(i, _)| Some(i) == index);
         }
         let mut rings = ready.iter().filter(|&&(i, _)| i < ring_count).peekable();
         if !woken && rings.peek().is_some() && rings.all(|&(_, hup)| hup) {
@@ -976,8 +979,7 @@ mod tests {
     fn without_pidfd(pid: u32) -> TargetEnd {
         TargetEnd {
             pid,
-            index: None,
-            _fd: None,
+            pidfd: None,
             ended: false,
             checked_at: None,
         }
@@ -999,7 +1001,7 @@ mod tests {
         assert!(running.has_ended());
         // With a pidfd, only what poll said counts.
         let mut polled = TargetEnd {
-            index: Some(3),
+            pidfd: Some((sys::eventfd().unwrap(), 3)),
             ..without_pidfd(pid)
         };
         assert!(!polled.has_ended());

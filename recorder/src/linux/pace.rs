@@ -2,9 +2,9 @@
 //! buffers do not wake it first.
 //!
 //! Each drain wakes both of the recorder's threads, which on a virtual
-//! machine costs tens of microseconds: a target that is mostly idle, or
-//! runs little, cost the recorder more in drains every 20 ms than in
-//! samples. So the wait is long ([`LONG`]) unless:
+//! machine costs on the order of 100 µs of CPU: a target that is mostly
+//! idle, or runs little, cost the recorder more in drains every 20 ms
+//! than in samples. So the wait is long ([`LONG`]) unless:
 //!
 //! - the buffers fill fast: the wait is cut so that the fullest ring
 //!   would be about [`TARGET_FILL`] full when drained, half of what counts

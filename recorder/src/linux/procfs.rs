@@ -132,22 +132,18 @@ pub(crate) fn read_maps(pid: u32) -> std::io::Result<Vec<MapsEntry>> {
     let read = |id: u32| std::fs::read_to_string(format!("/proc/{id}/maps"));
     let text = read(pid)?;
     // Every running process has mappings; kernel threads have none.
-    match other_live_thread(text.is_empty(), pid) {
-        Some(tid) => Ok(parse_maps(&read(tid).unwrap_or(text))),
-        None => Ok(parse_maps(&text)),
-    }
+    let other = text.is_empty().then(|| other_live_thread(pid)).flatten();
+    Ok(parse_maps(
+        &other.and_then(|tid| read(tid).ok()).unwrap_or(text),
+    ))
 }
 
 /// A thread of process `pid` other than the main one that has not ended,
-/// if the main one has (`pthread_exit`) while others run, and only if
-/// `suspect` (a read of the process's files gave nothing). The process's
+/// if the main one has (`pthread_exit`) while others run. The process's
 /// own files under `/proc/PID` (`maps`, `cmdline`, `exe`, `root`, `mem`)
 /// are then empty or gone, but `/proc/TID` of a running thread serves
-/// them.
-pub(crate) fn other_live_thread(suspect: bool, pid: u32) -> Option<u32> {
-    if !suspect {
-        return None;
-    }
+/// them. Asked only once a read of those files gave nothing.
+pub(crate) fn other_live_thread(pid: u32) -> Option<u32> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     if parse_stat_state(&stat) != Some('Z') || stat_says_exited(&stat) {
         return None;
@@ -182,7 +178,7 @@ pub(crate) fn command_line(pid: u32) -> Vec<String> {
             .unwrap_or_default()
     };
     let argv = read(pid);
-    match other_live_thread(argv.is_empty(), pid) {
+    match argv.is_empty().then(|| other_live_thread(pid)).flatten() {
         Some(tid) => read(tid),
         None => argv,
     }
@@ -195,7 +191,7 @@ pub(crate) fn executable(pid: u32) -> Option<String> {
             .ok()
             .map(|p| p.to_string_lossy().into_owned())
     };
-    read(pid).or_else(|| read(other_live_thread(true, pid)?))
+    read(pid).or_else(|| read(other_live_thread(pid)?))
 }
 
 /// A process's parent pid, if known.
