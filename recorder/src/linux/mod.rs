@@ -103,7 +103,7 @@ pub(crate) fn record(
         procfs::read_sysctl("/proc/sys/kernel/perf_event_max_sample_rate"),
     );
     if let TargetSpec::Pid(pid) = options.target {
-        if !std::path::Path::new(&format!("/proc/{pid}")).exists() || procfs::has_exited(pid) {
+        if procfs::has_exited(pid) {
             return Err(RecordError::NoSuchProcess { pid });
         }
         if !(options.kernel && options.cpu) && procfs::is_kernel_thread(pid) {
@@ -963,11 +963,24 @@ fn sample_loop(
             let index = t.index();
             t.ended |= ready.iter().any(|&(i, _)| Some(i) == index);
         }
-        let mut rings = ready.iter().filter(|&&(i, _)| i < ring_count).peekable();
-        if !woken && rings.peek().is_some() && rings.all(|&(_, hup)| hup) {
-            // Hung up (the thread owning the buffer exited): poll would
-            // return at once from now on, so pace the loop.
-            std::thread::sleep(timeout.min(Duration::from_millis(20)));
+        if !ready.is_empty() && ready.iter().all(|&(i, hup)| i < ring_count && hup) {
+            // Only hung-up rings (every task they followed has exited):
+            // poll would return at once from now on. Wait on the other
+            // descriptors instead, to pace the loop; the target's pidfd
+            // turns readable just after its rings hang up, and ends the
+            // recording at once.
+            let others = &fds[ring_count..];
+            let pause = timeout.min(Duration::from_millis(20));
+            let ready = sys::poll_readable(others, pause.as_millis() as i32).map_err(|e| {
+                RecordError::Sys {
+                    what: "poll".into(),
+                    source: e,
+                }
+            })?;
+            if let Some(t) = target.as_mut() {
+                let index = t.index();
+                t.ended |= ready.iter().any(|&(i, _)| Some(i + ring_count) == index);
+            }
         }
     }
 }
