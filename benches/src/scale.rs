@@ -10,7 +10,7 @@
 use crate::compare::gunzip;
 use crate::error::BenchError;
 use crate::measure::{frame_cache_dir, measure, Measured};
-use crate::stats::{median, paired_ratios};
+use crate::stats::{median, median_interval, paired_ratios};
 use lrnprof_format::{Record, TraceReader};
 use std::ffi::OsString;
 use std::fmt::Write as _;
@@ -300,21 +300,31 @@ fn rotated<T>(rows: &mut [T], start: usize) -> impl Iterator<Item = &mut T> {
 /// can hide what every round shows.
 fn paired_table(s: &mut String, r: &ScaleReport) {
     let find = |trace: &str, a: Analyzer, jobs: usize| r.row(trace, a, jobs);
-    // Per round: the ratio of `a`'s to `b`'s value; their median and how
-    // many are below 1.
+    // Per round: the ratio of `a`'s to `b`'s value; their median, how
+    // many are below 1, and where the median lies with 95 % confidence.
+    type Paired = (f64, usize, usize, Option<(f64, f64)>);
     let paired = |a: Option<&ScaleRow>,
                   b: Option<&ScaleRow>,
                   value: &dyn Fn(&ScaleRow, &Measured) -> f64|
-     -> Option<(f64, usize, usize)> {
+     -> Option<Paired> {
         let values = |row: &ScaleRow| row.runs.iter().map(|m| value(row, m)).collect::<Vec<f64>>();
         let ratios = paired_ratios(&values(a?), &values(b?));
         let below = ratios.iter().filter(|x| **x < 1.0).count();
-        Some((median(&ratios)?, below, ratios.len()))
+        Some((
+            median(&ratios)?,
+            below,
+            ratios.len(),
+            median_interval(&ratios, 0.95),
+        ))
     };
-    let show =
-        |p: Option<(f64, usize, usize)>| p.map_or("-".to_string(), |(m, _, _)| format!("{m:.2}×"));
-    let show_below = |p: Option<(f64, usize, usize)>| {
-        p.map_or("-".to_string(), |(m, below, n)| {
+    let show = |p: Option<Paired>| {
+        p.map_or("-".to_string(), |(m, _, _, interval)| match interval {
+            Some((lo, hi)) => format!("{m:.2}× ({lo:.2}–{hi:.2})"),
+            None => format!("{m:.2}×"),
+        })
+    };
+    let show_below = |p: Option<Paired>| {
+        p.map_or("-".to_string(), |(m, below, n, _)| {
             format!("{m:.2}× ({below} of {n} below 1)")
         })
     };
@@ -330,7 +340,8 @@ fn paired_table(s: &mut String, r: &ScaleReport) {
     };
     let _ = writeln!(
         s,
-        "\nPaired by round (each ratio taken within a round, then the median):\n\n| trace | CPU, current / baseline (1 job; rounds below 1) | wall, 1 job / 2 jobs (current) | the same, parallel loop | the same, throughput loop | current / perf report, samples per CPU-s |"
+        "\nPaired by round (each ratio taken within a round, then the median; in parentheses where \
+         the median lies with 95 % confidence, from 6 rounds on):\n\n| trace | CPU, current / baseline (1 job; rounds below 1) | wall, 1 job / 2 jobs (current) | the same, parallel loop | the same, throughput loop | current / perf report, samples per CPU-s |"
     );
     let _ = writeln!(s, "| --- | --- | --- | --- | --- | --- |");
     for t in r.traces() {
@@ -869,5 +880,28 @@ mod tests {
             line, "| t | 0.50× (3 of 3 below 1) | 2.00× | - | 1.25× | 40.00× |",
             "{s}"
         );
+    }
+
+    /// From six rounds on, a speedup comes with the interval its median
+    /// lies in with 95 % confidence (here the smallest and largest ratio).
+    #[test]
+    fn six_rounds_give_the_speedup_an_interval() {
+        let one: Vec<(f64, f64)> = (0..6).map(|_| (1.0, 1.0)).collect();
+        let two: Vec<(f64, f64)> = [0.5, 0.55, 0.6, 0.625, 0.65, 0.8]
+            .iter()
+            .map(|&w| (1.0, w))
+            .collect();
+        let r = ScaleReport {
+            rows: vec![
+                row(Analyzer::Current, 1, 100, &one),
+                row(Analyzer::Current, 2, 100, &two),
+            ],
+            ..ScaleReport::default()
+        };
+        let mut s = String::new();
+        paired_table(&mut s, &r);
+        let line = s.lines().last().unwrap();
+        // Ratios 2.00, 1.82, 1.67, 1.60, 1.54, 1.25: median 1.63.
+        assert_eq!(line, "| t | - | 1.63× (1.25–2.00) | - | - | - |", "{s}");
     }
 }

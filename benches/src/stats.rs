@@ -15,6 +15,37 @@ pub fn median(values: &[f64]) -> Option<f64> {
     })
 }
 
+/// An interval that holds the median of the distribution `values` were
+/// drawn from with probability at least `confidence` (e.g. 0.95), whatever
+/// that distribution: the `k`th smallest and `k`th largest value, for the
+/// largest `k` whose coverage, `1 - 2 P(Binomial(n, 1/2) < k)`, is at least
+/// `confidence`. Assumes only that the values are independent draws (the
+/// rounds of a benchmark). `None` below 6 values at 95 %: too few for any
+/// interval to reach it. NaNs are ignored.
+pub fn median_interval(values: &[f64], confidence: f64) -> Option<(f64, f64)> {
+    let mut v: Vec<f64> = values.iter().copied().filter(|x| !x.is_nan()).collect();
+    let n = v.len();
+    if n == 0 {
+        return None;
+    }
+    v.sort_by(|a, b| a.total_cmp(b));
+    // P(Binomial(n, 1/2) = i) for i = 0, 1, ..., in floating point (exact
+    // enough for the few hundred rounds a benchmark runs).
+    let mut p = 0.5f64.powi(n as i32);
+    let mut below = 0.0;
+    let mut best = None;
+    for k in 1..=n.div_ceil(2) {
+        // `below` is P(B < k) once p (= P(B = k - 1)) is added.
+        below += p;
+        p *= (n - (k - 1)) as f64 / k as f64;
+        if 1.0 - 2.0 * below < confidence {
+            break;
+        }
+        best = Some((v[k - 1], v[n - k]));
+    }
+    best
+}
+
 /// `part / whole` as a percentage, `None` when `whole` is zero.
 pub fn percent(part: f64, whole: f64) -> Option<f64> {
     (whole != 0.0).then(|| 100.0 * part / whole)
@@ -54,6 +85,27 @@ mod tests {
     fn paired_ratios_need_the_same_rounds() {
         assert_eq!(paired_ratios(&[2.0, 3.0], &[1.0, 0.0]), vec![2.0]);
         assert!(paired_ratios(&[2.0, 3.0], &[1.0]).is_empty());
+    }
+
+    #[test]
+    fn the_median_interval_is_the_order_statistics_binomial_coverage_allows() {
+        let values: Vec<f64> = (1..=25).map(f64::from).collect();
+        // n = 25: P(B <= 7) = 0.0216, so the 8th smallest and largest
+        // (coverage 0.957); the 9th would cover only 0.892.
+        assert_eq!(median_interval(&values, 0.95), Some((8.0, 18.0)));
+        // n = 6: only min and max, covering 1 - 2/64 = 0.969.
+        assert_eq!(
+            median_interval(&[6.0, 1.0, 5.0, 2.0, 4.0, 3.0], 0.95),
+            Some((1.0, 6.0))
+        );
+        // n = 5: even min and max cover only 0.9375.
+        assert_eq!(median_interval(&[1.0, 2.0, 3.0, 4.0, 5.0], 0.95), None);
+        assert_eq!(
+            median_interval(&[1.0, 2.0, 3.0, 4.0, 5.0], 0.9),
+            Some((1.0, 5.0))
+        );
+        assert_eq!(median_interval(&[], 0.95), None);
+        assert_eq!(median_interval(&[f64::NAN; 9], 0.95), None);
     }
 
     #[test]

@@ -24,7 +24,7 @@ use crate::cli::build_c_program;
 use crate::compare::{json_of, lrnprof_facts, output_of, perf_facts, TraceFacts};
 use crate::error::BenchError;
 use crate::measure::{command_line, frame_cache_dir, measure, wait_measured, Measured};
-use crate::stats::{median, paired_overheads};
+use crate::stats::{median, median_interval, paired_overheads};
 use crate::workloads::{prepare, Workload};
 use lrnprof_format::{Record, TraceReader};
 use std::collections::BTreeSet;
@@ -628,21 +628,35 @@ fn overhead(base: &SystemSetupRuns, s: &SystemSetupRuns, with_profiler: bool) ->
     median(&round_overheads(base, s, with_profiler))
 }
 
-/// Median over rounds of `a`'s total overhead minus `b`'s in the same
-/// round, in points, and in how many rounds `a` cost less. Pairing by
-/// round takes out what the machine's load did to that round.
+/// `a`'s total overhead minus `b`'s in the same round, in points, over
+/// the rounds: pairing by round takes out what the machine's load did to
+/// that round.
+struct PairedDifference {
+    median: f64,
+    /// Where the median difference lies, with 95 % confidence (from 6
+    /// rounds on).
+    interval: Option<(f64, f64)>,
+    /// Rounds where `a` cost less, of `rounds`.
+    below: usize,
+    rounds: usize,
+}
+
 fn paired_difference(
     base: &SystemSetupRuns,
     a: &SystemSetupRuns,
     b: &SystemSetupRuns,
-) -> Option<(f64, usize, usize)> {
+) -> Option<PairedDifference> {
     let differences: Vec<f64> = round_overheads(base, a, true)
         .iter()
         .zip(round_overheads(base, b, true))
         .map(|(a, b)| a - b)
         .collect();
-    let below = differences.iter().filter(|d| **d < 0.0).count();
-    median(&differences).map(|m| (m, below, differences.len()))
+    Some(PairedDifference {
+        median: median(&differences)?,
+        interval: median_interval(&differences, 0.95),
+        below: differences.iter().filter(|d| **d < 0.0).count(),
+        rounds: differences.len(),
+    })
 }
 
 /// The comparison as markdown.
@@ -705,11 +719,12 @@ pub fn system_markdown(c: &SystemComparison) -> String {
                 b.name(),
                 oa - ob
             );
-            if let Some((d, below, n)) = paired_difference(base, sa, sb) {
-                let _ = write!(
-                    o,
-                    "; paired by round {d:+.1} points (median), lower in {below} of {n} rounds"
-                );
+            if let Some(d) = paired_difference(base, sa, sb) {
+                let _ = write!(o, "; paired by round {:+.1} points (median", d.median);
+                if let Some((lo, hi)) = d.interval {
+                    let _ = write!(o, ", 95 % interval {lo:+.1} to {hi:+.1}");
+                }
+                let _ = write!(o, "), lower in {} of {} rounds", d.below, d.rounds);
             }
             let _ = writeln!(o, ".");
         }
@@ -806,10 +821,12 @@ mod tests {
             SystemSetup::Lrnprof,
             &[(2.0, Some(0.1)), (2.0, Some(0.6)), (4.0, Some(0.4))],
         );
-        let (d, below, n) = paired_difference(&base, &lrn, &perf).unwrap();
-        // Differences -5, +10, +5: median +5, lower in one round of three.
-        assert!((d - 5.0).abs() < 1e-9, "{d}");
-        assert_eq!((below, n), (1, 3));
+        let d = paired_difference(&base, &lrn, &perf).unwrap();
+        // Differences -5, +10, +5: median +5, lower in one round of three;
+        // too few rounds for a 95 % interval.
+        assert!((d.median - 5.0).abs() < 1e-9, "{}", d.median);
+        assert_eq!((d.below, d.rounds), (1, 3));
+        assert_eq!(d.interval, None);
     }
 
     #[test]
