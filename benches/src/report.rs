@@ -2,7 +2,7 @@
 
 use crate::compare::{Analysis, Comparison, Profiler, RunFacts, Setup, TraceFacts, WorkloadResult};
 use crate::measure::Measured;
-use crate::stats::{median, paired_overheads};
+use crate::stats::{median, median_interval, paired_overheads};
 use std::fmt::Write as _;
 use std::path::Path;
 
@@ -70,6 +70,69 @@ fn overhead(r: &WorkloadResult, setup: Setup, minus_s: f64) -> Option<f64> {
         return None;
     }
     median(&paired_overheads(&base, &prof))
+}
+
+/// Per round, `a`'s overhead minus `b`'s, in points (rounds where either
+/// failed left out).
+fn round_differences(r: &WorkloadResult, a: Setup, b: Setup) -> Vec<f64> {
+    let base = cpu_per_round(
+        r,
+        Setup {
+            profiler: Profiler::None,
+            freq: 0,
+        },
+    );
+    let of = |setup| {
+        cpu_per_round(r, setup)
+            .iter()
+            .zip(&base)
+            .map(|(c, b)| 100.0 * (c / b - 1.0))
+            .collect::<Vec<f64>>()
+    };
+    of(a)
+        .iter()
+        .zip(of(b))
+        .map(|(a, b)| a - b)
+        .filter(|d| d.is_finite())
+        .collect()
+}
+
+/// Lrnprof's overhead against each other profiler's, paired by round: the
+/// median difference in points, where it lies with 95 % confidence (from
+/// 6 rounds on), and in how many rounds lrnprof cost less.
+fn paired_table(out: &mut String, c: &Comparison) {
+    let (lo, hi) = (c.options.freq, c.options.high_freq);
+    let s = |profiler, freq| Setup { profiler, freq };
+    let pairs = [
+        (s(Profiler::Lrnprof, lo), s(Profiler::PerfFp, lo)),
+        (s(Profiler::Lrnprof, hi), s(Profiler::PerfDwarf, hi)),
+        (s(Profiler::Lrnprof, hi), s(Profiler::Samply, hi)),
+        (s(Profiler::Lrnprof, hi), s(Profiler::LrnprofBaseline, hi)),
+    ];
+    let names: Vec<String> = pairs.iter().map(|(a, b)| format!("{a} − {b}")).collect();
+    let mut cells = vec!["workload"];
+    cells.extend(names.iter().map(String::as_str));
+    header(out, &cells);
+    for r in c.workloads.iter().filter(|r| r.workload.fixed_work) {
+        let mut cells = vec![format!("`{}`", r.workload.name)];
+        for (a, b) in pairs {
+            let d = round_differences(r, a, b);
+            cells.push(match median(&d) {
+                None => "-".into(),
+                Some(m) => {
+                    let below = d.iter().filter(|x| **x < 0.0).count();
+                    match median_interval(&d, 0.95) {
+                        Some((lo, hi)) => format!(
+                            "{m:+.1} ({lo:+.1} to {hi:+.1}; lower in {below} of {})",
+                            d.len()
+                        ),
+                        None => format!("{m:+.1} (lower in {below} of {})", d.len()),
+                    }
+                }
+            });
+        }
+        row(out, &cells);
+    }
 }
 
 /// Median CPU seconds of running an empty program under `profiler` at the
@@ -251,6 +314,13 @@ pub fn markdown(c: &Comparison) -> String {
         "\n### CPU overhead (target + profiler CPU time over the target alone)\n"
     );
     overhead_table(&mut out, c, false);
+    let _ = writeln!(
+        out,
+        "\nPaired by round: lrnprof's overhead minus the other's in the same round, in points \
+         (median; where it lies with 95 % confidence, from 6 rounds on; rounds where lrnprof \
+         cost less):\n"
+    );
+    paired_table(&mut out, c);
     let _ = writeln!(
         out,
         "\nFixed cost of each profiler (CPU s to run `true`, an empty program, under it; included in the overheads above):\n"
@@ -738,6 +808,34 @@ mod tests {
             have_perf: true,
             have_lrnprof: true,
         }
+    }
+
+    #[test]
+    fn lrnprof_is_paired_with_each_profiler_by_round() {
+        let c = comparison();
+        let mut out = String::new();
+        paired_table(&mut out, &c);
+        let busy = out.lines().find(|l| l.starts_with("| `busy`")).unwrap();
+        // Rounds: lrnprof +2 % and +2 %, perf -g +10 % and +10 %: -8
+        // points in both; two rounds give no 95 % interval. Nothing at
+        // the high rate.
+        assert_eq!(
+            busy, "| `busy` | -8.0 (lower in 2 of 2) | - | - | - |",
+            "{out}"
+        );
+        let one_round_failed = |mut c: Comparison| {
+            let runs = &mut c.workloads[0].runs;
+            runs.get_mut(&Setup {
+                profiler: Profiler::PerfFp,
+                freq: 1000,
+            })
+            .unwrap()[1] = None;
+            c
+        };
+        let c = one_round_failed(c);
+        let mut out = String::new();
+        paired_table(&mut out, &c);
+        assert!(out.contains("| -8.0 (lower in 1 of 1) |"), "{out}");
     }
 
     #[test]
