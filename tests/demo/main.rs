@@ -108,13 +108,7 @@ fn run() -> Result<()> {
     };
     let profile = analyze(&trace, &options, &NoProgress)?;
     let mut written: Vec<(OutputFormat, PathBuf)> = Vec::new();
-    for format in [
-        OutputFormat::Pprof,
-        OutputFormat::Folded,
-        OutputFormat::Speedscope,
-        OutputFormat::Svg,
-        OutputFormat::Firefox,
-    ] {
+    for format in OutputFormat::ALL {
         let path = out_dir.join(format!("demo.{}", format.extension()));
         write_atomically(&path, |w| format.writer().write(&profile, w))?;
         written.push((format, path));

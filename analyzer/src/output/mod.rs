@@ -44,6 +44,15 @@ pub enum OutputFormat {
 }
 
 impl OutputFormat {
+    /// Every format, in the order `--format` lists them.
+    pub const ALL: [OutputFormat; 5] = [
+        OutputFormat::Pprof,
+        OutputFormat::Folded,
+        OutputFormat::Speedscope,
+        OutputFormat::Svg,
+        OutputFormat::Firefox,
+    ];
+
     /// The usual file extension, appended to the trace path by default.
     pub fn extension(self) -> &'static str {
         match self {
