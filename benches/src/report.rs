@@ -2,7 +2,7 @@
 
 use crate::compare::{Analysis, Comparison, Profiler, RunFacts, Setup, TraceFacts, WorkloadResult};
 use crate::measure::Measured;
-use crate::stats::{median, median_interval, paired_overheads};
+use crate::stats::{median, paired, paired_overheads};
 use std::fmt::Write as _;
 use std::path::Path;
 
@@ -82,13 +82,7 @@ fn round_differences(r: &WorkloadResult, a: Setup, b: Setup) -> Vec<f64> {
             freq: 0,
         },
     );
-    let of = |setup| {
-        cpu_per_round(r, setup)
-            .iter()
-            .zip(&base)
-            .map(|(c, b)| 100.0 * (c / b - 1.0))
-            .collect::<Vec<f64>>()
-    };
+    let of = |setup| paired_overheads(&base, &cpu_per_round(r, setup));
     of(a)
         .iter()
         .zip(of(b))
@@ -116,17 +110,15 @@ fn paired_table(out: &mut String, c: &Comparison) {
     for r in c.workloads.iter().filter(|r| r.workload.fixed_work) {
         let mut cells = vec![format!("`{}`", r.workload.name)];
         for (a, b) in pairs {
-            let d = round_differences(r, a, b);
-            cells.push(match median(&d) {
+            cells.push(match paired(&round_differences(r, a, b), 0.0) {
                 None => "-".into(),
-                Some(m) => {
-                    let below = d.iter().filter(|x| **x < 0.0).count();
-                    match median_interval(&d, 0.95) {
-                        Some((lo, hi)) => format!(
-                            "{m:+.1} ({lo:+.1} to {hi:+.1}; lower in {below} of {})",
-                            d.len()
-                        ),
-                        None => format!("{m:+.1} (lower in {below} of {})", d.len()),
+                Some(p) => {
+                    let (m, below, n) = (p.median, p.below, p.rounds);
+                    match p.interval {
+                        Some((lo, hi)) => {
+                            format!("{m:+.1} ({lo:+.1} to {hi:+.1}; lower in {below} of {n})")
+                        }
+                        None => format!("{m:+.1} (lower in {below} of {n})"),
                     }
                 }
             });

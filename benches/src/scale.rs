@@ -10,7 +10,7 @@
 use crate::compare::gunzip;
 use crate::error::BenchError;
 use crate::measure::{frame_cache_dir, measure, Measured};
-use crate::stats::{median, median_interval, paired_ratios};
+use crate::stats::{median, paired, paired_ratios, Paired};
 use lrnprof_format::{Record, TraceReader};
 use std::ffi::OsString;
 use std::fmt::Write as _;
@@ -300,32 +300,24 @@ fn rotated<T>(rows: &mut [T], start: usize) -> impl Iterator<Item = &mut T> {
 /// can hide what every round shows.
 fn paired_table(s: &mut String, r: &ScaleReport) {
     let find = |trace: &str, a: Analyzer, jobs: usize| r.row(trace, a, jobs);
-    // Per round: the ratio of `a`'s to `b`'s value; their median, how
-    // many are below 1, and where the median lies with 95 % confidence.
-    type Paired = (f64, usize, usize, Option<(f64, f64)>);
+    // Per round: the ratio of `a`'s to `b`'s value, summed up (below 1:
+    // the rounds `a` took less).
     let paired = |a: Option<&ScaleRow>,
                   b: Option<&ScaleRow>,
                   value: &dyn Fn(&ScaleRow, &Measured) -> f64|
      -> Option<Paired> {
         let values = |row: &ScaleRow| row.runs.iter().map(|m| value(row, m)).collect::<Vec<f64>>();
-        let ratios = paired_ratios(&values(a?), &values(b?));
-        let below = ratios.iter().filter(|x| **x < 1.0).count();
-        Some((
-            median(&ratios)?,
-            below,
-            ratios.len(),
-            median_interval(&ratios, 0.95),
-        ))
+        paired(&paired_ratios(&values(a?), &values(b?)), 1.0)
     };
     let show = |p: Option<Paired>| {
-        p.map_or("-".to_string(), |(m, _, _, interval)| match interval {
-            Some((lo, hi)) => format!("{m:.2}× ({lo:.2}–{hi:.2})"),
-            None => format!("{m:.2}×"),
+        p.map_or("-".to_string(), |p| match p.interval {
+            Some((lo, hi)) => format!("{:.2}× ({lo:.2}–{hi:.2})", p.median),
+            None => format!("{:.2}×", p.median),
         })
     };
     let show_below = |p: Option<Paired>| {
-        p.map_or("-".to_string(), |(m, below, n, _)| {
-            format!("{m:.2}× ({below} of {n} below 1)")
+        p.map_or("-".to_string(), |p| {
+            format!("{:.2}× ({} of {} below 1)", p.median, p.below, p.rounds)
         })
     };
     let cpu = |_: &ScaleRow, m: &Measured| m.cpu_s();

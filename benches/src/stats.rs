@@ -46,6 +46,29 @@ pub fn median_interval(values: &[f64], confidence: f64) -> Option<(f64, f64)> {
     best
 }
 
+/// Per-round values of a comparison (differences or ratios) summed up.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Paired {
+    pub median: f64,
+    /// Where the median lies with 95 % confidence (from 6 values on).
+    pub interval: Option<(f64, f64)>,
+    /// Values below the mark given to [`paired`] (the rounds one side won).
+    pub below: usize,
+    /// Values summed up (NaNs left out).
+    pub rounds: usize,
+}
+
+/// [`Paired`] of `values`, counting those below `mark`; `None` when there
+/// is no value. NaNs are ignored.
+pub fn paired(values: &[f64], mark: f64) -> Option<Paired> {
+    Some(Paired {
+        median: median(values)?,
+        interval: median_interval(values, 0.95),
+        below: values.iter().filter(|v| **v < mark).count(),
+        rounds: values.iter().filter(|v| !v.is_nan()).count(),
+    })
+}
+
 /// `part / whole` as a percentage, `None` when `whole` is zero.
 pub fn percent(part: f64, whole: f64) -> Option<f64> {
     (whole != 0.0).then(|| 100.0 * part / whole)

@@ -24,7 +24,7 @@ use crate::cli::build_c_program;
 use crate::compare::{json_of, lrnprof_facts, output_of, perf_facts, TraceFacts};
 use crate::error::BenchError;
 use crate::measure::{command_line, frame_cache_dir, measure, wait_measured, Measured};
-use crate::stats::{median, median_interval, paired_overheads};
+use crate::stats::{median, paired, paired_overheads, Paired};
 use crate::workloads::{prepare, Workload};
 use lrnprof_format::{Record, TraceReader};
 use std::collections::BTreeSet;
@@ -629,34 +629,19 @@ fn overhead(base: &SystemSetupRuns, s: &SystemSetupRuns, with_profiler: bool) ->
 }
 
 /// `a`'s total overhead minus `b`'s in the same round, in points, over
-/// the rounds: pairing by round takes out what the machine's load did to
-/// that round.
-struct PairedDifference {
-    median: f64,
-    /// Where the median difference lies, with 95 % confidence (from 6
-    /// rounds on).
-    interval: Option<(f64, f64)>,
-    /// Rounds where `a` cost less, of `rounds`.
-    below: usize,
-    rounds: usize,
-}
-
+/// the rounds (below: rounds where `a` cost less): pairing by round takes
+/// out what the machine's load did to that round.
 fn paired_difference(
     base: &SystemSetupRuns,
     a: &SystemSetupRuns,
     b: &SystemSetupRuns,
-) -> Option<PairedDifference> {
+) -> Option<Paired> {
     let differences: Vec<f64> = round_overheads(base, a, true)
         .iter()
         .zip(round_overheads(base, b, true))
         .map(|(a, b)| a - b)
         .collect();
-    Some(PairedDifference {
-        median: median(&differences)?,
-        interval: median_interval(&differences, 0.95),
-        below: differences.iter().filter(|d| **d < 0.0).count(),
-        rounds: differences.len(),
-    })
+    paired(&differences, 0.0)
 }
 
 /// The comparison as markdown.

@@ -12,11 +12,7 @@ use libfuzzer_sys::fuzz_target;
 #[path = "analyze_common.rs"]
 mod common;
 
-/// Bytes of the fixed file header, and of a block header; where the CRC
-/// sits in each; the block magic.
-const FILE_HEADER_LEN: usize = 20;
-const BLOCK_HEADER_LEN: usize = 40;
-const BLOCK_MAGIC: &[u8; 4] = b"LBLK";
+use lrnprof_format::raw::{BLOCK_HEADER_LEN, BLOCK_MAGIC, FILE_HEADER_LEN};
 
 fn u32_at(b: &[u8], at: usize) -> Option<u32> {
     Some(u32::from_le_bytes(b.get(at..at + 4)?.try_into().ok()?))
@@ -35,7 +31,8 @@ fn repair_checksums(data: &mut [u8]) {
         return;
     };
     let crc = crc32fast::hash(encoded);
-    data[16..20].copy_from_slice(&crc.to_le_bytes());
+    // The file header ends with its CRC; a block header too.
+    data[FILE_HEADER_LEN - 4..FILE_HEADER_LEN].copy_from_slice(&crc.to_le_bytes());
     let mut at = end;
     while data.get(at..at + 4) == Some(&BLOCK_MAGIC[..]) {
         let Some(len) = u32_at(data, at + 12) else {
@@ -49,10 +46,10 @@ fn repair_checksums(data: &mut [u8]) {
             return;
         }
         let mut h = crc32fast::Hasher::new();
-        h.update(&data[at..at + 36]);
+        h.update(&data[at..at + BLOCK_HEADER_LEN - 4]);
         h.update(&data[payload_at..next]);
         let crc = h.finalize();
-        data[at + 36..at + 40].copy_from_slice(&crc.to_le_bytes());
+        data[at + BLOCK_HEADER_LEN - 4..at + BLOCK_HEADER_LEN].copy_from_slice(&crc.to_le_bytes());
         at = next;
     }
 }

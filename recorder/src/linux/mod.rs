@@ -825,9 +825,12 @@ struct TargetEnd {
 }
 
 impl TargetEnd {
-    /// The pidfd's index among the polled descriptors.
-    fn index(&self) -> Option<usize> {
-        self.pidfd.as_ref().map(|&(_, i)| i)
+    /// Note whether `ready`, what poll said of the descriptors from index
+    /// `first` on, has the pidfd readable.
+    fn saw(&mut self, ready: &[(usize, bool)], first: usize) {
+        if let Some(&(_, index)) = self.pidfd.as_ref() {
+            self.ended |= ready.iter().any(|&(i, _)| i + first == index);
+        }
     }
 
     fn has_ended(&mut self) -> bool {
@@ -960,8 +963,7 @@ fn sample_loop(
             sys::eventfd_reset(control.wake);
         }
         if let Some(t) = target.as_mut() {
-            let index = t.index();
-            t.ended |= ready.iter().any(|&(i, _)| Some(i) == index);
+            t.saw(&ready, 0);
         }
         if !ready.is_empty() && ready.iter().all(|&(i, hup)| i < ring_count && hup) {
             // Only hung-up rings (every task they followed has exited):
@@ -978,8 +980,7 @@ fn sample_loop(
                 }
             })?;
             if let Some(t) = target.as_mut() {
-                let index = t.index();
-                t.ended |= ready.iter().any(|&(i, _)| Some(i + ring_count) == index);
+                t.saw(&ready, ring_count);
             }
         }
     }
