@@ -4,7 +4,7 @@ use crate::cursor::{RawBlock, RecordRef, StackMode};
 use crate::error::FormatError;
 use crate::raw::{BlockHeader, BlockKind, Codec, MAX_BLOCK_RAW_LEN};
 use crate::records::{Record, Regs, Sample, SampleDetail, SampleFlags, SampleKind};
-use crate::stack::{self, RecentStacks, StackHint, WireStack};
+use crate::stack::{self, LatestStack, StackHint, StackRef, WireStack};
 use crate::types::{BlockOffset, Pid, Tid, Timestamp};
 use bincode::Options;
 use serde::{Deserialize, Serialize};
@@ -80,10 +80,10 @@ pub struct BlockBuilder {
     count: u32,
     first_time: Option<u64>,
     last_time: u64,
-    prev_stacks: HashMap<(Pid, Tid), RecentStacks>,
-    /// Buffers of snapshots no longer a base of any delta, for the
-    /// caller's next stacks ([`take_spare_stack`](Self::take_spare_stack)).
-    spare: Vec<Vec<u8>>,
+    /// Each thread's latest snapshot in the block.
+    prev_stacks: HashMap<(Pid, Tid), LatestStack>,
+    /// Buffers of threads' bytes from earlier blocks, for the next.
+    spare: Vec<LatestStack>,
     zstd: Zstd,
 }
 
@@ -112,8 +112,8 @@ impl std::fmt::Debug for Zstd {
     }
 }
 
-/// Spare stack buffers kept at most: enough for a block's worth of busy
-/// threads, dropped past that.
+/// Threads' byte buffers kept from block to block at most: enough for a
+/// block's worth of busy threads, dropped past that.
 const MAX_SPARE_STACKS: usize = 64;
 
 impl Default for BlockBuilder {
@@ -161,105 +161,48 @@ impl BlockBuilder {
     /// Append a record. Fails if it alone would exceed the block size limit;
     /// the caller should then start a new block (see [`TraceWriter`](crate::TraceWriter)).
     pub fn push(&mut self, record: &Record) -> Result<(), FormatError> {
-        self.append(record, None)?;
-        if let Record::Sample(s) = record {
-            self.recent(s.pid, s.tid)
-                .push(s.stack.start, &s.stack.bytes);
-        }
-        Ok(())
+        self.push_hinted(record, None)
     }
 
-    /// [`push`](Self::push), taking a sample's stack bytes out of `record`
-    /// (left with an empty stack) as the base of the thread's next deltas
-    /// instead of copying them. On failure `record` is as it was.
-    pub fn push_taking_stack(&mut self, record: &mut Record) -> Result<(), FormatError> {
-        self.push_taking_stack_hinted(record, None)
-    }
-
-    /// [`push_taking_stack`](Self::push_taking_stack) with what the caller
-    /// knows of a sample's stack (see [`StackHint`]): the same bytes in the
-    /// block, without comparing the stack with the thread's previous one
-    /// when the hint's base is that one.
-    pub fn push_taking_stack_hinted(
+    /// [`push`](Self::push) with what the caller knows of a sample's stack
+    /// (see [`StackHint`]): the same bytes in the block, without comparing
+    /// the stack with the thread's previous one when the hint's base is
+    /// that one.
+    pub fn push_hinted(
         &mut self,
-        record: &mut Record,
+        record: &Record,
         hint: Option<&StackHint>,
     ) -> Result<(), FormatError> {
-        self.append(record, hint)?;
-        if let Record::Sample(s) = record {
-            let stack = std::mem::take(&mut s.stack);
-            let evicted = self
-                .recent(s.pid, s.tid)
-                .push_owned(stack, hint.map(|h| h.id));
-            if let Some(bytes) = evicted {
-                keep_spare(&mut self.spare, bytes);
-            }
+        match record {
+            Record::Sample(s) => self.push_sample(s, &s.stack.bytes, hint),
+            other => self.append(other.time(), 0, &WireRecordRef::Plain(other)),
         }
-        Ok(())
     }
 
-    /// The buffer of a stack snapshot the builder no longer needs (empty,
-    /// its capacity kept), if it has one: a caller that hands stacks over
-    /// with [`push_taking_stack`](Self::push_taking_stack) can fill it
-    /// instead of allocating a new one.
-    pub fn take_spare_stack(&mut self) -> Option<Vec<u8>> {
-        self.spare.pop()
-    }
-
-    /// The thread's recent snapshots, bounding how many threads are kept.
-    fn recent(&mut self, pid: Pid, tid: Tid) -> &mut RecentStacks {
-        let key = (pid, tid);
-        if self.prev_stacks.len() >= MAX_TRACKED_STACKS && !self.prev_stacks.contains_key(&key) {
-            self.prev_stacks.clear();
-        }
-        self.prev_stacks.entry(key).or_default()
-    }
-
-    /// Serialize a record into the block; its stack, if any, is not yet
-    /// remembered for later deltas.
-    fn append(&mut self, record: &Record, hint: Option<&StackHint>) -> Result<(), FormatError> {
-        let before = self.raw.len();
-        let result = match record {
-            Record::Sample(s) => self.push_sample(s, hint),
-            other => bincode_options()
-                .serialize_into(&mut self.raw, &WireRecordRef::Plain(other))
-                .map_err(|e| FormatError::Encode(e.to_string())),
-        };
-        if let Err(e) = result {
-            self.raw.truncate(before);
-            return Err(e);
-        }
-        if self.raw.len() > MAX_BLOCK_RAW_LEN as usize {
-            let len = (self.raw.len() - before) as u64;
-            self.raw.truncate(before);
+    /// [`push_hinted`](Self::push_hinted) sample `s` with the stack bytes
+    /// `stack` at `s.stack.start` (`s.stack.bytes` is not read): a caller
+    /// that holds a stack's bytes elsewhere need not copy them into the
+    /// sample. The block keeps no reference to them.
+    pub fn push_sample(
+        &mut self,
+        s: &Sample,
+        stack: &[u8],
+        hint: Option<&StackHint>,
+    ) -> Result<(), FormatError> {
+        if stack.len() > stack::MAX_STACK_LEN as usize {
             return Err(FormatError::RecordTooLarge {
-                len,
-                max: MAX_BLOCK_RAW_LEN.into(),
-            });
-        }
-        self.count += 1;
-        self.decoded_len += (self.raw.len() - before) as u64;
-        if let Record::Sample(s) = record {
-            self.decoded_len += s.stack.bytes.len() as u64;
-        }
-        if let Some(Timestamp(t)) = record.time() {
-            self.first_time = Some(self.first_time.map_or(t, |f| f.min(t)));
-            self.last_time = self.last_time.max(t);
-        }
-        Ok(())
-    }
-
-    fn push_sample(&mut self, s: &Sample, hint: Option<&StackHint>) -> Result<(), FormatError> {
-        if s.stack.bytes.len() > stack::MAX_STACK_LEN as usize {
-            return Err(FormatError::RecordTooLarge {
-                len: s.stack.bytes.len() as u64,
+                len: stack.len() as u64,
                 max: stack::MAX_STACK_LEN.into(),
             });
         }
+        let new = StackRef {
+            start: s.stack.start,
+            bytes: stack,
+        };
         let key = (s.pid, s.tid);
         let wire_stack = match self.prev_stacks.get(&key) {
-            Some(recent) => stack::encode_best(&s.stack, recent, hint),
-            None => stack::encode(&s.stack, None, 0),
+            Some(latest) => latest.encode(new, hint),
+            None => stack::encode(new, None, 0),
         };
         let wire = WireSample {
             time: s.time,
@@ -276,9 +219,62 @@ impl BlockBuilder {
             flags: s.flags,
             detail: s.detail,
         };
-        bincode_options()
-            .serialize_into(&mut self.raw, &WireRecordRef::Sample(&wire))
-            .map_err(|e| FormatError::Encode(e.to_string()))
+        self.append(Some(s.time), stack.len(), &WireRecordRef::Sample(&wire))?;
+        self.latest(key)
+            .remember(new, &wire.stack, hint.map(|h| h.id));
+        Ok(())
+    }
+
+    /// The thread's latest snapshot, bounding how many threads are kept
+    /// (as a reader does).
+    fn latest(&mut self, key: (Pid, Tid)) -> &mut LatestStack {
+        if self.prev_stacks.len() >= MAX_TRACKED_STACKS && !self.prev_stacks.contains_key(&key) {
+            self.forget_stacks();
+        }
+        let spare = &mut self.spare;
+        self.prev_stacks
+            .entry(key)
+            .or_insert_with(|| spare.pop().unwrap_or_default())
+    }
+
+    /// Forget every thread's snapshot, keeping some of their buffers.
+    fn forget_stacks(&mut self) {
+        for (_, mut latest) in self.prev_stacks.drain() {
+            if self.spare.len() < MAX_SPARE_STACKS {
+                latest.forget();
+                self.spare.push(latest);
+            }
+        }
+    }
+
+    /// Serialize `record` (at `time`, with `stack_len` bytes of stack
+    /// snapshot) into the block, or leave the block as it was.
+    fn append(
+        &mut self,
+        time: Option<Timestamp>,
+        stack_len: usize,
+        record: &WireRecordRef<'_>,
+    ) -> Result<(), FormatError> {
+        let before = self.raw.len();
+        if let Err(e) = bincode_options().serialize_into(&mut self.raw, record) {
+            self.raw.truncate(before);
+            return Err(FormatError::Encode(e.to_string()));
+        }
+        if self.raw.len() > MAX_BLOCK_RAW_LEN as usize {
+            let len = (self.raw.len() - before) as u64;
+            self.raw.truncate(before);
+            return Err(FormatError::RecordTooLarge {
+                len,
+                max: MAX_BLOCK_RAW_LEN.into(),
+            });
+        }
+        self.count += 1;
+        self.decoded_len += (self.raw.len() - before + stack_len) as u64;
+        if let Some(Timestamp(t)) = time {
+            self.first_time = Some(self.first_time.map_or(t, |f| f.min(t)));
+            self.last_time = self.last_time.max(t);
+        }
+        Ok(())
     }
 
     /// Compress the block at zstd `level` and reset the builder for the next one.
@@ -296,20 +292,8 @@ impl BlockBuilder {
         self.count = 0;
         self.first_time = None;
         self.last_time = 0;
-        for (_, recent) in self.prev_stacks.drain() {
-            for bytes in recent.into_buffers() {
-                keep_spare(&mut self.spare, bytes);
-            }
-        }
+        self.forget_stacks();
         Ok(block)
-    }
-}
-
-/// Keep `bytes`, a snapshot's buffer, in `spare` unless enough are kept.
-fn keep_spare(spare: &mut Vec<Vec<u8>>, mut bytes: Vec<u8>) {
-    if spare.len() < MAX_SPARE_STACKS && bytes.capacity() > 0 {
-        bytes.clear();
-        spare.push(bytes);
     }
 }
 
@@ -458,62 +442,4 @@ pub(crate) fn decode_index(raw: &[u8]) -> Result<Vec<IndexEntry>, String> {
         .with_limit(raw.len() as u64)
         .deserialize(raw)
         .map_err(|e| e.to_string())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::stack::MAX_BASES;
-
-    fn sample(tid: u32, i: u64) -> Record {
-        let mut bytes = vec![7u8; 4096];
-        bytes[(i as usize * 8) % 4096] = i as u8;
-        crate::cursor::tests::sample(1000 + i, tid, 0x7000_0000, bytes)
-    }
-
-    /// A snapshot's buffer comes back once no later delta can refer to it:
-    /// when it falls out of its thread's recent snapshots, and when the
-    /// block is finished; never while it is still a base.
-    #[test]
-    fn stack_buffers_come_back_once_no_delta_needs_them() {
-        let mut b = BlockBuilder::new();
-        for i in 0..MAX_BASES as u64 {
-            b.push_taking_stack(&mut sample(1, i)).unwrap();
-            assert!(b.take_spare_stack().is_none(), "still a base");
-        }
-        b.push_taking_stack(&mut sample(1, 99)).unwrap();
-        let spare = b.take_spare_stack().expect("the oldest fell out");
-        assert!(spare.is_empty() && spare.capacity() >= 4096);
-        assert!(b.take_spare_stack().is_none());
-        b.push_taking_stack(&mut sample(2, 0)).unwrap();
-        b.finish(1).unwrap();
-        let mut back = 0;
-        while let Some(s) = b.take_spare_stack() {
-            assert!(s.is_empty() && s.capacity() >= 4096);
-            back += 1;
-        }
-        assert_eq!(back, MAX_BASES + 1);
-    }
-
-    /// Samples whose stacks reuse the spare buffers encode as samples with
-    /// freshly allocated stacks do.
-    #[test]
-    fn reused_buffers_change_no_byte_of_the_block() {
-        let records: Vec<Record> = (0..40).map(|i| sample(1 + (i % 3) as u32, i)).collect();
-        let mut fresh = BlockBuilder::new();
-        let mut reusing = BlockBuilder::new();
-        for r in &records {
-            fresh.push_taking_stack(&mut r.clone()).unwrap();
-            let mut r = r.clone();
-            if let (Record::Sample(s), Some(mut buf)) = (&mut r, reusing.take_spare_stack()) {
-                buf.extend_from_slice(&s.stack.bytes);
-                s.stack.bytes = buf;
-            }
-            reusing.push_taking_stack(&mut r).unwrap();
-        }
-        assert_eq!(
-            fresh.finish(1).unwrap().bytes,
-            reusing.finish(1).unwrap().bytes
-        );
-    }
 }

@@ -638,17 +638,17 @@ pub(crate) mod tests {
             .collect()
     }
 
-    /// Records given away (`write_owned`) are stored exactly as records
-    /// lent (`write`): the kept stack is the same, only not copied.
+    /// Samples written with their stack bytes apart (`write_sample`) are
+    /// stored exactly as samples holding them (`write`), in every block.
     #[test]
-    fn owned_and_borrowed_writes_give_the_same_file() {
+    fn stacks_written_apart_give_the_same_file() {
         let mut records = Vec::new();
         for i in 0..200u64 {
             let mut bytes = pattern(3000 + (i as usize % 7) * 64, 5);
             bytes[(i as usize * 37) % 3000] ^= i as u8;
             records.push(sample(i, 1 + (i % 3) as u32, 0x20000 - (i % 7) * 64, bytes));
         }
-        let write = |owned: bool| {
+        let write = |apart: bool| {
             let mut file = Vec::new();
             let options = WriterOptions {
                 block_size: 16 << 10,
@@ -656,8 +656,10 @@ pub(crate) mod tests {
             };
             let mut w = TraceWriter::new(&mut file, &TraceHeader::example(), options).unwrap();
             for r in &records {
-                if owned {
-                    w.write_owned(r.clone()).unwrap();
+                if let (true, Record::Sample(s)) = (apart, r) {
+                    let mut bare = s.clone();
+                    let bytes = std::mem::take(&mut bare.stack.bytes);
+                    w.write_sample(&bare, &bytes, None).unwrap();
                 } else {
                     w.write(r).unwrap();
                 }
@@ -665,9 +667,9 @@ pub(crate) mod tests {
             w.finish().unwrap();
             file
         };
-        let (lent, given) = (write(false), write(true));
-        assert_eq!(lent, given);
-        let reader = TraceReader::new(&lent[..]).unwrap();
+        let (whole, apart) = (write(false), write(true));
+        assert_eq!(whole, apart);
+        let reader = TraceReader::new(&whole[..]).unwrap();
         assert!(reader.blocks().len() > 2, "several blocks");
     }
 

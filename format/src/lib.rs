@@ -42,6 +42,7 @@
 #![forbid(unsafe_code)]
 
 mod block;
+mod by_address;
 mod cursor;
 mod error;
 pub mod raw;
@@ -55,6 +56,7 @@ mod v1;
 mod write;
 
 pub use block::{BlockBuilder, EncodedBlock, MAX_BLOCK_DECODED_LEN};
+pub use by_address::{ByAddress, MAX_HELD_SPAN};
 pub use cursor::{
     BlockCursor, RawBlock, RecordRef, SampleRef, StackBase, StackMode, StackReader, StackView,
 };

@@ -3,7 +3,7 @@
 use crate::block::{encode_index, BlockBuilder, EncodedBlock, IndexEntry};
 use crate::error::FormatError;
 use crate::raw::{footer_bytes, FileHeader, VERSION};
-use crate::records::Record;
+use crate::records::{Record, Sample};
 use crate::stack::StackHint;
 use crate::types::TraceHeader;
 use bincode::Options;
@@ -84,45 +84,46 @@ impl<W: Write> TraceWriter<W> {
 
     /// Buffer a record; writes a block when the buffer is full.
     pub fn write(&mut self, record: &Record) -> Result<(), FormatError> {
-        match self.builder.push(record) {
-            Err(FormatError::RecordTooLarge { .. }) if !self.builder.is_empty() => {
-                self.flush_block()?;
-                self.builder.push(record)?;
-            }
-            other => other?,
-        }
-        self.flush_if_full()
+        self.write_hinted(record, None)
     }
 
-    /// [`write`](Self::write) a record that is not needed afterwards: a
-    /// sample's stack bytes are kept as the base of the thread's next
-    /// deltas instead of being copied.
-    pub fn write_owned(&mut self, record: Record) -> Result<(), FormatError> {
-        self.write_owned_hinted(record, None)
-    }
-
-    /// [`write_owned`](Self::write_owned) with what the caller knows of a
-    /// sample's stack (see [`StackHint`]): the same trace bytes, with less
-    /// work when the hint fits.
-    pub fn write_owned_hinted(
+    /// [`write`](Self::write) with what the caller knows of a sample's
+    /// stack (see [`StackHint`]): the same trace bytes, with less work
+    /// when the hint fits.
+    pub fn write_hinted(
         &mut self,
-        mut record: Record,
+        record: &Record,
         hint: Option<&StackHint>,
     ) -> Result<(), FormatError> {
-        match self.builder.push_taking_stack_hinted(&mut record, hint) {
+        self.retrying(|b| b.push_hinted(record, hint))
+    }
+
+    /// [`write_hinted`](Self::write_hinted) sample `s` with the stack
+    /// bytes `stack` at `s.stack.start` (see [`BlockBuilder::push_sample`]):
+    /// bytes held elsewhere need not be copied into the sample.
+    pub fn write_sample(
+        &mut self,
+        s: &Sample,
+        stack: &[u8],
+        hint: Option<&StackHint>,
+    ) -> Result<(), FormatError> {
+        self.retrying(|b| b.push_sample(s, stack, hint))
+    }
+
+    /// Push with `push`, again into a new block if the record did not fit
+    /// in a block that has records.
+    fn retrying(
+        &mut self,
+        mut push: impl FnMut(&mut BlockBuilder) -> Result<(), FormatError>,
+    ) -> Result<(), FormatError> {
+        match push(&mut self.builder) {
             Err(FormatError::RecordTooLarge { .. }) if !self.builder.is_empty() => {
                 self.flush_block()?;
-                self.builder.push_taking_stack_hinted(&mut record, hint)?;
+                push(&mut self.builder)?;
             }
             other => other?,
         }
         self.flush_if_full()
-    }
-
-    /// The buffer of a sample's stack the writer no longer needs, if any
-    /// (see [`BlockBuilder::take_spare_stack`]).
-    pub fn take_spare_stack(&mut self) -> Option<Vec<u8>> {
-        self.builder.take_spare_stack()
     }
 
     fn flush_if_full(&mut self) -> Result<(), FormatError> {

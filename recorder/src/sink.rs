@@ -34,6 +34,15 @@ pub(crate) struct FramesNamed {
     pub from_cache: u64,
 }
 
+/// What [`Convert::stack_for`] gives of a record's stack.
+#[derive(Debug, Default)]
+pub(crate) struct StackFor<'a> {
+    pub hint: Option<StackHint>,
+    /// A sample's stack bytes, held by the converter: the record's own
+    /// are then empty.
+    pub bytes: Option<&'a [u8]>,
+}
+
 /// Turns a backend's raw data into records, on the writer thread.
 pub(crate) trait Convert: Send + 'static {
     /// What the sampling thread sends.
@@ -44,15 +53,15 @@ pub(crate) trait Convert: Send + 'static {
 
     /// What is known of the stack of `record`, a record this converter
     /// just pushed onto `out`, asked of each in the order pushed, right
-    /// before it is written: saves the trace writer comparing it with the
-    /// thread's previous stack. A sample's stack bytes may be put into
-    /// the record only now.
-    fn stack_hint(&mut self, _record: &mut Record) -> Option<StackHint> {
-        None
+    /// before it is written: a hint that saves the trace writer comparing
+    /// it with the thread's previous stack, and the sample's stack bytes
+    /// if the converter holds them apart from the record.
+    fn stack_for(&mut self, _record: &Record) -> StackFor<'_> {
+        StackFor::default()
     }
 
-    /// Take back the buffer of a stack this converter handed out, once the
-    /// trace writer is done with it (dropped by default).
+    /// Take back the buffer of a written sample's stack (dropped by
+    /// default).
     fn recycle_stack(&mut self, _bytes: Vec<u8>) {}
 
     /// Take back a hint [`Convert::stack_hint`] gave, once the trace
@@ -324,6 +333,32 @@ impl Counter {
     }
 }
 
+/// Count and write `r` with what the converter knows of its stack, and
+/// give the converter back what the writer no longer needs.
+fn write_record<C: Convert>(
+    writer: &mut TraceWriter<BufWriter<File>>,
+    converter: &mut C,
+    counter: &mut Counter,
+    r: Record,
+) -> Result<(), RecordError> {
+    counter.count(&r);
+    let StackFor { hint, bytes } = converter.stack_for(&r);
+    match (&r, bytes) {
+        (Record::Sample(s), Some(bytes)) => writer.write_sample(s, bytes, hint.as_ref())?,
+        _ => writer.write_hinted(&r, hint.as_ref())?,
+    }
+    if let Some(hint) = hint {
+        converter.recycle_hint(hint);
+    }
+    // The buffer of a stack copied whole, for a later one.
+    if let Record::Sample(s) = r {
+        if s.stack.bytes.capacity() > 0 {
+            converter.recycle_stack(s.stack.bytes);
+        }
+    }
+    Ok(())
+}
+
 fn run<C: Convert>(
     mut writer: TraceWriter<BufWriter<File>>,
     mut converter: C,
@@ -343,17 +378,8 @@ fn run<C: Convert>(
                 break;
             }
         }
-        for mut r in records.drain(..) {
-            let hint = converter.stack_hint(&mut r);
-            counter.count(&r);
-            writer.write_owned_hinted(r, hint.as_ref())?;
-            if let Some(hint) = hint {
-                converter.recycle_hint(hint);
-            }
-            // The buffer a sample's stack just released is the next one's.
-            while let Some(bytes) = writer.take_spare_stack() {
-                converter.recycle_stack(bytes);
-            }
+        for r in records.drain(..) {
+            write_record(&mut writer, &mut converter, &mut counter, r)?;
         }
         // A recorder killed with SIGKILL keeps what is in whole blocks:
         // write one at least every second, however few records it holds.
@@ -372,17 +398,12 @@ fn run<C: Convert>(
     converter.finish(&mut records, &mut warnings)?;
     // Blobs go in blocks of their own, so their size in the file is known.
     let mut blobs_start = None;
-    for mut r in records.drain(..) {
+    for r in records.drain(..) {
         if matches!(r, Record::Blob(_)) && blobs_start.is_none() {
             writer.flush_block()?;
             blobs_start = Some(writer.bytes_written());
         }
-        let hint = converter.stack_hint(&mut r);
-        counter.count(&r);
-        writer.write_owned_hinted(r, hint.as_ref())?;
-        while let Some(bytes) = writer.take_spare_stack() {
-            converter.recycle_stack(bytes);
-        }
+        write_record(&mut writer, &mut converter, &mut counter, r)?;
     }
     writer.flush_block()?;
     let blob_file_bytes = blobs_start.map_or(0, |s| writer.bytes_written() - s);

@@ -1,10 +1,12 @@
 //! Traces written by earlier versions of lrnprof stay readable.
 //!
 //! `format/tests/data/vN.lpt` was written by format version N and is kept
-//! forever. Only the file of the current version may be regenerated, when
-//! its contents change on purpose before that version ships, with
-//! `LRNPROF_BLESS=1 cargo test -p lrnprof-format`; a version that has
-//! shipped gets a new `vN.lpt` instead.
+//! forever. `v3.lpt` was written when the writer still deltaed stacks
+//! against a thread's older snapshots (`base` 1 to 3), which readers keep
+//! reading. `v3-written.lpt` is what today's writer writes for the same
+//! records: regenerate it, when the writer's bytes change on purpose,
+//! with `LRNPROF_BLESS=1 cargo test -p lrnprof-format`; a new format
+//! version gets a new `vN.lpt`.
 
 use crate::fixtures::*;
 use lrnprof_format::*;
@@ -72,22 +74,24 @@ fn committed_v2_trace_reads() {
 #[test]
 fn committed_v3_trace_reads() {
     assert_eq!(VERSION, 3, "a new version needs its own committed trace");
-    let path = data_path("v3.lpt");
+    let written_path = data_path("v3-written.lpt");
     if std::env::var_os("LRNPROF_BLESS").is_some() {
-        std::fs::write(&path, write_trace(&v3_records(), 16 * 1024)).unwrap();
+        std::fs::write(&written_path, write_trace(&v3_records(), 16 * 1024)).unwrap();
     }
-    let reader = TraceReader::open(&path).unwrap();
-    assert_eq!(reader.version(), 3);
-    assert!(reader.report().finished);
-    assert_eq!(reader.header(), &TraceHeader::example());
-    let records: Vec<Record> = reader.records().map(Result::unwrap).collect();
-    assert_eq!(records, v3_records());
+    for path in [data_path("v3.lpt"), written_path.clone()] {
+        let reader = TraceReader::open(&path).unwrap();
+        assert_eq!(reader.version(), 3);
+        assert!(reader.report().finished);
+        assert_eq!(reader.header(), &TraceHeader::example());
+        let records: Vec<Record> = reader.records().map(Result::unwrap).collect();
+        assert_eq!(records, v3_records(), "{}", path.display());
+    }
     // Today's writer still writes version 3 byte for byte: the same block
     // payloads before compression (compressed bytes may differ with the
     // zstd library, the format does not).
     let written = write_trace(&v3_records(), 16 * 1024);
     assert_eq!(
-        payloads(&reader),
+        payloads(&TraceReader::open(&written_path).unwrap()),
         payloads(&TraceReader::new(written).unwrap())
     );
 }

@@ -21,7 +21,7 @@ use super::tracefs::SyscallPayloads;
 use super::untouched::{self, UntouchedPages};
 use crate::error::RecordError;
 use crate::report::RecordWarning;
-use crate::sink::{Convert, FramesNamed};
+use crate::sink::{Convert, FramesNamed, StackFor};
 use lrnprof_format::{
     FreeRecord, LostRecord, LostSource, Pid, ProcessEvent, ProcessRecord, Record, Regs, Sample,
     SampleDetail, SampleFlags, SampleKind, StackHint, StackSnapshot, SwitchInRecord,
@@ -1057,9 +1057,9 @@ impl Convert for Converter {
             .store(super::sys::thread_id(), Ordering::Release);
     }
 
-    fn stack_hint(&mut self, record: &mut Record) -> Option<StackHint> {
+    fn stack_for(&mut self, record: &Record) -> StackFor<'_> {
         let Record::Sample(s) = record else {
-            return None;
+            return StackFor::default();
         };
         // Released samples come to the writer in the order released: a
         // sample not the next one here means they did not (a record
@@ -1073,24 +1073,25 @@ impl Convert for Converter {
                         self.followers.drop_later(later);
                     }
                 }
-                return None;
+                return StackFor::default();
             }
         };
-        if let Some(later) = &carried.later {
-            // The stack's bytes, copied now into the buffer the trace
-            // writer released last (recently written, unlike a buffer
-            // filled when the sample was converted).
-            match self.followers.bytes(later) {
-                Ok(bytes) => {
-                    s.stack.bytes = match &self.chunks {
-                        Some(pool) => pool.stack_copy(bytes),
-                        None => bytes.to_vec(),
-                    }
+        // The stack's bytes, where the thread's bytes are put together
+        // again: written from there, never copied whole.
+        let bytes = match &carried.later {
+            Some(later) => match self.followers.bytes(later) {
+                Ok(bytes) => Some(bytes),
+                Err(Mismatch) => {
+                    self.malformed += 1;
+                    None
                 }
-                Err(Mismatch) => self.malformed += 1,
-            }
+            },
+            None => None,
+        };
+        StackFor {
+            hint: carried.hint,
+            bytes,
         }
-        carried.hint
     }
 
     fn recycle_hint(&mut self, hint: StackHint) {
@@ -1466,6 +1467,17 @@ mod tests {
         assert_eq!(s.stack.bytes[..8], 0x5000u64.to_ne_bytes());
     }
 
+    /// What the writer gets of `r`'s stack: its hint, returned, and its
+    /// bytes, put into the sample if the converter held them apart.
+    fn stack_into(c: &mut Converter, r: &mut Record) -> Option<StackHint> {
+        let StackFor { hint, bytes } = c.stack_for(r);
+        if let (Some(bytes), Record::Sample(s)) = (bytes, r) {
+            assert!(s.stack.bytes.is_empty(), "bytes in two places");
+            s.stack.bytes = bytes.to_vec();
+        }
+        hint
+    }
+
     /// Each released sample comes with what the scan for images found of
     /// its stack, named by the copy it was compared with (the thread's
     /// previous one in arrival order); written with those hints, the
@@ -1504,7 +1516,7 @@ mod tests {
             .collect();
         let hints: Vec<StackHint> = samples
             .iter_mut()
-            .map(|r| c.stack_hint(r).expect("a hint per sample"))
+            .map(|r| stack_into(&mut c, r).expect("a hint per sample"))
             .collect();
         let times: Vec<u64> = samples.iter().map(|r| r.time().unwrap().0).collect();
         assert_eq!(times, [500, 550, 600]);
@@ -1515,13 +1527,13 @@ mod tests {
         // Equal but for the leaf word's low byte.
         assert_eq!(second.runs, [(1, 4095)]);
         // Asked out of order, or for a record of no hint: none is trusted.
-        assert_eq!(c.stack_hint(samples[0]), None);
+        assert_eq!(stack_into(&mut c, samples[0]), None);
         let samples: Vec<&Record> = samples.into_iter().map(|r| &*r).collect();
 
         let mut trace = Vec::new();
         let mut w = TraceWriter::new(&mut trace, &TraceHeader::example(), Default::default()).unwrap();
         for (r, h) in samples.iter().zip(&hints) {
-            w.write_owned_hinted((*r).clone(), Some(h)).unwrap();
+            w.write_hinted(r, Some(h)).unwrap();
         }
         w.finish().unwrap();
         let read: Vec<Record> = TraceReader::new(trace).unwrap().records().map(Result::unwrap).collect();
@@ -1627,12 +1639,12 @@ mod tests {
                 .filter(|r| matches!(r, Record::Sample(_)))
                 .collect();
             let hints: Vec<Option<StackHint>> =
-                samples.iter_mut().map(|r| c.stack_hint(r)).collect();
+                samples.iter_mut().map(|r| stack_into(&mut c, r)).collect();
             let mut trace = Vec::new();
             let mut tw =
                 TraceWriter::new(&mut trace, &TraceHeader::example(), Default::default()).unwrap();
             for (r, h) in samples.iter().zip(&hints) {
-                tw.write_owned_hinted(r.clone(), h.as_ref()).unwrap();
+                tw.write_hinted(r, h.as_ref()).unwrap();
             }
             tw.finish().unwrap();
             (samples, hints, trace)

@@ -22,88 +22,17 @@
 //! stack at 10 kHz the copy cost 3.5 to 4.9 µs, of which 3.9 µs was
 //! writing into memory the other thread had used last.
 
+pub(crate) use lrnprof_format::ByAddress;
 use lrnprof_format::{common_prefix_len, SameRuns};
 use rustc_hash::{FxHashMap, FxHashSet};
-
-/// Widest address range held per thread: a whole copy (just under 64 KiB)
-/// and room to grow. A copy that would widen it further starts it afresh.
-pub(crate) const MAX_SPAN: u64 = (64 + 4) << 10;
-
-/// Room added below the bytes held when a copy reaches lower: a stack
-/// deepening copy by copy does not move them each time.
-const GROW: u64 = 4 << 10;
 
 /// Bytes compared and sent together.
 pub(crate) const BLOCK: usize = 64;
 
-/// Threads whose bytes each side holds at most (up to [`MAX_SPAN`] each);
+/// Threads whose bytes each side holds at most (up to [`MAX_HELD_SPAN`](lrnprof_format::MAX_HELD_SPAN) each);
 /// past it every thread is forgotten, on both sides, and the next copies
 /// are sent whole.
 const MAX_THREADS: usize = 512;
-
-/// Bytes held by address: what the copies written over them held, the
-/// later ones over the earlier. Bytes no copy has held are zero.
-#[derive(Debug, Default)]
-pub(crate) struct ByAddress {
-    /// AVMA of `bytes[0]`.
-    start: u64,
-    bytes: Vec<u8>,
-}
-
-impl ByAddress {
-    /// Whether `len` bytes at `sp` can be held: they end far enough below
-    /// the top of the address space for the range held to grow around
-    /// them (a stack always does; a malformed record might not).
-    pub fn can_hold(sp: u64, len: u64) -> bool {
-        sp.checked_add(len)
-            .and_then(|end| end.checked_add(MAX_SPAN))
-            .is_some()
-    }
-
-    /// Widen the range held to cover `len` bytes at `sp` (which
-    /// [`can_hold`](Self::can_hold)), with word boundaries where `sp`'s
-    /// are; start afresh (all zero) when that cannot be. Returns whether
-    /// what was held is kept.
-    pub fn cover(&mut self, sp: u64, len: u64) -> bool {
-        let end = self.start + self.bytes.len() as u64;
-        let (lo, hi) = (self.start.min(sp), end.max(sp.saturating_add(len)));
-        if self.bytes.is_empty()
-            || !(sp.wrapping_sub(self.start)).is_multiple_of(8)
-            || hi - lo > MAX_SPAN
-        {
-            self.start = sp;
-            self.bytes.clear();
-            self.bytes.resize(len as usize, 0);
-            return false;
-        }
-        if lo < self.start {
-            // Grow downwards with room to spare (within the span, above
-            // address zero, whole words).
-            let spare = MAX_SPAN - (hi - lo);
-            let grow = self.start - lo + (GROW.min(spare).min(lo) & !7);
-            self.bytes
-                .splice(0..0, std::iter::repeat_n(0, grow as usize));
-            self.start -= grow;
-        }
-        let need = (hi - self.start) as usize;
-        if need > self.bytes.len() {
-            self.bytes.resize(need, 0);
-        }
-        true
-    }
-
-    /// The `len` bytes held at `sp`, which [`cover`](Self::cover) covered.
-    pub fn at(&mut self, sp: u64, len: usize) -> &mut [u8] {
-        let off = (sp - self.start) as usize;
-        &mut self.bytes[off..off + len]
-    }
-
-    /// The `len` bytes held at `sp`, if held.
-    pub fn view(&self, sp: u64, len: usize) -> Option<&[u8]> {
-        let off = usize::try_from(sp.checked_sub(self.start)?).ok()?;
-        self.bytes.get(off..off.checked_add(len)?)
-    }
-}
 
 /// The changed blocks of the copies of one chunk, one copy after another.
 #[derive(Debug, Default)]

@@ -679,7 +679,7 @@ fn hold(new: &[u8], held: &mut [u8], from: usize, to: usize, changed: &mut impl 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::linux::replica::MAX_SPAN;
+    use lrnprof_format::MAX_HELD_SPAN;
     use lrnprof_format::{ImageKind, Pid, Timestamp};
 
     fn map(pid: u32, start: u64, end: u64, id: u8) -> ImageMapRecord {
@@ -961,7 +961,7 @@ mod tests {
         let mut seen = SeenStack::default();
         assert_eq!(update(&mut seen, 0x1000, &[0, 7, 0]), [7]);
         // A copy too far from what is held starts afresh.
-        assert_eq!(update(&mut seen, 0x1000 + MAX_SPAN, &[7]), [7]);
+        assert_eq!(update(&mut seen, 0x1000 + MAX_HELD_SPAN, &[7]), [7]);
         // One at the top of the address space (a malformed sample) is
         // not held: looked up whole every time.
         let top = u64::MAX - 20;
