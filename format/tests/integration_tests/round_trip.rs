@@ -180,6 +180,46 @@ fn writing_to_a_full_disk_is_an_error() {
     assert!(matches!(err, FormatError::Io(_)), "{err}");
 }
 
+/// A block with more threads than a reader keeps snapshots for: writer
+/// and reader forget every thread at the same sample (the 4,097th thread
+/// in the block), so the threads seen again afterwards are stored whole
+/// and the block reads back. A writer that kept a thread the reader
+/// forgot would refer to a snapshot the reader no longer has.
+#[test]
+fn a_block_of_more_threads_than_kept_reads_back() {
+    let template = sample(1, 1, 0);
+    let threads = 4096 + 8;
+    let mut records = Vec::new();
+    for round in 0..2u64 {
+        for t in 0..threads {
+            let start = 0x7000_0000 + u64::from(t) * 0x1000;
+            records.push(Record::Sample(Sample {
+                time: Timestamp(1 + round * 10_000 + u64::from(t)),
+                tid: Tid(t),
+                regs: Regs::X86_64(RegsX86_64 {
+                    ip: 0x40_1000,
+                    sp: start,
+                    bp: 0,
+                }),
+                stack: StackSnapshot {
+                    start,
+                    bytes: pattern(64, u64::from(t)),
+                },
+                ..template.clone()
+            }));
+        }
+    }
+    let mut builder = BlockBuilder::new();
+    for r in &records {
+        builder.push(r).unwrap();
+    }
+    let block = builder.finish(3).unwrap();
+    assert_eq!(
+        decode_standalone_block(VERSION, &block.bytes).unwrap(),
+        records
+    );
+}
+
 /// The writer deltas against a thread's latest snapshot only; a thread
 /// going back to an older stack stores it as literals, which compression
 /// finds again in the block.
