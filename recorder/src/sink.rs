@@ -64,7 +64,7 @@ pub(crate) trait Convert: Send + 'static {
     /// default).
     fn recycle_stack(&mut self, _bytes: Vec<u8>) {}
 
-    /// Take back a hint [`Convert::stack_hint`] gave, once the trace
+    /// Take back a hint [`Convert::stack_for`] gave, once the trace
     /// writer is done with it (dropped by default).
     fn recycle_hint(&mut self, _hint: StackHint) {}
 

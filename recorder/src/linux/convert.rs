@@ -191,7 +191,7 @@ pub(crate) struct Converter {
     /// Records not released yet.
     pending: Held,
     /// What is known of the stacks of the samples released, in order, until
-    /// the trace writer asks ([`Convert::stack_hint`]).
+    /// the trace writer asks ([`Convert::stack_for`]).
     released_hints: VecDeque<SampleHint>,
     /// Records older than this may be released.
     released_before: u64,
