@@ -117,7 +117,7 @@ impl ExecWatch {
     /// the socket cannot be made; a subscription the kernel refuses for
     /// want of `CAP_NET_ADMIN` starts too, and hears nothing.
     pub fn start(root: Option<u32>) -> io::Result<ExecWatch> {
-        let socket = subscribe()?;
+        let socket = subscribe(root.is_some())?;
         let scope = Scope::new(root);
         let heard = Arc::new(Mutex::new(Heard::default()));
         let stop = Arc::new(sys::eventfd().map_err(|e| io::Error::other(e.to_string()))?);
@@ -150,8 +150,10 @@ impl Drop for ExecWatch {
     }
 }
 
-/// A netlink connector socket subscribed to process events.
-fn subscribe() -> io::Result<OwnedFd> {
+/// A netlink connector socket subscribed to process events, with the
+/// kernel dropping those the watch would ignore (see [`event_filter`]):
+/// `tree` says whether a process tree is followed.
+fn subscribe(tree: bool) -> io::Result<OwnedFd> {
     // Safety: plain socket creation; the result is checked.
     let fd = unsafe {
         libc::socket(
@@ -193,6 +195,24 @@ fn subscribe() -> io::Result<OwnedFd> {
             std::mem::size_of::<libc::c_int>() as libc::socklen_t,
         )
     };
+    // Without the filter (a kernel that refuses it) every event comes up
+    // and is ignored here instead.
+    let mut filter = event_filter(tree);
+    let program = libc::sock_fprog {
+        len: filter.len() as u16,
+        filter: filter.as_mut_ptr(),
+    };
+    // Safety: program points at filter, live for the call; the kernel
+    // copies it.
+    unsafe {
+        libc::setsockopt(
+            socket.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_ATTACH_FILTER,
+            (&program as *const libc::sock_fprog).cast(),
+            std::mem::size_of::<libc::sock_fprog>() as libc::socklen_t,
+        )
+    };
     let message = listen_message();
     // Safety: message is a live buffer of its length.
     let sent = unsafe {
@@ -228,6 +248,54 @@ fn listen_message() -> Vec<u8> {
     m.extend_from_slice(&0u16.to_ne_bytes()); // flags
     m.extend_from_slice(&payload);
     m
+}
+
+/// A classic BPF socket filter that passes only the events the watch
+/// uses: execs; with a `tree` to follow, also forks that make a process
+/// (not a thread) and exits of a whole process (not of one thread). The
+/// connector tells of every process and thread on the machine, and on a
+/// busy one (a build running) waking for each event the watch ignores
+/// cost the recorder more than the events it uses.
+fn event_filter(tree: bool) -> Vec<libc::sock_filter> {
+    // The filter reads words big-endian; the connector writes them in the
+    // machine's order.
+    let word = |v: u32| u32::from_be_bytes(v.to_ne_bytes());
+    let at = |offset: usize| (NLMSG_HDR + CN_MSG_HDR + offset) as u32;
+    let op = |code: u32, jt: u8, jf: u8, k: u32| libc::sock_filter {
+        code: code as u16,
+        jt,
+        jf,
+        k,
+    };
+    let load = |offset: usize| op(libc::BPF_LD | libc::BPF_W | libc::BPF_ABS, 0, 0, at(offset));
+    let jeq = |k: u32, jt: u8, jf: u8| op(libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K, jt, jf, k);
+    let jeq_x = |jt: u8, jf: u8| op(libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_X, jt, jf, 0);
+    let tax = op(libc::BPF_MISC | libc::BPF_TAX, 0, 0, 0);
+    let accept = op(libc::BPF_RET | libc::BPF_K, 0, 0, u32::MAX);
+    let drop = op(libc::BPF_RET | libc::BPF_K, 0, 0, 0);
+    // proc_event: what at 0, then the event's data at 16 (see
+    // `parse_event`).
+    if !tree {
+        return vec![load(0), jeq(word(PROC_EVENT_EXEC), 0, 1), accept, drop];
+    }
+    vec![
+        /* 0 */ load(0),
+        /* 1 */ jeq(word(PROC_EVENT_EXEC), 10, 0),
+        /* 2 */ jeq(word(PROC_EVENT_FORK), 1, 0),
+        /* 3 */ jeq(word(PROC_EVENT_EXIT), 4, 9),
+        // A fork: child_pid == child_tgid.
+        /* 4 */ load(16 + 12),
+        /* 5 */ tax,
+        /* 6 */ load(16 + 8),
+        /* 7 */ jeq_x(4, 5),
+        // An exit: process_pid == process_tgid.
+        /* 8 */ load(16 + 4),
+        /* 9 */ tax,
+        /* 10 */ load(16),
+        /* 11 */ jeq_x(0, 1),
+        /* 12 */ accept,
+        /* 13 */ drop,
+    ]
 }
 
 /// What the kernel told, as far as the watch cares.
@@ -310,6 +378,9 @@ impl Scope {
     }
 }
 
+/// Datagrams received at most between two checks for the stop.
+const MAX_BATCH: usize = 64;
+
 /// Receive events until `stop` is readable; read the command line of
 /// each exec.
 fn listen(socket: &OwnedFd, mut scope: Scope, heard: &Mutex<Heard>, stop: &OwnedFd) {
@@ -321,43 +392,49 @@ fn listen(socket: &OwnedFd, mut scope: Scope, heard: &Mutex<Heard>, stop: &Owned
             Ok(_) => {}
             Err(_) => return,
         }
-        // Safety: buf is a live buffer of its length.
-        let n = unsafe {
-            libc::recv(
-                socket.as_raw_fd(),
-                buf.as_mut_ptr().cast(),
-                buf.len(),
-                libc::MSG_DONTWAIT,
-            )
-        };
-        if n < 0 {
-            let e = io::Error::last_os_error();
-            match e.raw_os_error() {
-                // Nothing after all, interrupted, or events dropped in a
-                // burst (those execs fall back to /proc later).
-                Some(libc::EAGAIN | libc::EINTR | libc::ENOBUFS) => continue,
-                _ => return,
+        // Every event queued (a burst when a build starts), then poll
+        // again: one wake-up for them all.
+        for _ in 0..MAX_BATCH {
+            // Safety: buf is a live buffer of its length.
+            let n = unsafe {
+                libc::recv(
+                    socket.as_raw_fd(),
+                    buf.as_mut_ptr().cast(),
+                    buf.len(),
+                    libc::MSG_DONTWAIT,
+                )
+            };
+            if n < 0 {
+                let e = io::Error::last_os_error();
+                match e.raw_os_error() {
+                    // Nothing more for now.
+                    Some(libc::EAGAIN) => break,
+                    // Interrupted, or events dropped in a burst (those
+                    // execs fall back to /proc later).
+                    Some(libc::EINTR | libc::ENOBUFS) => continue,
+                    _ => return,
+                }
             }
-        }
-        let Some(event) = parse_event(&buf[..n as usize]) else {
-            continue;
-        };
-        let Event::Exec { pid, time } = event else {
-            scope.follow(event);
-            continue;
-        };
-        if !scope.follow(event) {
-            continue;
-        }
-        let seen = ExecSeen {
-            pid,
-            time,
-            command: procfs::command_line(pid),
-            executable: procfs::executable(pid),
-        };
-        match heard.lock() {
-            Ok(mut h) => h.push(seen),
-            Err(_) => return,
+            let Some(event) = parse_event(&buf[..n as usize]) else {
+                continue;
+            };
+            let Event::Exec { pid, time } = event else {
+                scope.follow(event);
+                continue;
+            };
+            if !scope.follow(event) {
+                continue;
+            }
+            let seen = ExecSeen {
+                pid,
+                time,
+                command: procfs::command_line(pid),
+                executable: procfs::executable(pid),
+            };
+            match heard.lock() {
+                Ok(mut h) => h.push(seen),
+                Err(_) => return,
+            }
         }
     }
 }
@@ -414,6 +491,73 @@ mod tests {
             d.extend_from_slice(&w.to_ne_bytes());
         }
         d
+    }
+
+    /// Run `filter` on `packet` as the kernel does, for the instructions
+    /// `event_filter` uses: whether the packet is passed.
+    fn passes(filter: &[libc::sock_filter], packet: &[u8]) -> bool {
+        let (mut a, mut x, mut pc) = (0u32, 0u32, 0usize);
+        loop {
+            let i = filter[pc];
+            pc += 1;
+            match u32::from(i.code) {
+                c if c == libc::BPF_LD | libc::BPF_W | libc::BPF_ABS => {
+                    let k = i.k as usize;
+                    let Some(w) = packet.get(k..k + 4) else {
+                        return false;
+                    };
+                    a = u32::from_be_bytes(w.try_into().unwrap());
+                }
+                c if c == libc::BPF_MISC | libc::BPF_TAX => x = a,
+                c if c == libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K => {
+                    pc += usize::from(if a == i.k { i.jt } else { i.jf });
+                }
+                c if c == libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_X => {
+                    pc += usize::from(if a == x { i.jt } else { i.jf });
+                }
+                c if c == libc::BPF_RET | libc::BPF_K => return i.k != 0,
+                c => panic!("instruction {c:#x} not run here"),
+            }
+        }
+    }
+
+    /// The kernel passes what the watch uses and drops the rest: a thread
+    /// made or gone, another kind of event, a packet cut short.
+    #[test]
+    fn the_kernel_drops_events_the_watch_ignores() {
+        let tree = event_filter(true);
+        let all = event_filter(false);
+        let exec = datagram(PROC_EVENT_EXEC, 1, &[4001, 4000]);
+        let process_fork = datagram(PROC_EVENT_FORK, 1, &[10, 10, 11, 11]);
+        // A process's thread forking a process: still a process.
+        let fork_by_thread = datagram(PROC_EVENT_FORK, 1, &[12, 10, 13, 13]);
+        let thread_made = datagram(PROC_EVENT_FORK, 1, &[10, 10, 14, 10]);
+        let process_exit = datagram(PROC_EVENT_EXIT, 1, &[11, 11, 0, 0]);
+        let thread_exit = datagram(PROC_EVENT_EXIT, 1, &[14, 10, 0, 0]);
+        let uid_change = datagram(4, 1, &[1, 1, 0, 0]);
+        for (packet, by_tree, by_all) in [
+            (&exec, true, true),
+            (&process_fork, true, false),
+            (&fork_by_thread, true, false),
+            (&thread_made, false, false),
+            (&process_exit, true, false),
+            (&thread_exit, false, false),
+            (&uid_change, false, false),
+        ] {
+            let event = parse_event(packet);
+            assert_eq!(passes(&tree, packet), by_tree, "{event:?}");
+            assert_eq!(passes(&all, packet), by_all, "{event:?}");
+        }
+        assert!(!passes(&tree, &exec[..NLMSG_HDR + CN_MSG_HDR + 2]));
+        assert!(!passes(&tree, &process_fork[..process_fork.len() - 2]));
+        // What passes is what the watch follows: a thread's fork or exit
+        // changes no tree.
+        let mut scope = Scope::new(Some(10));
+        for p in [&thread_made, &thread_exit] {
+            let before = scope.tree.clone();
+            scope.follow(parse_event(p).unwrap());
+            assert_eq!(scope.tree, before);
+        }
     }
 
     #[test]
@@ -504,8 +648,9 @@ mod tests {
         );
     }
 
-    #[test]
-    fn an_exec_is_heard_with_its_command_line_before_the_program_exits() {
+    /// Whether this test can listen to process events (root); under CI
+    /// it must.
+    fn can_listen() -> bool {
         // Safety: geteuid has no preconditions.
         if unsafe { libc::geteuid() } != 0 {
             // The kernel sends process events to CAP_NET_ADMIN only.
@@ -513,6 +658,35 @@ mod tests {
                 std::env::var_os("CI").is_none(),
                 "CI runs as root: process events must be heard"
             );
+            return false;
+        }
+        true
+    }
+
+    /// The first exec heard whose command line has `marker`, waiting up
+    /// to 60 s for it.
+    fn heard_with(watch: &ExecWatch, marker: &str) -> Option<ExecSeen> {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        loop {
+            let heard = watch.heard.lock().unwrap();
+            if let Some(seen) = heard
+                .execs
+                .iter()
+                .find(|e| e.command.iter().any(|a| a == marker))
+            {
+                return Some(seen.clone());
+            }
+            drop(heard);
+            if std::time::Instant::now() > deadline {
+                return None;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+    }
+
+    #[test]
+    fn an_exec_is_heard_with_its_command_line_before_the_program_exits() {
+        if !can_listen() {
             return;
         }
         // Listening to our own tree: the child is forked from us.
@@ -531,21 +705,11 @@ mod tests {
             .spawn()
             .unwrap();
         let pid = child.id();
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-        let found = loop {
-            let heard = watch.heard.lock().unwrap();
-            if let Some(seen) = heard.execs.iter().find(|e| e.pid == pid) {
-                break Some(seen.clone());
-            }
-            drop(heard);
-            if std::time::Instant::now() > deadline {
-                break None;
-            }
-            std::thread::sleep(std::time::Duration::from_millis(5));
-        };
+        let found = heard_with(&watch, "marker-arg");
         drop(child.stdin.take());
         let _ = child.wait();
         let seen = found.expect("the child's exec was not heard within 60 s");
+        assert_eq!(seen.pid, pid);
         assert!(
             seen.command.iter().any(|a| a == "marker-arg"),
             "{:?}",
@@ -555,5 +719,33 @@ mod tests {
         assert!(seen.executable.is_some(), "{seen:?}");
         // The converter finds it by process and time.
         assert_eq!(watch.take(pid, seen.time + 1_000), Some(seen));
+    }
+
+    /// A grandchild's exec is heard: the fork that made it (by the child,
+    /// not by us) passes the kernel-side filter and the tree follows it.
+    #[test]
+    fn a_grandchild_exec_is_heard_through_the_childs_fork() {
+        if !can_listen() {
+            return;
+        }
+        let watch =
+            ExecWatch::start(Some(std::process::id())).expect("subscribing to process events");
+        // The child forks (the `; exit 0` keeps the shell from exec'ing
+        // its last command in place) a grandchild that execs a shell
+        // which waits for the stdin it inherits to close.
+        let mut child = std::process::Command::new("sh")
+            .args([
+                "-c",
+                "sh -c 'read line; exit 0' grandchild-marker; exit 0",
+                "lrnprof-execwatch-test",
+            ])
+            .stdin(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let found = heard_with(&watch, "grandchild-marker");
+        drop(child.stdin.take());
+        let _ = child.wait();
+        let seen = found.expect("the grandchild's exec was not heard within 60 s");
+        assert_ne!(seen.pid, child.id(), "{seen:?}");
     }
 }
