@@ -684,37 +684,41 @@ mod tests {
         }
     }
 
+    /// Listening to our own tree, run `sh` with `args` as our child, its
+    /// stdin a pipe that it (or its child) waits on so that command lines
+    /// stay readable until heard; the first exec heard with `marker`, and
+    /// the child's pid.
+    fn hear_from_shell(args: &[&str], marker: &str) -> (ExecWatch, u32, ExecSeen) {
+        let watch =
+            ExecWatch::start(Some(std::process::id())).expect("subscribing to process events");
+        let mut child = std::process::Command::new("sh")
+            .args(args)
+            .stdin(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let found = heard_with(&watch, marker);
+        drop(child.stdin.take());
+        let _ = child.wait();
+        let seen = found.unwrap_or_else(|| panic!("no exec with {marker} heard within 60 s"));
+        (watch, child.id(), seen)
+    }
+
     #[test]
     fn an_exec_is_heard_with_its_command_line_before_the_program_exits() {
         if !can_listen() {
             return;
         }
-        // Listening to our own tree: the child is forked from us.
-        let watch =
-            ExecWatch::start(Some(std::process::id())).expect("subscribing to process events");
-        // The child execs and then waits for its stdin to close, so its
-        // command line stays readable until the watch has heard it.
-        let mut child = std::process::Command::new("sh")
-            .args([
+        // The child itself execs.
+        let (watch, pid, seen) = hear_from_shell(
+            &[
                 "-c",
                 "read line; exit 0",
                 "lrnprof-execwatch-test",
                 "marker-arg",
-            ])
-            .stdin(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        let pid = child.id();
-        let found = heard_with(&watch, "marker-arg");
-        drop(child.stdin.take());
-        let _ = child.wait();
-        let seen = found.expect("the child's exec was not heard within 60 s");
-        assert_eq!(seen.pid, pid);
-        assert!(
-            seen.command.iter().any(|a| a == "marker-arg"),
-            "{:?}",
-            seen.command
+            ],
+            "marker-arg",
         );
+        assert_eq!(seen.pid, pid);
         // The executable is the shell's (sh is a link to it).
         assert!(seen.executable.is_some(), "{seen:?}");
         // The converter finds it by process and time.
@@ -728,24 +732,16 @@ mod tests {
         if !can_listen() {
             return;
         }
-        let watch =
-            ExecWatch::start(Some(std::process::id())).expect("subscribing to process events");
-        // The child forks (the `; exit 0` keeps the shell from exec'ing
-        // its last command in place) a grandchild that execs a shell
-        // which waits for the stdin it inherits to close.
-        let mut child = std::process::Command::new("sh")
-            .args([
+        // The `; exit 0` keeps the child from exec'ing its last command in
+        // place: it forks the grandchild, which execs.
+        let (_watch, pid, seen) = hear_from_shell(
+            &[
                 "-c",
                 "sh -c 'read line; exit 0' grandchild-marker; exit 0",
                 "lrnprof-execwatch-test",
-            ])
-            .stdin(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        let found = heard_with(&watch, "grandchild-marker");
-        drop(child.stdin.take());
-        let _ = child.wait();
-        let seen = found.expect("the grandchild's exec was not heard within 60 s");
-        assert_ne!(seen.pid, child.id(), "{seen:?}");
+            ],
+            "grandchild-marker",
+        );
+        assert_ne!(seen.pid, pid, "{seen:?}");
     }
 }
