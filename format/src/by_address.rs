@@ -6,8 +6,9 @@
 //! delta; the recorder keeps them on both sides of its stack delta
 //! pipeline.
 
-/// Widest address range held per thread: a whole copy (just under 64 KiB)
-/// and room to grow. A copy that would widen it further starts it afresh.
+/// Widest address range held per thread: a whole Linux stack copy (just
+/// under 64 KiB) and room to grow. A copy that would widen it further
+/// starts it afresh (one longer than this is held alone).
 pub const MAX_HELD_SPAN: u64 = (64 + 4) << 10;
 
 /// Room added below the bytes held when a copy reaches lower: a stack

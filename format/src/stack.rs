@@ -162,15 +162,14 @@ pub struct StackHint {
     pub runs: Vec<(u32, u32)>,
 }
 
-/// Encode `new` against `prev` (the thread's recent snapshot number
-/// `base`) from `runs` of `new` known to equal `prev` at the same AVMAs
-/// within `prev`'s range (see [`StackHint::runs`]), without comparing;
-/// `None` if the runs are out of order or out of `new`.
+/// Encode `new` against `prev` (the thread's latest snapshot) from `runs`
+/// of `new` known to equal `prev` at the same AVMAs within `prev`'s range
+/// (see [`StackHint::runs`]), without comparing; `None` if the runs are
+/// out of order or out of `new`.
 fn encode_from_runs<'a>(
     new: StackRef<'a>,
     prev: StackRef<'_>,
     runs: &[(u32, u32)],
-    base: u8,
 ) -> Option<WireStack<'a>> {
     let bytes = new.bytes;
     let overlap_start = new.start.max(prev.start);
@@ -215,7 +214,7 @@ fn encode_from_runs<'a>(
     Some(WireStack {
         start: new.start,
         len: bytes.len() as u32,
-        base,
+        base: 0,
         segments,
     })
 }
@@ -253,7 +252,7 @@ impl LatestStack {
             if h.base.is_none() || h.base != id {
                 return None;
             }
-            encode_from_runs(new, prev, &h.runs, 0)
+            encode_from_runs(new, prev, &h.runs)
         });
         hinted.unwrap_or_else(|| encode(new, prev, 0))
     }
@@ -268,12 +267,12 @@ impl LatestStack {
             self.latest = None;
             return;
         }
-        let kept = self.latest.is_some() && self.held.cover(new.start, len as u64);
+        // With no latest snapshot the wire is all literals.
+        let kept = self.held.cover(new.start, len as u64);
+        let held = self.held.at(new.start, len);
         if !kept {
-            self.held.cover(new.start, len as u64);
-            self.held.at(new.start, len).copy_from_slice(new.bytes);
+            held.copy_from_slice(new.bytes);
         } else {
-            let held = self.held.at(new.start, len);
             let mut at = 0usize;
             for segment in &wire.segments {
                 match segment {

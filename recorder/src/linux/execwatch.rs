@@ -415,28 +415,30 @@ fn listen(socket: &OwnedFd, mut scope: Scope, heard: &Mutex<Heard>, stop: &Owned
                     _ => return,
                 }
             }
-            let Some(event) = parse_event(&buf[..n as usize]) else {
-                continue;
-            };
-            let Event::Exec { pid, time } = event else {
-                scope.follow(event);
-                continue;
-            };
-            if !scope.follow(event) {
-                continue;
-            }
-            let seen = ExecSeen {
-                pid,
-                time,
-                command: procfs::command_line(pid),
-                executable: procfs::executable(pid),
-            };
-            match heard.lock() {
-                Ok(mut h) => h.push(seen),
-                Err(_) => return,
+            if hear(&buf[..n as usize], &mut scope, heard).is_err() {
+                return;
             }
         }
     }
+}
+
+/// Follow the event in `datagram`; of an exec to read, read the command
+/// line and executable into `heard` (`Err` if its lock is poisoned).
+fn hear(datagram: &[u8], scope: &mut Scope, heard: &Mutex<Heard>) -> Result<(), ()> {
+    let Some(event) = parse_event(datagram) else {
+        return Ok(());
+    };
+    let (true, Event::Exec { pid, time }) = (scope.follow(event), event) else {
+        return Ok(());
+    };
+    let seen = ExecSeen {
+        pid,
+        time,
+        command: procfs::command_line(pid),
+        executable: procfs::executable(pid),
+    };
+    heard.lock().map_err(|_| ())?.push(seen);
+    Ok(())
 }
 
 #[cfg(test)]
