@@ -312,7 +312,7 @@ impl RingPlan {
 }
 
 /// The smallest ring that wakes the draining thread half full.
-const HALF_FULL_WAKE_MIN: usize = 4 << 20;
+pub(crate) const HALF_FULL_WAKE_MIN: usize = 4 << 20;
 
 /// A ring must hold at least this many full-size samples, or bursts
 /// between two drains overflow it.

@@ -731,8 +731,9 @@ fn drain_all(
         // Room for what is there (stack copies before compaction: more
         // than enough), or one chunk.
         let pending = ring.pending();
-        behind |= urgency::behind(pending, ring.data_size(), urgency::KERNEL_RING_FRACTION);
-        fullest = fullest.max(pending as f64 / ring.data_size().max(1) as f64);
+        let size = ring.data_size();
+        behind |= urgency::behind(pending, size, urgency::kernel_ring_fraction(size));
+        fullest = fullest.max(pending as f64 / size.max(1) as f64);
         let room = pending.min(MAX_CHUNK);
         ring.drain_records(&mut wrapped, |rec| {
             if chunk.bytes.capacity() == 0 {

@@ -17,12 +17,12 @@
 //!   Past its fair share the scheduler lets it wait for long stretches
 //!   (hundreds of milliseconds with 600 busy target threads), and the
 //!   rings overflow before a drain could see them fill.
-//! - A kernel ring found more than an eighth full when drained, or the
-//!   allocation sampler's more than half. At 1 kHz with 64 KiB stack
-//!   copies a drain every 20 ms finds about 1/13 of a kernel ring per busy
-//!   CPU; at 10 kHz the kernel wakes the drain at half (see
-//!   `RingPlan::wakeup_bytes`), and the
-//!   threads stay raised. The allocation sampler's ring is small on
+//! - A kernel ring found more than half full when drained (a small one:
+//!   an eighth, see [`kernel_ring_fraction`]), or the allocation
+//!   sampler's more than half. The drains are paced to find a ring about
+//!   a quarter full (see `pace`); at 10 kHz with 64 KiB stack copies the
+//!   kernel wakes the drain at half (see `RingPlan::wakeup_bytes`), and
+//!   the threads stay raised. The allocation sampler's ring is small on
 //!   purpose (it stays in the caches) and holds about 50 ms of the
 //!   busiest allocator measured: a drain finds up to 40% of it, and a
 //!   full one makes allocating threads wait, not lose records.
@@ -30,6 +30,7 @@
 //!   `pace`): the draining thread did not get a CPU in time, or waited
 //!   for the writer (whose lag blocks it).
 
+use super::attr;
 use super::procfs;
 use super::sys::{self, Scheduling};
 use std::sync::atomic::{AtomicI32, Ordering};
@@ -60,9 +61,21 @@ pub(crate) fn over_fair_share(cpu: Duration, wall: Duration, cpus: usize, runnin
 /// writer.
 pub(crate) const LATE: Duration = Duration::from_millis(30);
 
-/// A kernel ring is behind once more than `1 / KERNEL_RING_FRACTION` of
-/// it is full (the samples that overflow it are lost).
-pub(crate) const KERNEL_RING_FRACTION: usize = 8;
+/// The part of a kernel ring of `ring_bytes` past which it is behind
+/// (the samples that overflow it are lost), as `1 / fraction`. A ring
+/// that wakes the draining thread half full (see `RingPlan::wakeup_bytes`)
+/// is drained about a quarter full (see `pace`), so one found more than
+/// half full was drained late by as much again, or woke the drain itself
+/// (at 10 kHz). A smaller ring (a user held to `perf_event_mlock_kb`: 32
+/// copies) wakes it a quarter full and is behind past an eighth, that is
+/// at every drain that finds samples in it.
+pub(crate) fn kernel_ring_fraction(ring_bytes: usize) -> usize {
+    if ring_bytes >= attr::HALF_FULL_WAKE_MIN {
+        2
+    } else {
+        8
+    }
+}
 /// The allocation sampler's ring is behind once more than `1 /
 /// HEAP_RING_FRACTION` of it is full (a sampler finding it full waits).
 pub(crate) const HEAP_RING_FRACTION: usize = 2;
@@ -217,9 +230,15 @@ mod tests {
 
     #[test]
     fn a_ring_is_behind_past_its_fraction() {
-        assert!(!behind(0, 4096, KERNEL_RING_FRACTION));
-        assert!(!behind(512, 4096, KERNEL_RING_FRACTION));
-        assert!(behind(513, 4096, KERNEL_RING_FRACTION));
+        let large = 16 << 20;
+        let large_fraction = kernel_ring_fraction(large);
+        assert!(!behind(0, large, large_fraction));
+        assert!(!behind(large / 2, large, large_fraction));
+        assert!(behind(large / 2 + 1, large, large_fraction));
+        let small = 256 << 10;
+        let small_fraction = kernel_ring_fraction(small);
+        assert!(!behind(small / 8, small, small_fraction));
+        assert!(behind(small / 8 + 1, small, small_fraction));
         assert!(!behind(2048, 4096, HEAP_RING_FRACTION));
         assert!(behind(2049, 4096, HEAP_RING_FRACTION));
     }
