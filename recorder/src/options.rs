@@ -175,6 +175,13 @@ pub struct RecordOptions {
     /// multiple of 8 and capped by the kernel's limit). Only the live part
     /// is stored.
     pub stack_size: u32,
+    /// Bytes of each CPU's ring buffer, the memory the kernel writes
+    /// samples into (Linux): rounded down to a power of two pages, from
+    /// 32 KiB (eight pages) to 1 GiB. `None`: 16 MiB as root, else what
+    /// `kernel.perf_event_mlock_kb` lets a user lock. The kernel reserves
+    /// a sample's whole stack size in it, so stack copies are limited
+    /// (with a warning) to what lets a ring hold 32 samples.
+    pub ring_size: Option<u64>,
     /// Also ask the kernel for the user frame-pointer callchain of each
     /// sample, so stacks can be continued where the stack copy ends.
     pub kernel_callchain: bool,
@@ -218,6 +225,7 @@ impl Default for RecordOptions {
             heap: None,
             duration: None,
             stack_size: DEFAULT_STACK_SIZE,
+            ring_size: None,
             kernel_callchain: true,
             kernel: false,
             embed: EmbedLevel::default(),

@@ -77,11 +77,18 @@ pub enum RecordWarning {
         /// Samples per second used.
         used_hz: u32,
     },
-    /// Stack copies are smaller than asked for, so that the perf buffers
-    /// fit in `kernel.perf_event_mlock_kb`.
+    /// Stack copies are smaller than asked for, so that each perf ring
+    /// buffer holds 32 samples (the kernel reserves a whole copy per
+    /// sample).
     StackSizeLimited {
         /// The most bytes of stack copied per sample.
         bytes: u32,
+        /// Bytes of each CPU's ring buffer.
+        ring_bytes: u64,
+        /// Whether the ring has the size the user chose
+        /// ([`RecordOptions::ring_size`](crate::RecordOptions::ring_size));
+        /// else `kernel.perf_event_mlock_kb` held it smaller.
+        chosen: bool,
     },
     /// An image's data could not be embedded; the analyzer needs the file
     /// (with the same build id) where the trace is analyzed.
@@ -159,10 +166,26 @@ impl fmt::Display for RecordWarning {
                 "{requested_hz} Hz is above kernel.perf_event_max_sample_rate; \
                  sampling at {used_hz} Hz"
             ),
-            RecordWarning::StackSizeLimited { bytes } => write!(
+            RecordWarning::StackSizeLimited {
+                bytes,
+                ring_bytes,
+                chosen: true,
+            } => write!(
                 f,
-                "stack copies limited to {bytes} bytes to fit the perf buffers that \
-                 kernel.perf_event_mlock_kb allows; deeper stacks need root or a higher limit"
+                "stack copies limited to {bytes} bytes so that a ring buffer of {} holds 32 \
+                 samples; a larger --ring-size allows deeper stacks",
+                human_bytes(*ring_bytes)
+            ),
+            RecordWarning::StackSizeLimited {
+                bytes,
+                ring_bytes,
+                chosen: false,
+            } => write!(
+                f,
+                "stack copies limited to {bytes} bytes so that a ring buffer of {} (what \
+                 kernel.perf_event_mlock_kb allows) holds 32 samples; deeper stacks need root \
+                 or a higher limit",
+                human_bytes(*ring_bytes)
             ),
             RecordWarning::NotEmbedded { path, reason } => {
                 write!(f, "not embedding {path}: {reason}")
@@ -301,8 +324,26 @@ mod tests {
             w.to_string(),
             "not embedding /lib/x.so: the file is gone or changed"
         );
-        assert!(!RecordWarning::StackSizeLimited { bytes: 15360 }
-            .to_string()
-            .contains('\n'));
+        let w = RecordWarning::StackSizeLimited {
+            bytes: 15360,
+            ring_bytes: 512 << 10,
+            chosen: false,
+        };
+        assert_eq!(
+            w.to_string(),
+            "stack copies limited to 15360 bytes so that a ring buffer of 512.0 KiB (what \
+             kernel.perf_event_mlock_kb allows) holds 32 samples; deeper stacks need root or a \
+             higher limit"
+        );
+        let w = RecordWarning::StackSizeLimited {
+            bytes: 31744,
+            ring_bytes: 1 << 20,
+            chosen: true,
+        };
+        assert_eq!(
+            w.to_string(),
+            "stack copies limited to 31744 bytes so that a ring buffer of 1.0 MiB holds 32 \
+             samples; a larger --ring-size allows deeper stacks"
+        );
     }
 }

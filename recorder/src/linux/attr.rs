@@ -290,6 +290,19 @@ pub(crate) struct RingPlan {
     pub stack_size: u32,
     /// Whether `stack_size` was lowered to fit the ring.
     pub stack_limited: bool,
+    /// What set the ring's size.
+    pub bound: RingBound,
+}
+
+/// What sets a ring buffer's size.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RingBound {
+    /// The recorder's default, for a user who may lock it (root).
+    Default,
+    /// The size the user asked for.
+    Chosen,
+    /// What `kernel.perf_event_mlock_kb` lets a user lock.
+    MlockLimit,
 }
 
 impl RingPlan {
@@ -311,6 +324,13 @@ impl RingPlan {
     }
 }
 
+/// The smallest ring buffer, in pages: the least a user may choose, and
+/// where halving a ring the kernel refused stops.
+pub(crate) const MIN_RING_PAGES: usize = 8;
+
+/// The largest ring buffer a user may choose, in bytes.
+pub(crate) const MAX_RING_BYTES: u64 = 1 << 30;
+
 /// The smallest ring that wakes the draining thread half full.
 pub(crate) const HALF_FULL_WAKE_MIN: usize = 4 << 20;
 
@@ -322,33 +342,56 @@ const MIN_SAMPLES_PER_RING: usize = 32;
 const SAMPLE_OVERHEAD: usize = 1024;
 
 /// Plan the ring size per CPU and the stack size. The kernel reserves a
-/// sample's whole `stack_size` in the ring, however little is live. Root
-/// (`CAP_IPC_LOCK`) may lock `max_pages`; other users get
-/// `kernel.perf_event_mlock_kb` per CPU (one page of it is metadata).
+/// sample's whole `stack_size` in the ring, however little is live. A
+/// ring has `default_pages`, or the power of two pages at most `chosen`
+/// bytes (at least [`MIN_RING_PAGES`]); root (`CAP_IPC_LOCK`) may lock
+/// that, other users what `kernel.perf_event_mlock_kb` allows per CPU
+/// (one page of it is metadata) if that is less.
 pub(crate) fn plan_ring(
     page_size: usize,
-    max_pages: usize,
+    default_pages: usize,
+    chosen: Option<u64>,
     unlimited: bool,
     mlock_kb: Option<i64>,
     stack_size: u32,
 ) -> RingPlan {
+    let (limit, mut bound) = match chosen {
+        Some(bytes) => {
+            let bytes = bytes.min(MAX_RING_BYTES) as usize;
+            let pages = (bytes / page_size.max(1)).max(MIN_RING_PAGES);
+            (power_of_two_at_most(pages), RingBound::Chosen)
+        }
+        None => (default_pages, RingBound::Default),
+    };
     let pages = if unlimited {
-        max_pages
+        limit
     } else {
         let allowed = mlock_kb.unwrap_or(516).max(0) as usize * 1024 / page_size;
         let mut p = 1;
-        while p * 2 < allowed && p * 2 <= max_pages {
+        while p * 2 < allowed && p * 2 <= limit {
             p *= 2;
+        }
+        if p < limit {
+            bound = RingBound::MlockLimit;
         }
         p
     };
     let ring_bytes = pages * page_size;
     let fits = (ring_bytes / MIN_SAMPLES_PER_RING).saturating_sub(SAMPLE_OVERHEAD);
-    let capped = valid_stack_size(stack_size.min(fits as u32));
+    let capped = valid_stack_size(stack_size.min(u32::try_from(fits).unwrap_or(u32::MAX)));
     RingPlan {
         pages,
         stack_size: capped,
         stack_limited: capped < valid_stack_size(stack_size),
+        bound,
+    }
+}
+
+/// The largest power of two at most `n` (1 for 0).
+fn power_of_two_at_most(n: usize) -> usize {
+    match n.checked_ilog2() {
+        Some(log) => 1 << log,
+        None => 1,
     }
 }
 
@@ -581,37 +624,64 @@ mod tests {
 
     #[test]
     fn root_gets_big_rings_and_full_stacks() {
-        let plan = plan_ring(4096, 4096, true, Some(516), 65528);
+        let plan = plan_ring(4096, 4096, None, true, Some(516), 65528);
         assert_eq!(
             plan,
             RingPlan {
                 pages: 4096,
                 stack_size: 65528,
-                stack_limited: false
+                stack_limited: false,
+                bound: RingBound::Default,
             }
         );
     }
 
     #[test]
+    fn a_chosen_ring_size_is_a_power_of_two_pages_held_to_the_mlock_limit() {
+        let root = |bytes| plan_ring(4096, 4096, Some(bytes), true, Some(516), 65528);
+        // Rounded down to a power of two pages; at least eight pages.
+        assert_eq!(root(4 << 20).pages, 1024);
+        assert_eq!(root((4 << 20) + (3 << 20)).pages, 1024);
+        assert_eq!(root(64 << 20).pages, 16384);
+        assert_eq!(root(1).pages, 8);
+        let huge = root(u64::MAX);
+        assert_eq!((huge.pages, huge.bound), (1 << 18, RingBound::Chosen));
+        assert_eq!((huge.stack_size, huge.stack_limited), (65528, false));
+        // 64 KiB copies need 32 x (64 KiB + 1 KiB) > 2 MiB: a 1 MiB ring
+        // limits them, and says so.
+        let plan = root(1 << 20);
+        assert_eq!(plan.bound, RingBound::Chosen);
+        assert!(plan.stack_limited);
+        assert_eq!(plan.stack_size, 31744);
+        assert!(!root(4 << 20).stack_limited);
+        // A user gets what was asked for if the limit allows it...
+        let user = plan_ring(4096, 4096, Some(256 << 10), false, Some(516), 65528);
+        assert_eq!((user.pages, user.bound), (64, RingBound::Chosen));
+        // ...else the limit.
+        let user = plan_ring(4096, 4096, Some(16 << 20), false, Some(516), 65528);
+        assert_eq!((user.pages, user.bound), (128, RingBound::MlockLimit));
+    }
+
+    #[test]
     fn big_rings_wake_the_drain_half_full_small_ones_a_quarter() {
-        let root = plan_ring(4096, 4096, true, Some(516), 65528);
+        let root = plan_ring(4096, 4096, None, true, Some(516), 65528);
         assert_eq!(root.wakeup_bytes(4096), 8 << 20);
-        let user = plan_ring(4096, 4096, false, Some(516), 65528);
+        let user = plan_ring(4096, 4096, None, false, Some(516), 65528);
         assert_eq!(user.wakeup_bytes(4096), 128 << 10);
     }
 
     #[test]
     fn users_are_held_to_the_mlock_limit() {
         // 516 KiB = 129 pages: 128 data pages + the metadata page.
-        let plan = plan_ring(4096, 4096, false, Some(516), 65528);
-        assert_eq!(plan.pages, 128);
+        let plan = plan_ring(4096, 4096, None, false, Some(516), 65528);
+        assert_eq!((plan.pages, plan.bound), (128, RingBound::MlockLimit));
         assert_eq!(plan.stack_size, 15360);
         assert!(plan.stack_limited);
         // A small request is left alone.
-        let plan = plan_ring(4096, 4096, false, Some(516), 8192);
+        let plan = plan_ring(4096, 4096, None, false, Some(516), 8192);
         assert_eq!((plan.stack_size, plan.stack_limited), (8192, false));
         // A raised limit allows full stacks.
-        let plan = plan_ring(4096, 4096, false, Some(8200), 65528);
+        let plan = plan_ring(4096, 4096, None, false, Some(8200), 65528);
         assert_eq!((plan.pages, plan.stack_limited), (2048, false));
     }
 

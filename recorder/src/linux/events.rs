@@ -5,16 +5,13 @@
 //! time order whichever event wrote them; each event's id says which
 //! layout its samples have.
 
-use super::attr::{AttrSettings, EventSpec, Role};
+use super::attr::{AttrSettings, EventSpec, Role, MIN_RING_PAGES};
 use super::parse::Layouts;
 use super::sys::{self, PerfEventAttr, RingMap};
 use std::collections::HashSet;
 use std::ffi::CString;
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
-
-/// Smallest ring buffer we accept when the locked-memory limit is low.
-const MIN_RING_PAGES: usize = 8;
 
 /// An event that could not be opened, and which one.
 #[derive(Debug)]

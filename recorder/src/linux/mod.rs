@@ -64,9 +64,10 @@ const NATIVE_REGS: regs::ArchRegs = regs::X86_64;
 #[cfg(target_arch = "aarch64")]
 const NATIVE_REGS: regs::ArchRegs = regs::AARCH64;
 
-/// Largest ring buffer data area per CPU, in pages (16 MiB with 4 KiB
-/// pages: a quarter second of 1 kHz samples with 64 KiB stack copies).
-const MAX_RING_PAGES: usize = 4096;
+/// The ring buffer data area per CPU unless the user chooses, in pages
+/// (16 MiB with 4 KiB pages: a quarter second of 1 kHz samples with 64
+/// KiB stack copies).
+const DEFAULT_RING_PAGES: usize = 4096;
 /// Messages the writer thread may lag behind; with chunks of at most
 /// [`MAX_CHUNK`] this bounds the memory in flight.
 const CHANNEL_CAPACITY: usize = 32;
@@ -150,7 +151,8 @@ pub(crate) fn record(
         .unwrap_or(0);
     let ring = attr::plan_ring(
         page_size,
-        MAX_RING_PAGES,
+        DEFAULT_RING_PAGES,
+        options.ring_size,
         sys::geteuid() == 0,
         procfs::read_sysctl("/proc/sys/kernel/perf_event_mlock_kb"),
         largest_stack,
@@ -230,6 +232,8 @@ pub(crate) fn record(
     if ring.stack_limited {
         reporter.warning(&RecordWarning::StackSizeLimited {
             bytes: ring.stack_size,
+            ring_bytes: (ring.pages * page_size) as u64,
+            chosen: ring.bound == attr::RingBound::Chosen,
         });
     }
     if let Some((program, escape)) = &escape {

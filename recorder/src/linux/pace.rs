@@ -13,8 +13,8 @@
 //!   ring with 64 KiB per sample (the kernel keeps room for the whole
 //!   copy), so a 16 MiB ring is drained about every 64 ms, with the
 //!   three quarters left lasting another 190 ms. (Drains every 20 ms, at
-//!   1/16, cost the recorder a third more CPU at 1 kHz in steady state:
-//!   docs/benchmarks.md.) At 10 kHz the kernel wakes the drain half full
+//!   1/16, cost the recorder 1.26-1.33× the CPU per sample at 1 kHz in
+//!   steady state: docs/benchmarks.md.) At 10 kHz the kernel wakes the drain half full
 //!   first;
 //! - a stack copy may be cut short: a copy that stopped at a page its
 //!   thread never touched is completed only once the writer thread has

@@ -294,6 +294,42 @@ fn deep_recursion_is_copied_back_to_main() {
 }
 
 #[test]
+fn a_chosen_ring_size_limits_stack_copies_and_says_so() {
+    require_perf!();
+    let dir = scratch_dir("rec-ring");
+    let exe = build_c(&["rec_deep.c"], NO_FP, &dir, "rec_deep");
+    // 4 MiB holds 32 whole 64 KiB copies: stacks are complete.
+    let out = dir.join("4m.lpt");
+    let result = launch(&out, &["--ring-size", "4M"], &exe, &["300", "300"]);
+    assert_success(&result);
+    let stderr = String::from_utf8_lossy(&result.stderr);
+    assert!(!stderr.contains("stack copies limited"), "{stderr}");
+    let share = share_reaching_main(&out, &exe, "deep_leaf");
+    assert!(share > 0.99, "only {share} of deep samples reach main");
+    // 1 MiB does not: copies of 31,744 bytes, said in a warning that names
+    // the option, and written in the trace's header.
+    let out1 = dir.join("1m.lpt");
+    let result = launch(&out1, &["--ring-size", "1M"], &exe, &["300", "300"]);
+    assert_success(&result);
+    let stderr = String::from_utf8_lossy(&result.stderr);
+    assert!(
+        stderr.contains("stack copies limited to 31744 bytes") && stderr.contains("--ring-size"),
+        "{stderr}"
+    );
+    let (reader, _) = load_complete(&out1);
+    assert_eq!(reader.header().sampling.stack_size, 31744);
+    assert_eq!(share_reaching_main(&out1, &exe, "deep_leaf"), 0.0);
+    // Below the smallest ring: a one-line error, and no trace.
+    let tiny = dir.join("tiny.lpt");
+    let result = launch(&tiny, &["--ring-size", "16K"], &exe, &["300", "300"]);
+    assert!(!result.status.success());
+    let stderr = String::from_utf8_lossy(&result.stderr);
+    assert!(stderr.contains("32K"), "{stderr}");
+    assert!(!tiny.exists());
+    remove_scratch_dir(&dir);
+}
+
+#[test]
 fn large_stack_frame_is_copied_back_to_main() {
     require_perf!();
     let dir = scratch_dir("rec-bigframe");

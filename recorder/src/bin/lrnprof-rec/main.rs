@@ -78,6 +78,14 @@ struct Args {
     #[arg(long, default_value_t = DEFAULT_STACK_SIZE)]
     stack_size: u32,
 
+    /// Memory of each CPU's ring buffer, which the kernel writes samples
+    /// into (Linux): rounded down to a power of two, 32K to 1G.
+    /// Suffixes K, M, G. Stack copies are limited so that a ring holds 32
+    /// samples [default: 16M as root, else what
+    /// kernel.perf_event_mlock_kb allows]
+    #[arg(long, value_name = "BYTES", value_parser = parse_ring_size)]
+    ring_size: Option<u64>,
+
     /// Also record the kernel's frame-pointer callchain of each CPU sample
     /// and switch-out, so stacks deeper than the stack copy can still be
     /// followed (syscalls: --syscall-callchain).
@@ -192,6 +200,7 @@ fn run(args: Args) -> Result<ExitCode> {
         }),
         duration,
         stack_size: args.stack_size,
+        ring_size: args.ring_size,
         kernel_callchain: args.callchain == "on",
         kernel: args.kernel,
         embed: args.embed,
@@ -286,6 +295,26 @@ fn parse_bytes(s: &str) -> Result<u64, String> {
         })
 }
 
+/// The smallest `--ring-size`: eight pages of 4 KiB.
+const MIN_RING_SIZE: u64 = 32 << 10;
+/// The largest `--ring-size`.
+const MAX_RING_SIZE: u64 = 1 << 30;
+
+fn parse_ring_size(s: &str) -> Result<u64, String> {
+    let bytes = parse_bytes(s)?;
+    if bytes < MIN_RING_SIZE {
+        return Err(format!(
+            "{s:?} is smaller than the smallest ring buffer, 32K (e.g. 1M, 16M)"
+        ));
+    }
+    if bytes > MAX_RING_SIZE {
+        return Err(format!(
+            "{s:?} is larger than the largest ring buffer, 1G per CPU (e.g. 16M, 64M)"
+        ));
+    }
+    Ok(bytes)
+}
+
 /// The one command that shows a profile of `trace`: its flame graph in the
 /// browser where there is a display, else (a server, over ssh) the table
 /// of its hottest functions in the terminal.
@@ -362,6 +391,18 @@ mod tests {
         for bad in ["0", "", "K", "1.5M", "-1", "99999999999999999999G"] {
             assert!(parse_bytes(bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn ring_sizes_run_from_32k_to_1g() {
+        assert_eq!(parse_ring_size("32K"), Ok(32 << 10));
+        assert_eq!(parse_ring_size("4M"), Ok(4 << 20));
+        let small = parse_ring_size("16K").unwrap_err();
+        assert!(small.contains("32K"), "{small}");
+        assert_eq!(parse_ring_size("1G"), Ok(1 << 30));
+        let large = parse_ring_size("2G").unwrap_err();
+        assert!(large.contains("1G"), "{large}");
+        assert!(parse_ring_size("1.5M").is_err());
     }
 
     #[test]
