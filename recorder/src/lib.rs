@@ -105,7 +105,7 @@ pub use lrnprof_image::{EmbedLevel, FrameCache};
 pub use options::{
     CpuEvent, HeapOptions, OffCpuOptions, RecordOptions, SyscallOptions, TargetSpec,
     DEFAULT_FREQUENCY_HZ, DEFAULT_HEAP_INTERVAL, DEFAULT_OFF_CPU_STACK_SIZE, DEFAULT_STACK_SIZE,
-    DEFAULT_SYSCALL_STACK_SIZE,
+    DEFAULT_SYSCALL_STACK_SIZE, MAX_RING_SIZE, MIN_RING_SIZE,
 };
 pub use report::{NoReporter, RecordStatus, RecordWarning, Reporter};
 pub use stop::{StopReason, StopRequest, StopToken};

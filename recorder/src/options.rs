@@ -177,7 +177,7 @@ pub struct RecordOptions {
     pub stack_size: u32,
     /// Bytes of each CPU's ring buffer, the memory the kernel writes
     /// samples into (Linux): rounded down to a power of two pages, from
-    /// 32 KiB (eight pages) to 1 GiB. `None`: 16 MiB as root, else what
+    /// [`MIN_RING_SIZE`] (eight pages) to [`MAX_RING_SIZE`]. `None`: 16 MiB as root, else what
     /// `kernel.perf_event_mlock_kb` lets a user lock. The kernel reserves
     /// a sample's whole stack size in it, so stack copies are limited
     /// (with a warning) to what lets a ring hold 32 samples.
@@ -205,6 +205,12 @@ pub struct RecordOptions {
     /// Also record off-CPU time (Linux).
     pub off_cpu: Option<OffCpuOptions>,
 }
+
+/// The smallest [`RecordOptions::ring_size`]: eight pages of 4 KiB.
+pub const MIN_RING_SIZE: u64 = 32 << 10;
+
+/// The largest [`RecordOptions::ring_size`]; a larger one is held to it.
+pub const MAX_RING_SIZE: u64 = 1 << 30;
 
 /// The default samples per second.
 pub const DEFAULT_FREQUENCY_HZ: u32 = 1000;

@@ -328,9 +328,6 @@ impl RingPlan {
 /// where halving a ring the kernel refused stops.
 pub(crate) const MIN_RING_PAGES: usize = 8;
 
-/// The largest ring buffer a user may choose, in bytes.
-pub(crate) const MAX_RING_BYTES: u64 = 1 << 30;
-
 /// The smallest ring that wakes the draining thread half full.
 pub(crate) const HALF_FULL_WAKE_MIN: usize = 4 << 20;
 
@@ -357,7 +354,7 @@ pub(crate) fn plan_ring(
 ) -> RingPlan {
     let (limit, mut bound) = match chosen {
         Some(bytes) => {
-            let bytes = bytes.min(MAX_RING_BYTES) as usize;
+            let bytes = bytes.min(crate::options::MAX_RING_SIZE) as usize;
             let pages = (bytes / page_size.max(1)).max(MIN_RING_PAGES);
             (power_of_two_at_most(pages), RingBound::Chosen)
         }

@@ -12,7 +12,8 @@ use clap::Parser;
 use lrnprof_recorder::{
     record, CpuEvent, EmbedLevel, FrameCache, HeapOptions, OffCpuOptions, RecordOptions, StopToken,
     SyscallOptions, TargetSpec, DEFAULT_FREQUENCY_HZ, DEFAULT_HEAP_INTERVAL,
-    DEFAULT_OFF_CPU_STACK_SIZE, DEFAULT_STACK_SIZE, DEFAULT_SYSCALL_STACK_SIZE,
+    DEFAULT_OFF_CPU_STACK_SIZE, DEFAULT_STACK_SIZE, DEFAULT_SYSCALL_STACK_SIZE, MAX_RING_SIZE,
+    MIN_RING_SIZE,
 };
 use std::ffi::OsString;
 use std::io::IsTerminal;
@@ -294,11 +295,6 @@ fn parse_bytes(s: &str) -> Result<u64, String> {
             format!("{s:?} is not a number of bytes of at least 1 (e.g. 4096, 512K, 1M)")
         })
 }
-
-/// The smallest `--ring-size`: eight pages of 4 KiB.
-const MIN_RING_SIZE: u64 = 32 << 10;
-/// The largest `--ring-size`.
-const MAX_RING_SIZE: u64 = 1 << 30;
 
 fn parse_ring_size(s: &str) -> Result<u64, String> {
     let bytes = parse_bytes(s)?;
