@@ -10,7 +10,7 @@ use super::attr::Role;
 use super::execwatch::ExecWatch;
 use super::heap::{HeapEvent, HeapStats};
 use super::images::Images;
-use super::pace::Pace;
+use super::pace::{Pace, Watch};
 use super::parse::{self, Layouts, Mmap2Record, PerfRecord, SampleRecord};
 use super::procfs::{self, MapsEntry};
 use super::regs::ArchRegs;
@@ -217,8 +217,9 @@ pub(crate) struct Converter {
     /// Command lines read the moment processes exec'd, when the kernel
     /// tells (see `execwatch`).
     execs: Option<ExecWatch>,
-    /// Short waits between drains when something may be cut short.
-    pace: Pace,
+    /// Short waits between drains while a thread's copies may be cut
+    /// short.
+    pace: Watch,
     /// Where converted chunks go back to the draining thread.
     chunks: Option<ChunkPool>,
     /// The stack copy taken out of the record at hand.
@@ -344,7 +345,7 @@ impl Converter {
             untouched: UntouchedPages::new(page_size),
             system: None,
             execs: None,
-            pace: Pace::default(),
+            pace: Watch::default(),
             chunks: None,
             detached: None,
             replicas: Replicas::default(),
@@ -390,10 +391,11 @@ impl Converter {
         self
     }
 
-    /// Ask the draining thread through `pace` for short waits after a
-    /// thread starts or a copy is cut short.
+    /// Ask the draining thread through `pace` for short waits while a
+    /// thread that started or had a copy cut short has not had a whole
+    /// copy since.
     pub fn with_pace(mut self, pace: Pace) -> Converter {
-        self.pace = pace;
+        self.pace = Watch::new(pace);
         self
     }
 
@@ -485,7 +487,7 @@ impl Converter {
 
     fn thread(&mut self, t: u64, pid: u32, tid: u32, event: ThreadEvent, name: Option<String>) {
         if matches!(event, ThreadEvent::Existing | ThreadEvent::Start) {
-            self.pace.hurry(t);
+            self.pace.at_risk(tid, t);
         }
         if let Some(n) = &name {
             self.names.insert(tid, n.clone());
@@ -628,6 +630,7 @@ impl Converter {
                 );
                 self.names.remove(&tid);
                 self.untouched.thread_exited(pid, tid);
+                self.pace.exited(tid, time);
                 if pid == tid {
                     self.regions.remove(&pid);
                     self.images.forget_process(pid, time);
@@ -862,7 +865,9 @@ impl Converter {
             if let Some(missing) = missing {
                 flags = SampleFlags::STACK_CUT_SHORT;
                 self.untouched.cut_short(pid, tid, time, missing);
-                self.pace.hurry(time);
+                self.pace.at_risk(tid, time);
+            } else if kernel.is_some() {
+                self.pace.whole_copy(tid, time);
             }
         }
         self.pids_seen.insert(pid);

@@ -21,10 +21,14 @@
 //!   seen it (see `untouched`), and until then every copy of that thread
 //!   is cut short too. That happens to threads that have just started or
 //!   just called into a function with a large stack buffer, so the writer,
-//!   which sees both, asks for short waits ([`SHORT`]) for a while after
-//!   either, and ends a long wait already begun.
+//!   which sees both, asks for short waits ([`SHORT`]) after either, and
+//!   ends a long wait already begun, until it has seen a whole copy of the
+//!   thread taken later ([`Watch`]), for at most a second. (It asked for
+//!   a second of short waits after either, which kept recordings of a few
+//!   seconds at 20 ms drains for most of their length.)
 
 use super::sys;
+use std::collections::HashMap;
 use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -35,8 +39,11 @@ use std::time::Duration;
 pub(crate) const SHORT: Duration = Duration::from_millis(20);
 /// The wait otherwise.
 pub(crate) const LONG: Duration = Duration::from_millis(100);
-/// How long short waits last after what asked for them.
+/// How long short waits last at most after what asked for them.
 const HURRY_FOR_NS: u64 = 1_000_000_000;
+/// Threads at risk remembered before those at risk for longer than
+/// [`HURRY_FOR_NS`] are looked for and forgotten.
+const MAX_AT_RISK: usize = 1 << 12;
 /// How full the fullest kernel ring may get between drains, as the rate
 /// it filled at since the last drain goes on.
 pub(crate) const TARGET_FILL: f64 = 1.0 / 4.0;
@@ -91,6 +98,76 @@ impl Pace {
     }
 }
 
+/// The writer's side of [`Pace`]: which threads may still have their
+/// stack copies cut short. A thread is at risk from when it starts (or the
+/// recorder first hears of it), or from a copy cut short, until the writer
+/// sees a whole copy of it taken later; waits stay short while any thread
+/// is at risk, for at most [`HURRY_FOR_NS`] after it became so. A thread
+/// whose first copies are whole thus no longer keeps the drains at
+/// [`SHORT`] for a second, which in a recording of a few seconds was most
+/// of it.
+#[derive(Debug, Default)]
+pub(crate) struct Watch {
+    pace: Pace,
+    /// Thread → trace time (ns) since which it is at risk.
+    at_risk: HashMap<u32, u64>,
+}
+
+impl Watch {
+    pub fn new(pace: Pace) -> Watch {
+        Watch {
+            pace,
+            at_risk: HashMap::new(),
+        }
+    }
+
+    /// Thread `tid` may have copies cut short from `time_ns` on: it
+    /// started, or a copy of it taken then was cut short.
+    pub fn at_risk(&mut self, tid: u32, time_ns: u64) {
+        if self.at_risk.len() >= MAX_AT_RISK {
+            // Threads never sampled since they started: only exits and
+            // whole copies forget them otherwise.
+            self.settle(time_ns);
+        }
+        let since = self.at_risk.entry(tid).or_insert(time_ns);
+        *since = (*since).max(time_ns);
+        self.pace.hurry(time_ns);
+    }
+
+    /// The kernel copied the stack of `tid` at `time_ns` whole: a copy
+    /// taken after the thread became at risk clears it.
+    pub fn whole_copy(&mut self, tid: u32, time_ns: u64) {
+        if self.at_risk.is_empty() {
+            return;
+        }
+        if self.at_risk.get(&tid).is_some_and(|&since| time_ns > since) {
+            self.at_risk.remove(&tid);
+            self.settle(time_ns);
+        }
+    }
+
+    /// Thread `tid` exited at `time_ns`.
+    pub fn exited(&mut self, tid: u32, time_ns: u64) {
+        if self.at_risk.remove(&tid).is_some() {
+            self.settle(time_ns);
+        }
+    }
+
+    /// Waits short until a second after the latest thread at risk became
+    /// so (long from now if none is); threads at risk for longer than
+    /// that are forgotten.
+    fn settle(&mut self, now_ns: u64) {
+        self.at_risk
+            .retain(|_, since| since.saturating_add(HURRY_FOR_NS) > now_ns);
+        let until = self
+            .at_risk
+            .values()
+            .max()
+            .map_or(0, |since| since.saturating_add(HURRY_FOR_NS));
+        self.pace.short_until.store(until, Ordering::Relaxed);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -131,6 +208,83 @@ mod tests {
         assert_eq!(interval(&pace, 0, (1.0 / 39.0, ms(20))), LONG);
         // A drain right after another does not divide by zero.
         assert_eq!(interval(&pace, 0, (0.5, Duration::ZERO)), SHORT);
+    }
+
+    #[test]
+    fn a_thread_keeps_waits_short_until_a_later_whole_copy() {
+        let pace = Pace::default();
+        let mut watch = Watch::new(pace.clone());
+        let ms = 1_000_000;
+        watch.at_risk(7, 10 * ms);
+        assert_eq!(interval(&pace, 11 * ms, QUIET), SHORT);
+        // A copy taken when the thread became at risk does not clear it.
+        watch.whole_copy(7, 10 * ms);
+        assert_eq!(interval(&pace, 12 * ms, QUIET), SHORT);
+        // Another thread's whole copy does not either.
+        watch.whole_copy(8, 13 * ms);
+        assert_eq!(interval(&pace, 14 * ms, QUIET), SHORT);
+        watch.whole_copy(7, 15 * ms);
+        assert_eq!(interval(&pace, 16 * ms, QUIET), LONG);
+        // A copy cut short makes it at risk again, until a whole copy
+        // taken after the last copy cut short.
+        watch.at_risk(7, 20 * ms);
+        watch.at_risk(7, 22 * ms);
+        watch.whole_copy(7, 21 * ms);
+        assert_eq!(interval(&pace, 23 * ms, QUIET), SHORT);
+        watch.whole_copy(7, 23 * ms);
+        assert_eq!(interval(&pace, 24 * ms, QUIET), LONG);
+    }
+
+    #[test]
+    fn waits_stay_short_while_any_thread_is_at_risk_and_for_at_most_a_second() {
+        let pace = Pace::default();
+        let mut watch = Watch::new(pace.clone());
+        let ms = 1_000_000;
+        watch.at_risk(1, 0);
+        watch.at_risk(2, 5 * ms);
+        watch.at_risk(3, 6 * ms);
+        watch.whole_copy(2, 8 * ms);
+        assert_eq!(interval(&pace, 9 * ms, QUIET), SHORT);
+        // An exit clears a thread too.
+        watch.exited(3, 10 * ms);
+        assert_eq!(interval(&pace, 11 * ms, QUIET), SHORT);
+        // Thread 1 is never sampled: a second after it started, the waits
+        // are long again, and it is forgotten then.
+        assert_eq!(interval(&pace, HURRY_FOR_NS - 1, QUIET), SHORT);
+        assert_eq!(interval(&pace, HURRY_FOR_NS, QUIET), LONG);
+        watch.at_risk(4, 2 * HURRY_FOR_NS);
+        watch.whole_copy(4, 2 * HURRY_FOR_NS + ms);
+        assert_eq!(watch.at_risk.len(), 0);
+        assert_eq!(interval(&pace, 2 * HURRY_FOR_NS + 2 * ms, QUIET), LONG);
+    }
+
+    #[test]
+    fn threads_never_sampled_are_forgotten_when_many() {
+        let mut watch = Watch::default();
+        for tid in 0..MAX_AT_RISK as u32 {
+            watch.at_risk(tid, u64::from(tid));
+        }
+        assert_eq!(watch.at_risk.len(), MAX_AT_RISK);
+        watch.at_risk(u32::MAX, 2 * HURRY_FOR_NS);
+        assert_eq!(watch.at_risk.len(), 1);
+    }
+
+    #[test]
+    fn the_first_whole_copies_end_the_short_waits_of_the_start() {
+        // The recording's start asks for short waits before the writer
+        // has heard of any thread; once the threads it hears of have had
+        // a whole copy, the waits are long.
+        let pace = Pace::default();
+        pace.hurry(0);
+        let mut watch = Watch::new(pace.clone());
+        let ms = 1_000_000;
+        assert_eq!(interval(&pace, ms, QUIET), SHORT);
+        // A copy of a thread not at risk changes nothing.
+        watch.whole_copy(9, 2 * ms);
+        assert_eq!(interval(&pace, 3 * ms, QUIET), SHORT);
+        watch.at_risk(9, 4 * ms);
+        watch.whole_copy(9, 5 * ms);
+        assert_eq!(interval(&pace, 6 * ms, QUIET), LONG);
     }
 
     #[test]
