@@ -391,9 +391,9 @@ impl Converter {
         self
     }
 
-    /// Ask the draining thread through `pace` for short waits while a
-    /// thread that started or had a copy cut short has not had a whole
-    /// copy since.
+    /// Ask the draining thread through `pace` for short waits after a
+    /// copy is cut short, and after a thread starts until its first whole
+    /// copy.
     pub fn with_pace(mut self, pace: Pace) -> Converter {
         self.pace = Watch::new(pace);
         self
@@ -487,7 +487,7 @@ impl Converter {
 
     fn thread(&mut self, t: u64, pid: u32, tid: u32, event: ThreadEvent, name: Option<String>) {
         if matches!(event, ThreadEvent::Existing | ThreadEvent::Start) {
-            self.pace.at_risk(tid, t);
+            self.pace.started(tid, t);
         }
         if let Some(n) = &name {
             self.names.insert(tid, n.clone());
@@ -865,7 +865,7 @@ impl Converter {
             if let Some(missing) = missing {
                 flags = SampleFlags::STACK_CUT_SHORT;
                 self.untouched.cut_short(pid, tid, time, missing);
-                self.pace.at_risk(tid, time);
+                self.pace.cut_short(time);
             } else if kernel.is_some() {
                 self.pace.whole_copy(tid, time);
             }

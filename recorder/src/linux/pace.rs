@@ -22,10 +22,9 @@
 //!   is cut short too. That happens to threads that have just started or
 //!   just called into a function with a large stack buffer, so the writer,
 //!   which sees both, asks for short waits ([`SHORT`]) after either, and
-//!   ends a long wait already begun, until it has seen a whole copy of the
-//!   thread taken later ([`Watch`]), for at most a second. (It asked for
-//!   a second of short waits after either, which kept recordings of a few
-//!   seconds at 20 ms drains for most of their length.)
+//!   ends a long wait already begun: for a second after a copy cut short,
+//!   and after a start until it has seen a whole copy of the thread
+//!   ([`Watch`]).
 
 use super::sys;
 use std::collections::HashMap;
@@ -41,9 +40,9 @@ pub(crate) const SHORT: Duration = Duration::from_millis(20);
 pub(crate) const LONG: Duration = Duration::from_millis(100);
 /// How long short waits last at most after what asked for them.
 const HURRY_FOR_NS: u64 = 1_000_000_000;
-/// Threads at risk remembered before those at risk for longer than
-/// [`HURRY_FOR_NS`] are looked for and forgotten.
-const MAX_AT_RISK: usize = 1 << 12;
+/// Started threads remembered before those started longer than
+/// [`HURRY_FOR_NS`] ago are looked for and forgotten.
+const MAX_STARTED: usize = 1 << 12;
 /// How full the fullest kernel ring may get between drains, as the rate
 /// it filled at since the last drain goes on.
 pub(crate) const TARGET_FILL: f64 = 1.0 / 4.0;
@@ -98,72 +97,82 @@ impl Pace {
     }
 }
 
-/// The writer's side of [`Pace`]: which threads may still have their
-/// stack copies cut short. A thread is at risk from when it starts (or the
-/// recorder first hears of it), or from a copy cut short, until the writer
-/// sees a whole copy of it taken later; waits stay short while any thread
-/// is at risk, for at most [`HURRY_FOR_NS`] after it became so. A thread
-/// whose first copies are whole thus no longer keeps the drains at
-/// [`SHORT`] for a second, which in a recording of a few seconds was most
-/// of it.
+/// The writer's side of [`Pace`]: short waits while copies may be cut
+/// short. A thread that starts (or that the recorder first hears of) may
+/// have its first copies cut short: it keeps the waits short until the
+/// writer sees a whole copy of it taken later, or it exits, for at most
+/// [`HURRY_FOR_NS`]. A copy cut short keeps them short for
+/// [`HURRY_FOR_NS`] after it, whole copies or not: a thread with one gap
+/// in its stack often shows another soon (a deeper buffer), and each is
+/// read only once the writer has seen a copy stop there. (Every start
+/// kept the waits short for a second, which in a recording of a few
+/// seconds was most of it.)
 #[derive(Debug, Default)]
 pub(crate) struct Watch {
     pace: Pace,
-    /// Thread → trace time (ns) since which it is at risk.
-    at_risk: HashMap<u32, u64>,
+    /// Thread → trace time (ns) it started at, until its first whole copy.
+    started: HashMap<u32, u64>,
+    /// Waits stay short until then (trace time, ns) after copies cut short.
+    cut_until: u64,
 }
 
 impl Watch {
     pub fn new(pace: Pace) -> Watch {
         Watch {
             pace,
-            at_risk: HashMap::new(),
+            ..Watch::default()
         }
     }
 
-    /// Thread `tid` may have copies cut short from `time_ns` on: it
-    /// started, or a copy of it taken then was cut short.
-    pub fn at_risk(&mut self, tid: u32, time_ns: u64) {
-        if self.at_risk.len() >= MAX_AT_RISK {
+    /// Thread `tid` started at `time_ns`, or the recorder heard of it then.
+    pub fn started(&mut self, tid: u32, time_ns: u64) {
+        if self.started.len() >= MAX_STARTED {
             // Threads never sampled since they started: only exits and
             // whole copies forget them otherwise.
             self.settle(time_ns);
         }
-        let since = self.at_risk.entry(tid).or_insert(time_ns);
+        let since = self.started.entry(tid).or_insert(time_ns);
         *since = (*since).max(time_ns);
         self.pace.hurry(time_ns);
     }
 
+    /// A copy of a thread taken at `time_ns` was cut short.
+    pub fn cut_short(&mut self, time_ns: u64) {
+        self.cut_until = self.cut_until.max(time_ns.saturating_add(HURRY_FOR_NS));
+        self.pace.hurry(time_ns);
+    }
+
     /// The kernel copied the stack of `tid` at `time_ns` whole: a copy
-    /// taken after the thread became at risk clears it.
+    /// taken after the thread started ends its short waits.
     pub fn whole_copy(&mut self, tid: u32, time_ns: u64) {
-        if self.at_risk.is_empty() {
+        if self.started.is_empty() {
             return;
         }
-        if self.at_risk.get(&tid).is_some_and(|&since| time_ns > since) {
-            self.at_risk.remove(&tid);
+        if self.started.get(&tid).is_some_and(|&since| time_ns > since) {
+            self.started.remove(&tid);
             self.settle(time_ns);
         }
     }
 
     /// Thread `tid` exited at `time_ns`.
     pub fn exited(&mut self, tid: u32, time_ns: u64) {
-        if self.at_risk.remove(&tid).is_some() {
+        if self.started.remove(&tid).is_some() {
             self.settle(time_ns);
         }
     }
 
-    /// Waits short until a second after the latest thread at risk became
-    /// so (long from now if none is); threads at risk for longer than
-    /// that are forgotten.
+    /// Waits short until a second after the latest start still waiting
+    /// for a whole copy, or after the latest copy cut short, whichever is
+    /// later (long from now if neither); starts older than a second are
+    /// forgotten.
     fn settle(&mut self, now_ns: u64) {
-        self.at_risk
+        self.started
             .retain(|_, since| since.saturating_add(HURRY_FOR_NS) > now_ns);
         let until = self
-            .at_risk
+            .started
             .values()
-            .max()
-            .map_or(0, |since| since.saturating_add(HURRY_FOR_NS));
+            .map(|since| since.saturating_add(HURRY_FOR_NS))
+            .fold(self.cut_until, u64::max);
         self.pace.short_until.store(until, Ordering::Relaxed);
     }
 }
@@ -211,13 +220,13 @@ mod tests {
     }
 
     #[test]
-    fn a_thread_keeps_waits_short_until_a_later_whole_copy() {
+    fn a_started_thread_keeps_waits_short_until_a_later_whole_copy() {
         let pace = Pace::default();
         let mut watch = Watch::new(pace.clone());
         let ms = 1_000_000;
-        watch.at_risk(7, 10 * ms);
+        watch.started(7, 10 * ms);
         assert_eq!(interval(&pace, 11 * ms, QUIET), SHORT);
-        // A copy taken when the thread became at risk does not clear it.
+        // A copy taken when the thread started does not end them.
         watch.whole_copy(7, 10 * ms);
         assert_eq!(interval(&pace, 12 * ms, QUIET), SHORT);
         // Another thread's whole copy does not either.
@@ -225,48 +234,60 @@ mod tests {
         assert_eq!(interval(&pace, 14 * ms, QUIET), SHORT);
         watch.whole_copy(7, 15 * ms);
         assert_eq!(interval(&pace, 16 * ms, QUIET), LONG);
-        // A copy cut short makes it at risk again, until a whole copy
-        // taken after the last copy cut short.
-        watch.at_risk(7, 20 * ms);
-        watch.at_risk(7, 22 * ms);
-        watch.whole_copy(7, 21 * ms);
-        assert_eq!(interval(&pace, 23 * ms, QUIET), SHORT);
-        watch.whole_copy(7, 23 * ms);
-        assert_eq!(interval(&pace, 24 * ms, QUIET), LONG);
     }
 
     #[test]
-    fn waits_stay_short_while_any_thread_is_at_risk_and_for_at_most_a_second() {
+    fn a_copy_cut_short_keeps_waits_short_for_a_second_whole_copies_or_not() {
         let pace = Pace::default();
         let mut watch = Watch::new(pace.clone());
         let ms = 1_000_000;
-        watch.at_risk(1, 0);
-        watch.at_risk(2, 5 * ms);
-        watch.at_risk(3, 6 * ms);
+        watch.started(7, 10 * ms);
+        watch.cut_short(12 * ms);
+        watch.whole_copy(7, 15 * ms);
+        assert_eq!(interval(&pace, 16 * ms, QUIET), SHORT);
+        assert_eq!(interval(&pace, 12 * ms + HURRY_FOR_NS - 1, QUIET), SHORT);
+        assert_eq!(interval(&pace, 12 * ms + HURRY_FOR_NS, QUIET), LONG);
+        // A start heard later and ended by a whole copy leaves the second
+        // after the copy cut short as it was.
+        watch.cut_short(2 * HURRY_FOR_NS);
+        watch.started(9, 2 * HURRY_FOR_NS + ms);
+        watch.whole_copy(9, 2 * HURRY_FOR_NS + 2 * ms);
+        assert_eq!(interval(&pace, 3 * HURRY_FOR_NS - 1, QUIET), SHORT);
+        assert_eq!(interval(&pace, 3 * HURRY_FOR_NS, QUIET), LONG);
+    }
+
+    #[test]
+    fn waits_stay_short_while_any_started_thread_waits_and_for_at_most_a_second() {
+        let pace = Pace::default();
+        let mut watch = Watch::new(pace.clone());
+        let ms = 1_000_000;
+        watch.started(1, 0);
+        watch.started(2, 5 * ms);
+        watch.started(3, 6 * ms);
         watch.whole_copy(2, 8 * ms);
         assert_eq!(interval(&pace, 9 * ms, QUIET), SHORT);
-        // An exit clears a thread too.
+        // An exit ends a thread's wait too.
         watch.exited(3, 10 * ms);
         assert_eq!(interval(&pace, 11 * ms, QUIET), SHORT);
         // Thread 1 is never sampled: a second after it started, the waits
         // are long again, and it is forgotten then.
         assert_eq!(interval(&pace, HURRY_FOR_NS - 1, QUIET), SHORT);
         assert_eq!(interval(&pace, HURRY_FOR_NS, QUIET), LONG);
-        watch.at_risk(4, 2 * HURRY_FOR_NS);
+        watch.started(4, 2 * HURRY_FOR_NS);
         watch.whole_copy(4, 2 * HURRY_FOR_NS + ms);
-        assert_eq!(watch.at_risk.len(), 0);
+        assert!(watch.started.is_empty());
         assert_eq!(interval(&pace, 2 * HURRY_FOR_NS + 2 * ms, QUIET), LONG);
     }
 
     #[test]
     fn threads_never_sampled_are_forgotten_when_many() {
         let mut watch = Watch::default();
-        for tid in 0..MAX_AT_RISK as u32 {
-            watch.at_risk(tid, u64::from(tid));
+        for tid in 0..MAX_STARTED as u32 {
+            watch.started(tid, u64::from(tid));
         }
-        assert_eq!(watch.at_risk.len(), MAX_AT_RISK);
-        watch.at_risk(u32::MAX, 2 * HURRY_FOR_NS);
-        assert_eq!(watch.at_risk.len(), 1);
+        assert_eq!(watch.started.len(), MAX_STARTED);
+        watch.started(u32::MAX, 2 * HURRY_FOR_NS);
+        assert_eq!(watch.started.len(), 1);
     }
 
     #[test]
@@ -282,7 +303,7 @@ mod tests {
         // A copy of a thread not at risk changes nothing.
         watch.whole_copy(9, 2 * ms);
         assert_eq!(interval(&pace, 3 * ms, QUIET), SHORT);
-        watch.at_risk(9, 4 * ms);
+        watch.started(9, 4 * ms);
         watch.whole_copy(9, 5 * ms);
         assert_eq!(interval(&pace, 6 * ms, QUIET), LONG);
     }
