@@ -166,7 +166,9 @@ fn threads_call_tree_ratio_and_roots() {
         let ratio = two as f64 / one as f64;
         assert!(
             (1.4..=3.0).contains(&ratio),
-            "{worker}: ratio {ratio} ({one}:{two})"
+            "{worker}: ratio {ratio} ({one}:{two}); trace {} (kept until the next test run); \
+             stacks: {f:?}",
+            trace.display()
         );
         for (stack, _) in f.iter().filter(|(s, _)| s[0].starts_with(worker)) {
             assert!(

@@ -300,12 +300,14 @@ fn parse_ring_size(s: &str) -> Result<u64, String> {
     let bytes = parse_bytes(s)?;
     if bytes < MIN_RING_SIZE {
         return Err(format!(
-            "{s:?} is smaller than the smallest ring buffer, 32K (e.g. 1M, 16M)"
+            "{s:?} is smaller than the smallest ring buffer, {}K (e.g. 1M, 16M)",
+            MIN_RING_SIZE >> 10
         ));
     }
     if bytes > MAX_RING_SIZE {
         return Err(format!(
-            "{s:?} is larger than the largest ring buffer, 1G per CPU (e.g. 16M, 64M)"
+            "{s:?} is larger than the largest ring buffer, {}G per CPU (e.g. 16M, 64M)",
+            MAX_RING_SIZE >> 30
         ));
     }
     Ok(bytes)
