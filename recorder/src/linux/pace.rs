@@ -114,6 +114,9 @@ pub(crate) struct Watch {
     started: HashMap<u32, u64>,
     /// Waits stay short until then (trace time, ns) after copies cut short.
     cut_until: u64,
+    /// The latest start in `started`: a second after it, every start
+    /// there is over.
+    newest_start: u64,
 }
 
 impl Watch {
@@ -133,6 +136,7 @@ impl Watch {
         }
         let since = self.started.entry(tid).or_insert(time_ns);
         *since = (*since).max(time_ns);
+        self.newest_start = self.newest_start.max(time_ns);
         self.pace.hurry(time_ns);
     }
 
@@ -146,6 +150,14 @@ impl Watch {
     /// taken after the thread started ends its short waits.
     pub fn whole_copy(&mut self, tid: u32, time_ns: u64) {
         if self.started.is_empty() {
+            return;
+        }
+        if time_ns >= self.newest_start.saturating_add(HURRY_FOR_NS) {
+            // Threads never sampled since their start (short-lived
+            // processes of a system-wide recording): forgotten at once,
+            // so that later copies do not look each up. Their waits are
+            // over, and `short_until` says so already.
+            self.started.clear();
             return;
         }
         if self.started.get(&tid).is_some_and(|&since| time_ns > since) {
@@ -277,6 +289,29 @@ mod tests {
         watch.whole_copy(4, 2 * HURRY_FOR_NS + ms);
         assert!(watch.started.is_empty());
         assert_eq!(interval(&pace, 2 * HURRY_FOR_NS + 2 * ms, QUIET), LONG);
+    }
+
+    #[test]
+    fn threads_never_sampled_are_forgotten_a_second_after_the_latest_start() {
+        let pace = Pace::default();
+        let mut watch = Watch::new(pace.clone());
+        let ms = 1_000_000;
+        watch.started(1, 0);
+        watch.started(2, 5 * ms);
+        // Another thread's copies before the second is over change
+        // nothing.
+        watch.whole_copy(3, HURRY_FOR_NS);
+        assert_eq!(watch.started.len(), 2);
+        assert_eq!(interval(&pace, HURRY_FOR_NS, QUIET), SHORT);
+        watch.whole_copy(3, HURRY_FOR_NS + 5 * ms);
+        assert!(watch.started.is_empty());
+        assert_eq!(interval(&pace, HURRY_FOR_NS + 5 * ms, QUIET), LONG);
+        // A later start waits for its whole copy as before.
+        watch.started(4, 2 * HURRY_FOR_NS);
+        watch.whole_copy(3, 2 * HURRY_FOR_NS + ms);
+        assert_eq!(interval(&pace, 2 * HURRY_FOR_NS + 2 * ms, QUIET), SHORT);
+        watch.whole_copy(4, 2 * HURRY_FOR_NS + 3 * ms);
+        assert_eq!(interval(&pace, 2 * HURRY_FOR_NS + 4 * ms, QUIET), LONG);
     }
 
     #[test]
