@@ -186,7 +186,7 @@ fn threads_call_tree_ratio_and_roots() {
         // The program spends about twice the CPU time in parent_two (1:2
         // work), and says how much it did spend in each: the samples
         // must split alike. About 1,500 samples per worker at 1 kHz; in
-        // 56 workers recorded on a loaded machine the sampled ratio came
+        // 58 workers recorded on a loaded machine the sampled ratio came
         // within 0.86-1.18 of the program's.
         let (one_ms, two_ms) = truth[worker];
         let spent = two_ms / one_ms;
