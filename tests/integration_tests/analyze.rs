@@ -188,7 +188,9 @@ fn threads_call_tree_ratio_and_roots() {
         // must split alike. About 1,500 samples per worker at 1 kHz; in
         // 58 workers recorded on a loaded machine the sampled ratio came
         // within 0.86-1.18 of the program's.
-        let (one_ms, two_ms) = truth[worker];
+        let (one_ms, two_ms) = *truth
+            .get(worker)
+            .unwrap_or_else(|| panic!("rec_threads said nothing of {worker}: {truth:?}"));
         let spent = two_ms / one_ms;
         let sampled = two as f64 / one as f64;
         assert!(

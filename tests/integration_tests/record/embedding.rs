@@ -203,6 +203,9 @@ fn offline_is_local(dir: &Path, exe: &Path) -> PathBuf {
             .to_vec()
     };
     assert_eq!(eh_frame.2.len(), whole.len());
+    // At least rec_threads' never_called is left out. (The others may
+    // all be kept: in one run whose main thread was sampled once, in the
+    // dynamic linker, none was left out before never_called existed.)
     assert_ne!(eh_frame.2, whole);
     out
 }
