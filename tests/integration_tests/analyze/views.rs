@@ -323,7 +323,13 @@ fn diff_names_the_function_whose_work_doubled() {
             .lines()
             .find(|l| l.contains(other))
             .unwrap_or_else(|| panic!("{other} missing: {table}"));
-        assert!(line.trim_start().starts_with('-'), "{table}");
+        assert!(
+            line.trim_start().starts_with('-'),
+            "{other} did not lose share; traces {} and {} (kept until the next test run): \
+             {table}",
+            base.display(),
+            new.display()
+        );
     }
     let svg = std::fs::read_to_string(dir.join("new.lpt.diff.svg")).unwrap();
     assert!(
