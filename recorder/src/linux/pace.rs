@@ -114,8 +114,8 @@ pub(crate) struct Watch {
     started: HashMap<u32, u64>,
     /// Waits stay short until then (trace time, ns) after copies cut short.
     cut_until: u64,
-    /// The latest start in `started`: a second after it, every start
-    /// there is over.
+    /// The latest start heard of (kept when its entry leaves `started`):
+    /// a second after it, every start in `started` is over.
     newest_start: u64,
 }
 
