@@ -1,5 +1,5 @@
-//! An image's identity: the GNU build-id note of an ELF image, the
-//! `LC_UUID` of a Mach-O image. Found through the program headers or the
+//! An image's identity: the GNU build-id note of an ELF image (lacking
+//! one, Go's build ID note), the `LC_UUID` of a Mach-O image. Found through the program headers or the
 //! load commands only, so reading a file touches a few hundred bytes of it,
 //! whatever its size.
 
@@ -39,8 +39,15 @@ fn build_id<'data, R: ReadRef<'data>>(data: R) -> Option<BuildId> {
     Some(BuildId(id))
 }
 
+/// Type of the note in which Go's linker writes a binary's build ID
+/// (section `.note.go.buildid`, owner `Go`). Go's linker writes no GNU
+/// build-id note unless asked to (`-ldflags=-B ...`).
+const NT_GO_BUILD_ID: u32 = 4;
+
 /// The descriptor of the first `NT_GNU_BUILD_ID` note named `GNU` in a
-/// `PT_NOTE` segment.
+/// `PT_NOTE` segment; failing that, of the first Go build ID note (whose
+/// descriptor is the ID's text, a hash of the binary's content), so that
+/// Go binaries are identified, and their data embedded, too.
 fn elf_build_id<'data, Elf: FileHeader, R: ReadRef<'data>>(data: R) -> Option<Vec<u8>> {
     let header = Elf::parse(data).ok()?;
     let endian = header.endian().ok()?;
@@ -50,23 +57,30 @@ fn elf_build_id<'data, Elf: FileHeader, R: ReadRef<'data>>(data: R) -> Option<Ve
         return None;
     }
     let phdrs = header.program_headers(endian, data).ok()?;
-    phdrs
+    let mut go = None;
+    let segments = phdrs
         .iter()
         .filter(|ph| ph.p_type(endian) == elf::PT_NOTE)
-        .filter(|ph| ph.p_filesz(endian).into() <= MAX_NOTES_LEN)
-        .find_map(|ph| {
-            let mut notes = ph.notes(endian, data).ok()??;
-            // A malformed note ends the search in its segment.
-            while let Ok(Some(note)) = notes.next() {
-                if note.name() == elf::ELF_NOTE_GNU
-                    && note.n_type(endian) == elf::NT_GNU_BUILD_ID
-                    && !note.desc().is_empty()
-                {
-                    return Some(note.desc().to_vec());
-                }
+        .filter(|ph| ph.p_filesz(endian).into() <= MAX_NOTES_LEN);
+    for ph in segments {
+        let Ok(Some(mut notes)) = ph.notes(endian, data) else {
+            continue;
+        };
+        // A malformed note ends the search in its segment.
+        while let Ok(Some(note)) = notes.next() {
+            let (name, kind, desc) = (note.name(), note.n_type(endian), note.desc());
+            if desc.is_empty() {
+                continue;
             }
-            None
-        })
+            if name == elf::ELF_NOTE_GNU && kind == elf::NT_GNU_BUILD_ID {
+                return Some(desc.to_vec());
+            }
+            if name == b"Go" && kind == NT_GO_BUILD_ID && go.is_none() {
+                go = Some(desc.to_vec());
+            }
+        }
+    }
+    go
 }
 
 /// The `LC_UUID` of a thin Mach-O image.
@@ -82,8 +96,14 @@ mod tests {
 
     /// A minimal little-endian ELF64 image: header, one PT_NOTE program
     /// header, one note of `kind` named `note_name`.
-    #[rustfmt::skip]
     pub(crate) fn tiny_elf(note_name: &[u8; 4], kind: u32) -> Vec<u8> {
+        elf_with_notes(&[(note_name, kind, [0xde, 0xad, 0xbe, 0xef])])
+    }
+
+    /// [`tiny_elf`] with these notes (name, type, 4-byte descriptor) in
+    /// its one PT_NOTE segment.
+    #[rustfmt::skip]
+    fn elf_with_notes(notes: &[(&[u8; 4], u32, [u8; 4])]) -> Vec<u8> {
         let mut b = vec![0u8; 64];
         b[..4].copy_from_slice(b"\x7fELF");
         b[4] = 2;                                            // ELFCLASS64
@@ -94,16 +114,19 @@ mod tests {
         b[0x36..0x38].copy_from_slice(&56u16.to_le_bytes()); // e_phentsize
         b[0x38..0x3a].copy_from_slice(&1u16.to_le_bytes());  // e_phnum
         let mut ph = vec![0u8; 56];
+        let size = 20 * notes.len() as u64;
         ph[..4].copy_from_slice(&elf::PT_NOTE.to_le_bytes()); // p_type
         ph[8..16].copy_from_slice(&120u64.to_le_bytes());    // p_offset
-        ph[32..40].copy_from_slice(&20u64.to_le_bytes());    // p_filesz
+        ph[32..40].copy_from_slice(&size.to_le_bytes());     // p_filesz
         ph[48..56].copy_from_slice(&4u64.to_le_bytes());     // p_align
         b.extend(ph);
-        b.extend(4u32.to_le_bytes());                        // namesz
-        b.extend(4u32.to_le_bytes());                        // descsz
-        b.extend(kind.to_le_bytes());                        // type
-        b.extend(note_name);                                 // name
-        b.extend([0xde, 0xad, 0xbe, 0xef]);                  // desc: the id
+        for (name, kind, desc) in notes {
+            b.extend(4u32.to_le_bytes());                    // namesz
+            b.extend(4u32.to_le_bytes());                    // descsz
+            b.extend(kind.to_le_bytes());                    // type
+            b.extend(*name);                                 // name
+            b.extend(desc);                                  // desc: the id
+        }
         b
     }
 
@@ -114,12 +137,28 @@ mod tests {
     }
 
     #[test]
+    fn a_go_build_id_stands_in_for_a_missing_gnu_one() {
+        let go = build_id_of_bytes(&tiny_elf(b"Go\0\0", NT_GO_BUILD_ID)).unwrap();
+        assert_eq!(go.to_hex(), "deadbeef");
+        // Whichever comes first, the GNU note wins.
+        let (gnu, go) = (
+            (b"GNU\0", elf::NT_GNU_BUILD_ID, [1, 2, 3, 4]),
+            (b"Go\0\0", NT_GO_BUILD_ID, [5, 6, 7, 8]),
+        );
+        for notes in [[gnu, go], [go, gnu]] {
+            let id = build_id_of_bytes(&elf_with_notes(&notes)).unwrap();
+            assert_eq!(id.to_hex(), "01020304");
+        }
+    }
+
+    #[test]
     fn ignores_other_notes() {
         assert_eq!(build_id_of_bytes(&tiny_elf(b"GNU\0", 1)), None);
         assert_eq!(
             build_id_of_bytes(&tiny_elf(b"Go\0\0", elf::NT_GNU_BUILD_ID)),
             None
         );
+        assert_eq!(build_id_of_bytes(&tiny_elf(b"GNU\0", NT_GO_BUILD_ID)), None);
     }
 
     #[test]

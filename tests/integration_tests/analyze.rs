@@ -7,6 +7,7 @@
 //! Submodules: `viewers` (pprof and speedscope opened in their tools),
 //! `views` (flame graph SVG in Chromium, Firefox Profiler structure, `top`,
 //! `diff`, `--open`),
+//! `go` (Go binaries: compressed `.debug_frame`, Go build ID),
 //! `post_mortem` (embedded data, pack, --offline, strip, --symbols),
 //! `synthetic` (hand-built traces of non-host architectures), `untouched`
 //! (stack copies cut short at pages their thread never touched).
@@ -17,6 +18,7 @@
 //! `clone`/`clone3`/`start_thread` for the others), or the unwinder stopped
 //! cleanly at a zero return address / frame pointer.
 
+mod go;
 mod post_mortem;
 mod synthetic;
 mod untouched;

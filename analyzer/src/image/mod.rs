@@ -121,6 +121,18 @@ impl Section {
     pub fn has_bytes(&self) -> bool {
         !self.bytes.is_empty() || self.deflated.is_some()
     }
+
+    /// The section's bytes, inflated if compressed; `None` if it has none
+    /// or its compressed stream is corrupt.
+    pub fn read(&self) -> Option<SectionBytes> {
+        match &self.deflated {
+            Some(d) => d
+                .inflate()
+                .filter(|b| !b.is_empty())
+                .map(|b| SectionBytes::whole(Arc::new(b))),
+            None => Some(self.bytes.clone()).filter(|b| !b.is_empty()),
+        }
+    }
 }
 
 /// The zlib stream of a compressed section, inside its file's bytes.

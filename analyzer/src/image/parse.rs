@@ -140,9 +140,12 @@ pub(crate) fn parse_bytes(bytes: Arc<FileBytes>) -> Result<ParsedFile, String> {
         }
     }
     data.symbols = Symbols::of_file(bytes.clone());
+    // object finds a GNU note through the section headers too (separate
+    // debug files); the recorder's reading of the program headers also
+    // finds Go's build ID, which Go binaries have instead.
     let build_id = match obj.build_id() {
         Ok(Some(id)) => Some(id.to_vec()),
-        _ => obj.mach_uuid().ok().flatten().map(|u| u.to_vec()),
+        _ => lrnprof_image::build_id_of_bytes(&bytes).map(|id| id.0),
     };
     let debuglink = obj
         .gnu_debuglink()

@@ -125,6 +125,10 @@ type ModuleKey = (u32, u64, u64, u64);
 #[derive(Default)]
 pub(crate) struct ModuleCache {
     modules: Mutex<HashMap<ModuleKey, Module<SectionBytes>>>,
+    /// Inflated `.debug_frame` by image, for images that have it
+    /// compressed and no `.eh_frame`: inflated once, whatever the number
+    /// of processes mapping the image.
+    debug_frames: Mutex<HashMap<u32, Option<SectionBytes>>>,
 }
 
 impl ModuleCache {
@@ -148,6 +152,21 @@ impl ModuleCache {
                 .filter(|s| !s.bytes.is_empty())
                 .map(|s| s.bytes.clone())
         };
+        // framehop reads `.debug_frame` only where there is no `.eh_frame`
+        // (Go's linker writes none). Unlike `.eh_frame` it is not loaded,
+        // so a linker may compress it, as Go's does by default: inflate it
+        // then, or every frame would be found by frame pointer alone.
+        let eh_frame = data.section(".eh_frame").is_some_and(|s| s.has_bytes());
+        let debug_frame = match data.section(".debug_frame") {
+            Some(s) if !eh_frame && s.deflated.is_some() => self
+                .debug_frames
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .entry(m.image)
+                .or_insert_with(|| s.read())
+                .clone(),
+            _ => bytes(".debug_frame"),
+        };
         let info = ExplicitModuleSectionInfo {
             base_svma: data.base_svma,
             text_svma: range(".text"),
@@ -160,7 +179,7 @@ impl ModuleCache {
             eh_frame: bytes(".eh_frame"),
             eh_frame_hdr_svma: range(".eh_frame_hdr"),
             eh_frame_hdr: bytes(".eh_frame_hdr"),
-            debug_frame: bytes(".debug_frame"),
+            debug_frame,
             text_segment_svma: range("__TEXT"),
             text_segment: bytes("__TEXT"),
         };

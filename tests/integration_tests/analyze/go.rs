@@ -1,0 +1,104 @@
+//! Go binaries, as Go's own linker writes them: no `.eh_frame`, a
+//! zlib-compressed `.debug_frame`, and Go's build ID note instead of a GNU
+//! build id (`tests/fixtures/go_spin`).
+
+use super::*;
+use object::{Object, ObjectSection};
+
+/// Build the `go_spin` fixture into `dir/gospin` with a private build
+/// cache, offline (it uses the standard library only).
+fn build_go_spin(dir: &Path) -> PathBuf {
+    let exe = dir.join("gospin");
+    let out = Command::new("go")
+        .args(["build", "-o"])
+        .arg(&exe)
+        .arg(".")
+        .current_dir(lrnprof_tests::workspace_root().join("tests/fixtures/go_spin"))
+        .env("HOME", dir)
+        .env("GOCACHE", dir.join("gocache"))
+        .env("GOPATH", dir.join("gopath"))
+        .env("GOPROXY", "off")
+        .env("GOTOOLCHAIN", "local")
+        .env("GOFLAGS", "-mod=mod")
+        .output()
+        .expect("running go build");
+    assert!(
+        out.status.success(),
+        "go build of tests/fixtures/go_spin failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    exe
+}
+
+#[test]
+#[cfg_attr(
+    not(target_arch = "x86_64"),
+    ignore = "the Go fixture's spin is x86_64 assembly"
+)]
+fn go_binaries_unwind_through_their_compressed_debug_frame_after_they_are_gone() {
+    require_perf!();
+    if Command::new("go").arg("version").output().is_err() {
+        skip!("`go` is not installed (Debian: golang-go)");
+    }
+    let dir = scratch_dir("an-go");
+    let exe = build_go_spin(&dir);
+
+    // What the test stands on: had Go's linker changed, say so rather than
+    // pass without checking it.
+    let bytes = std::fs::read(&exe).unwrap();
+    let file = object::File::parse(&*bytes).unwrap();
+    assert!(
+        file.section_by_name(".eh_frame").is_none(),
+        "Go wrote .eh_frame"
+    );
+    let debug_frame = file.section_by_name(".debug_frame").expect(".debug_frame");
+    let compressed = debug_frame.compressed_file_range().unwrap().format;
+    assert_ne!(
+        compressed,
+        object::CompressionFormat::None,
+        "plain .debug_frame"
+    );
+    assert_eq!(file.build_id().unwrap(), None, "Go wrote a GNU build id");
+    drop(file);
+
+    let trace = record(&dir, "go", &[], &exe, &["600"]);
+    let before = folded(&trace, &[]);
+    let spinning: u64 = before
+        .iter()
+        .filter(|(s, _)| s.last().is_some_and(|f| f == "main.spin"))
+        .map(|(_, c)| c)
+        .sum();
+    let chain = [
+        "runtime.main",
+        "main.main",
+        "main.level1",
+        "main.level2",
+        "main.spin",
+    ];
+    let whole: u64 = before
+        .iter()
+        .filter(|(s, _)| s.ends_with(&chain.map(String::from)))
+        .map(|(_, c)| c)
+        .sum();
+    assert!(
+        spinning >= 200,
+        "{spinning} samples in main.spin: {before:?}"
+    );
+    // With the frame pointer overwritten, only the CFI finds main.level2.
+    assert!(
+        whole as f64 >= 0.95 * spinning as f64,
+        "{whole} of {spinning} samples in main.spin reach runtime.main: {before:?}"
+    );
+    let i = info(&trace, &[]);
+    let compact: String = i.split_whitespace().collect();
+    assert!(
+        !compact.contains(r#""build_id":null"#),
+        "an image without an id: {i}"
+    );
+
+    // The Go build ID keys the data the recorder embedded: the same
+    // profile once the binary is gone.
+    std::fs::remove_file(&exe).unwrap();
+    assert_eq!(folded(&trace, &[]), before);
+    remove_scratch_dir(&dir);
+}
