@@ -253,6 +253,50 @@ fn deep_recursion_and_big_frame_reach_the_root() {
 /// same stacks: on a 300-frame recursion and on threads whose leaves
 /// change, sampled fast so that consecutive samples share most frames.
 #[test]
+#[cfg_attr(
+    not(target_arch = "x86_64"),
+    ignore = "AArch64 signal frames are not unwound through yet"
+)]
+fn signal_handlers_unwind_into_the_code_they_interrupted() {
+    require_perf!();
+    let dir = scratch_dir("an-signal");
+    let exe = build_c(&["an_signal.c"], NO_FP, &dir, "an_signal");
+    let trace = record(&dir, "sig", &[], &exe, &["800"]);
+    let f = folded(&trace, &[]);
+    let in_handler: Vec<(&Vec<String>, u64)> = f
+        .iter()
+        .filter(|(s, _)| s.ends_with(&["on_signal".to_string(), "handler_work".to_string()]))
+        .map(|(s, c)| (s, *c))
+        .collect();
+    let handled: u64 = in_handler.iter().map(|(_, c)| c).sum();
+    assert!(handled >= 20, "{handled} samples in the handler: {f:?}");
+    // Through the signal frame (the trampoline between the interrupted
+    // function and on_signal) to the root, with the interrupted function
+    // itself: spin_leaf has no frame pointer to skip it by.
+    let rooted: u64 = in_handler
+        .iter()
+        .filter(|(s, _)| s[1] == "_start" && s.windows(2).any(|w| w == ["main", "spin"]))
+        .map(|(_, c)| c)
+        .sum();
+    assert!(
+        rooted as f64 >= 0.95 * handled as f64,
+        "{rooted} of {handled} handler samples reach main: {in_handler:?}"
+    );
+    let from_leaf: u64 = in_handler
+        .iter()
+        .filter(|(s, _)| s[s.len() - 4] == "spin_leaf")
+        .map(|(_, c)| c)
+        .sum();
+    assert!(
+        from_leaf >= 5,
+        "{from_leaf} handler samples interrupted spin_leaf: {in_handler:?}"
+    );
+    // The trampoline's unwind entry is in the trace's embedded data.
+    assert_eq!(folded(&trace, &["--offline"]), f);
+    remove_scratch_dir(&dir);
+}
+
+#[test]
 fn unwinding_only_what_changed_gives_the_stacks_of_full_walks() {
     require_perf!();
     let dir = scratch_dir("an-incremental");

@@ -299,6 +299,7 @@ impl<'c, 'p, A: UnwindArch> BlockUnwinder<'c, 'p, A> {
         let walked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             walk::<A>(
                 unwinder,
+                &g.unwinder.trampolines,
                 cache,
                 pc,
                 regs,

@@ -3,6 +3,7 @@
 
 mod aarch64;
 mod block;
+mod signal;
 mod x86_64;
 
 pub(crate) use block::{unwind_block, BlockContext};
@@ -11,8 +12,9 @@ use crate::image::{LoadedImage, SectionBytes};
 use crate::timeline::Mapping;
 use framehop::{ExplicitModuleSectionInfo, FrameAddress, Module};
 use lrnprof_format::{Arch, Regs, Sample, StackView};
+use signal::{ImageTrampolines, Trampolines};
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 /// Most frames kept per sample: a guard against unwinding loops.
 pub(crate) const MAX_FRAMES: usize = 4096;
@@ -29,9 +31,16 @@ pub(crate) struct Unwound {
     pub used_kernel_chain: bool,
 }
 
-/// A framehop unwinder for one process generation, for the trace's arch.
+/// A framehop unwinder for one process generation, for the trace's arch,
+/// and where its signal handlers return to.
 #[derive(Clone)]
-pub(crate) enum ArchUnwinder {
+pub(crate) struct ArchUnwinder {
+    unwinder: ArchKind,
+    trampolines: Trampolines,
+}
+
+#[derive(Clone)]
+enum ArchKind {
     X86_64(x86_64::Unwinder),
     Aarch64(aarch64::Unwinder),
 }
@@ -129,6 +138,8 @@ pub(crate) struct ModuleCache {
     /// compressed and no `.eh_frame`: inflated once, whatever the number
     /// of processes mapping the image.
     debug_frames: Mutex<HashMap<u32, Option<SectionBytes>>>,
+    /// Signal trampolines by image, searched for on first use.
+    trampolines: Mutex<HashMap<u32, Arc<ImageTrampolines>>>,
 }
 
 impl ModuleCache {
@@ -211,9 +222,19 @@ impl ArchUnwinder {
             .iter()
             .filter(|m| m.executable)
             .filter_map(|m| cache.module(m, &images[m.image as usize]));
-        match arch {
-            Arch::X86_64 => ArchUnwinder::X86_64(x86_64::build(modules)),
-            Arch::Aarch64 => ArchUnwinder::Aarch64(aarch64::build(modules)),
+        let unwinder = match arch {
+            Arch::X86_64 => ArchKind::X86_64(x86_64::build(modules)),
+            Arch::Aarch64 => ArchKind::Aarch64(aarch64::build(modules)),
+        };
+        let trampolines = Trampolines::new(mappings, images, |i| {
+            let mut map = cache.trampolines.lock().unwrap_or_else(|e| e.into_inner());
+            map.entry(i)
+                .or_insert_with(|| Arc::new(ImageTrampolines::of(&images[i as usize])))
+                .clone()
+        });
+        ArchUnwinder {
+            unwinder,
+            trampolines,
         }
     }
 
@@ -221,12 +242,13 @@ impl ArchUnwinder {
     /// kernel callchain where the copy ends.
     pub fn unwind(&self, cache: &mut ArchCache, sample: &Sample, little_endian: bool) -> Unwound {
         let stack = StackView::of_snapshot(&sample.stack);
-        let mut u = match (self, cache) {
-            (ArchUnwinder::X86_64(un), ArchCache::X86_64(c)) => {
-                walk_whole::<X86_64Arch>(un, c, &sample.regs, &stack, little_endian)
+        let t = &self.trampolines;
+        let mut u = match (&self.unwinder, cache) {
+            (ArchKind::X86_64(un), ArchCache::X86_64(c)) => {
+                walk_whole::<X86_64Arch>(un, t, c, &sample.regs, &stack, little_endian)
             }
-            (ArchUnwinder::Aarch64(un), ArchCache::Aarch64(c)) => {
-                walk_whole::<Aarch64Arch>(un, c, &sample.regs, &stack, little_endian)
+            (ArchKind::Aarch64(un), ArchCache::Aarch64(c)) => {
+                walk_whole::<Aarch64Arch>(un, t, c, &sample.regs, &stack, little_endian)
             }
             _ => None,
         }
@@ -246,6 +268,7 @@ impl ArchUnwinder {
 /// Walk a whole stack (no earlier sample to reuse) into frames.
 fn walk_whole<A: UnwindArch>(
     unwinder: &A::Unwinder,
+    trampolines: &Trampolines,
     cache: &mut RuleCaches<A::Cache>,
     regs: &Regs,
     stack: &StackView<'_>,
@@ -255,6 +278,7 @@ fn walk_whole<A: UnwindArch>(
     let mut arena = Vec::new();
     let walked = walk::<A>(
         unwinder,
+        trampolines,
         cache,
         pc,
         regs,
@@ -287,6 +311,13 @@ pub(crate) trait UnwindArch {
     fn start(u: &Self::Unwinder, regs: &Regs) -> Option<(u64, Self::Regs)>;
     /// The stack pointer in `regs`.
     fn sp(regs: &Self::Regs) -> u64;
+    /// The interrupted instruction pointer and registers a signal frame
+    /// saved, read through `read`, where `regs` are those a handler
+    /// returned to its trampoline with. `None` where not known.
+    fn signal_return(
+        regs: &Self::Regs,
+        read: &mut dyn FnMut(u64) -> Result<u64, ()>,
+    ) -> Option<(u64, Self::Regs)>;
     /// This worker thread's spare walk arenas of this arch.
     fn spare_arenas() -> &'static std::thread::LocalKey<SpareArenas<Self::Regs>>;
 }
@@ -337,9 +368,9 @@ impl UnwindArch for X86_64Arch {
     type Cache = x86_64::Cache;
     type Unwinder = x86_64::Unwinder;
     fn unwinder(u: &ArchUnwinder) -> Option<&Self::Unwinder> {
-        match u {
-            ArchUnwinder::X86_64(u) => Some(u),
-            ArchUnwinder::Aarch64(_) => None,
+        match &u.unwinder {
+            ArchKind::X86_64(u) => Some(u),
+            ArchKind::Aarch64(_) => None,
         }
     }
     fn cache(c: &mut ArchCache) -> Option<&mut RuleCaches<Self::Cache>> {
@@ -357,6 +388,15 @@ impl UnwindArch for X86_64Arch {
     fn sp(regs: &Self::Regs) -> u64 {
         regs.sp()
     }
+    fn signal_return(
+        regs: &Self::Regs,
+        read: &mut dyn FnMut(u64) -> Result<u64, ()>,
+    ) -> Option<(u64, Self::Regs)> {
+        let uc = regs.sp();
+        let [bp, sp, ip] = signal::X86_64_UCONTEXT_BP_SP_IP.map(|at| read(uc.wrapping_add(at)));
+        let (bp, sp, ip) = (bp.ok()?, sp.ok()?, ip.ok()?);
+        Some((ip, framehop::x86_64::UnwindRegsX86_64::new(ip, sp, bp)))
+    }
     fn spare_arenas() -> &'static std::thread::LocalKey<SpareArenas<Self::Regs>> {
         &X86_64_ARENAS
     }
@@ -367,9 +407,9 @@ impl UnwindArch for Aarch64Arch {
     type Cache = aarch64::Cache;
     type Unwinder = aarch64::Unwinder;
     fn unwinder(u: &ArchUnwinder) -> Option<&Self::Unwinder> {
-        match u {
-            ArchUnwinder::Aarch64(u) => Some(u),
-            ArchUnwinder::X86_64(_) => None,
+        match &u.unwinder {
+            ArchKind::Aarch64(u) => Some(u),
+            ArchKind::X86_64(_) => None,
         }
     }
     fn cache(c: &mut ArchCache) -> Option<&mut RuleCaches<Self::Cache>> {
@@ -386,6 +426,14 @@ impl UnwindArch for Aarch64Arch {
     }
     fn sp(regs: &Self::Regs) -> u64 {
         regs.sp()
+    }
+    /// Not yet: AArch64 signal frames (the vDSO's `__kernel_rt_sigreturn`)
+    /// still end a walk.
+    fn signal_return(
+        _: &Self::Regs,
+        _: &mut dyn FnMut(u64) -> Result<u64, ()>,
+    ) -> Option<(u64, Self::Regs)> {
+        None
     }
     fn spare_arenas() -> &'static std::thread::LocalKey<SpareArenas<Self::Regs>> {
         &AARCH64_ARENAS
@@ -471,6 +519,7 @@ pub(crate) fn chain<R: Copy>(arena: &[Node<R>], leaf: u32) -> impl Iterator<Item
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn walk<A: UnwindArch>(
     unwinder: &A::Unwinder,
+    trampolines: &Trampolines,
     cache: &mut RuleCaches<A::Cache>,
     pc: u64,
     mut regs: A::Regs,
@@ -538,7 +587,24 @@ pub(crate) fn walk<A: UnwindArch>(
             hi = hi.max(addr.saturating_add(8));
             words.read_u64(addr).ok_or(())
         };
-        let next = unwinder.unwind_frame(this, &mut regs, cache.of(this), &mut read);
+        // A handler returning into a signal trampoline: on from the
+        // instruction the signal interrupted, given as the return address
+        // just past it so that its lookup (one byte back) lands on it.
+        // (framehop cannot evaluate the trampoline's rules: it would stop,
+        // or follow the frame pointer past the interrupted function.)
+        let signal = match this {
+            FrameAddress::ReturnAddress(ra) if trampolines.is_return_to_trampoline(ra.get()) => {
+                A::signal_return(&this_regs, &mut read)
+            }
+            _ => None,
+        };
+        let next = match signal {
+            Some((ip, saved)) => {
+                regs = saved;
+                Ok(Some(ip.wrapping_add(1)))
+            }
+            None => unwinder.unwind_frame(this, &mut regs, cache.of(this), &mut read),
+        };
         let parent = arena.len() as u32 + 1;
         arena.push(Node {
             address: this,
