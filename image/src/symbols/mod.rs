@@ -7,6 +7,7 @@
 //! so both name a frame alike.
 
 mod elf64;
+mod gopclntab;
 mod plt;
 
 pub use elf64::parse_elf64_symbols;
@@ -104,13 +105,17 @@ pub fn symbol_table(
 /// The symbol table ([`symbol_table`]) of an ELF or Mach-O file: its
 /// function symbols (`.symtab` and `.dynsym`, or the Mach-O symbol table,
 /// without Mach-O's leading underscore), `NAME@plt` stubs of an ELF file,
-/// and the ELF code labels in `.text`.
+/// the ELF code labels in `.text`, and the functions of a Go binary's
+/// `.gopclntab` when it has no `.symtab` (built with `-ldflags=-s`).
 pub fn symbols_of_object<'data, R: ReadRef<'data>>(obj: &object::File<'data, R>) -> Vec<Symbol> {
     let labels: Vec<Symbol> = code_labels(obj).collect();
     let mut functions: Vec<(Symbol, u64)> = function_symbols(obj).collect();
     let text = if obj.format() == object::BinaryFormat::Elf {
         // Sized: the end of their section is not needed.
         functions.extend(plt_symbols_of(obj).into_iter().map(|s| (s, u64::MAX)));
+        if obj.section_by_name(".symtab").is_none() {
+            functions.extend(gopclntab::go_function_symbols(obj));
+        }
         text_range(obj)
     } else {
         None
@@ -129,6 +134,9 @@ pub fn object_has_symbols<'data, R: ReadRef<'data>>(obj: &object::File<'data, R>
         return false;
     }
     if !plt_symbols_of(obj).is_empty() {
+        return true;
+    }
+    if obj.section_by_name(".symtab").is_none() && gopclntab::has_go_functions(obj) {
         return true;
     }
     text_range(obj).is_some_and(|(start, size)| {

@@ -1,16 +1,19 @@
 //! Go binaries, as Go's own linker writes them: no `.eh_frame`, a
 //! zlib-compressed `.debug_frame`, and Go's build ID note instead of a GNU
-//! build id (`tests/fixtures/go_spin`).
+//! build id; stripped (`-ldflags=-s -w`), named by their `.gopclntab`
+//! alone (`tests/fixtures/go_spin`).
 
 use super::*;
 use object::{Object, ObjectSection};
 
-/// Build the `go_spin` fixture into `dir/gospin` with a private build
-/// cache, offline (it uses the standard library only).
-fn build_go_spin(dir: &Path) -> PathBuf {
-    let exe = dir.join("gospin");
+/// Build the `go_spin` fixture into `dir/name` with `flags` and a private
+/// build cache, offline (it uses the standard library only).
+fn build_go_spin(dir: &Path, name: &str, flags: &[&str]) -> PathBuf {
+    let exe = dir.join(name);
     let out = Command::new("go")
-        .args(["build", "-o"])
+        .arg("build")
+        .args(flags)
+        .arg("-o")
         .arg(&exe)
         .arg(".")
         .current_dir(lrnprof_tests::workspace_root().join("tests/fixtures/go_spin"))
@@ -41,7 +44,7 @@ fn go_binaries_unwind_through_their_compressed_debug_frame_after_they_are_gone()
         skip!("`go` is not installed (Debian: golang-go)");
     }
     let dir = scratch_dir("an-go");
-    let exe = build_go_spin(&dir);
+    let exe = build_go_spin(&dir, "gospin", &[]);
 
     // What the test stands on: had Go's linker changed, say so rather than
     // pass without checking it.
@@ -63,32 +66,8 @@ fn go_binaries_unwind_through_their_compressed_debug_frame_after_they_are_gone()
 
     let trace = record(&dir, "go", &[], &exe, &["600"]);
     let before = folded(&trace, &[]);
-    let spinning: u64 = before
-        .iter()
-        .filter(|(s, _)| s.last().is_some_and(|f| f == "main.spin"))
-        .map(|(_, c)| c)
-        .sum();
-    let chain = [
-        "runtime.main",
-        "main.main",
-        "main.level1",
-        "main.level2",
-        "main.spin",
-    ];
-    let whole: u64 = before
-        .iter()
-        .filter(|(s, _)| s.ends_with(&chain.map(String::from)))
-        .map(|(_, c)| c)
-        .sum();
-    assert!(
-        spinning >= 200,
-        "{spinning} samples in main.spin: {before:?}"
-    );
     // With the frame pointer overwritten, only the CFI finds main.level2.
-    assert!(
-        whole as f64 >= 0.95 * spinning as f64,
-        "{whole} of {spinning} samples in main.spin reach runtime.main: {before:?}"
-    );
+    assert_chain(&before, "main.spin");
     let i = info(&trace, &[]);
     let compact: String = i.split_whitespace().collect();
     assert!(
@@ -98,6 +77,62 @@ fn go_binaries_unwind_through_their_compressed_debug_frame_after_they_are_gone()
 
     // The Go build ID keys the data the recorder embedded: the same
     // profile once the binary is gone.
+    std::fs::remove_file(&exe).unwrap();
+    assert_eq!(folded(&trace, &[]), before);
+    remove_scratch_dir(&dir);
+}
+
+/// At least 200 samples in `leaf`, and 95 % of them with the whole chain
+/// from runtime.main.
+fn assert_chain(f: &BTreeMap<Vec<String>, u64>, leaf: &str) {
+    let in_leaf: u64 = f
+        .iter()
+        .filter(|(s, _)| s.last().is_some_and(|l| l == leaf))
+        .map(|(_, c)| c)
+        .sum();
+    let chain = [
+        "runtime.main",
+        "main.main",
+        "main.level1",
+        "main.level2",
+        leaf,
+    ];
+    let whole: u64 = f
+        .iter()
+        .filter(|(s, _)| s.ends_with(&chain.map(String::from)))
+        .map(|(_, c)| c)
+        .sum();
+    assert!(in_leaf >= 200, "{in_leaf} samples in {leaf}: {f:?}");
+    assert!(
+        whole as f64 >= 0.95 * in_leaf as f64,
+        "{whole} of {in_leaf} samples in {leaf} reach runtime.main: {f:?}"
+    );
+}
+
+#[test]
+fn stripped_go_binaries_are_named_from_their_pclntab() {
+    require_perf!();
+    if Command::new("go").arg("version").output().is_err() {
+        skip!("`go` is not installed (Debian: golang-go)");
+    }
+    let dir = scratch_dir("an-go-stripped");
+    let exe = build_go_spin(&dir, "gospin-s", &["-ldflags=-s -w"]);
+    let bytes = std::fs::read(&exe).unwrap();
+    let file = object::File::parse(&*bytes).unwrap();
+    for gone in [".symtab", ".debug_frame", ".debug_info"] {
+        assert!(file.section_by_name(gone).is_none(), "-s -w left {gone}");
+    }
+    assert!(
+        file.section_by_name(".gopclntab").is_some(),
+        "no .gopclntab"
+    );
+    drop(file);
+
+    // The Go loop, which frame pointers unwind: this binary has no CFI.
+    let trace = record(&dir, "go-s", &[], &exe, &["600", "go"]);
+    let before = folded(&trace, &[]);
+    assert_chain(&before, "main.spinGo");
+    // The names are in the frame table the recorder embedded.
     std::fs::remove_file(&exe).unwrap();
     assert_eq!(folded(&trace, &[]), before);
     remove_scratch_dir(&dir);
