@@ -244,6 +244,16 @@ pub(crate) fn load_image(key: &ImageKey, blobs: &BlobStore, opts: &LocateOptions
     if key.kind == ImageKind::Vdso && data.is_none() {
         notes.push("vDSO bytes not embedded in the trace".to_string());
     }
+    // An image whose sections are known (its file, or the layout table in
+    // the trace) and include no unwind table has none to find: nothing
+    // is missing, it is unwound by frame pointers.
+    if let (Source::Missing, Some(d)) = (&unwind_source, &data) {
+        let known = d.section(".text").is_some();
+        let unwind = [".eh_frame", "__eh_frame", ".debug_frame", "__unwind_info"];
+        if known && !unwind.iter().any(|n| d.section(n).is_some()) {
+            unwind_source = Source::NoneInImage;
+        }
+    }
     LoadedImage {
         key: key.clone(),
         data,

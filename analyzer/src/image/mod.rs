@@ -174,6 +174,9 @@ pub(crate) enum Source {
     File(PathBuf),
     /// Data embedded in the trace.
     Embedded,
+    /// The image has none (unwind tables of a file stripped of them, such
+    /// as a Go binary built with `-ldflags=-s -w`): frame pointers only.
+    NoneInImage,
     /// Nothing found.
     Missing,
 }
@@ -183,6 +186,7 @@ impl std::fmt::Display for Source {
         match self {
             Source::File(p) => write!(f, "{}", p.display()),
             Source::Embedded => f.write_str("embedded in trace"),
+            Source::NoneInImage => f.write_str("none in the image (frame pointers)"),
             Source::Missing => f.write_str("missing"),
         }
     }
