@@ -588,20 +588,23 @@ pub(crate) fn walk<A: UnwindArch>(
             words.read_u64(addr).ok_or(())
         };
         // A handler returning into a signal trampoline: on from the
-        // instruction the signal interrupted, given as the return address
-        // just past it so that its lookup (one byte back) lands on it.
-        // (framehop cannot evaluate the trampoline's rules: it would stop,
-        // or follow the frame pointer past the interrupted function.)
+        // instruction the signal interrupted, whose unwind rule is looked
+        // up at its own address (as a leaf's). (framehop cannot evaluate
+        // the trampoline's rules: it would stop, or follow the frame
+        // pointer past the interrupted function.) It is named as a return
+        // address is, by the byte before it, as the recorder's frame table
+        // names every code address found on the stack.
         let signal = match this {
             FrameAddress::ReturnAddress(ra) if trampolines.is_return_to_trampoline(ra.get()) => {
                 A::signal_return(&this_regs, &mut read)
             }
             _ => None,
         };
+        let interrupted = signal.is_some();
         let next = match signal {
             Some((ip, saved)) => {
                 regs = saved;
-                Ok(Some(ip.wrapping_add(1)))
+                Ok(Some(ip))
             }
             None => unwinder.unwind_frame(this, &mut regs, cache.of(this), &mut read),
         };
@@ -614,6 +617,7 @@ pub(crate) fn walk<A: UnwindArch>(
             parent,
         });
         match next {
+            Ok(Some(ip)) if interrupted => address = FrameAddress::from_instruction_pointer(ip),
             Ok(Some(ra)) => match FrameAddress::from_return_address(ra) {
                 Some(a) => address = a,
                 None => break true,
