@@ -185,6 +185,26 @@ fn blobs_for_data<'data, R: ReadRef<'data>>(
         };
         blobs.extend(split_blob(build_id, kind, compress, stored, MAX_BLOB_PART));
     }
+    // A stripped Go binary has no unwind table: its stack-pointer tables
+    // give one, for the functions the trace reaches.
+    let reached = reach.map(|offsets| {
+        let mut svmas = lookup_svmas(&file, &layout, offsets).unwrap_or_default();
+        svmas.sort_unstable();
+        svmas
+    });
+    if let Some(bytes) = crate::go_debug_frame(&file, reached.as_deref()) {
+        let stored = zstd::bulk::compress(&bytes, DEBUG_ZSTD_LEVEL).map_err(|source| {
+            ImageError::Compress {
+                name: ".gopclntab".to_string(),
+                source,
+            }
+        })?;
+        let kind = BlobKind::Section {
+            name: ".debug_frame".to_string(),
+            svma: 0,
+        };
+        blobs.extend(split_blob(build_id, kind, true, stored, MAX_BLOB_PART));
+    }
     let layout_kind = BlobKind::Section {
         name: LAYOUT_SECTION.to_string(),
         svma: 0,

@@ -96,8 +96,9 @@ pub use sections::{
     MACHO_HEADER_SECTION, MACHO_UNWIND_SECTIONS, SYMBOL_SECTIONS, UNWIND_SECTIONS,
 };
 pub use symbols::{
-    bound_sizeless, is_code_label_name, merge_symbols, object_has_symbols, parse_elf64_symbols,
-    plt_symbols, symbol_at, symbol_table, symbols_of_object, PltTables, Symbol,
+    bound_sizeless, go_debug_frame, is_code_label_name, merge_symbols, object_has_symbols,
+    parse_elf64_symbols, plt_symbols, symbol_at, symbol_table, symbols_of_object, PltTables,
+    Symbol,
 };
 pub use units::{hide_units, inflate_zlib, units_to_hide, unused_dwarf};
 pub use universal::{thin_slice, universal_slices, UniversalSlice};

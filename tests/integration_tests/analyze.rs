@@ -297,6 +297,61 @@ fn signal_handlers_unwind_into_the_code_they_interrupted() {
 }
 
 #[test]
+#[cfg_attr(
+    not(target_arch = "x86_64"),
+    ignore = "the fixture's _start is x86_64 assembly"
+)]
+fn images_without_unwind_tables_are_unwound_by_frame_pointers_without_a_warning() {
+    require_perf!();
+    let dir = scratch_dir("an-bare");
+    let flags = [
+        "-O0",
+        "-nostdlib",
+        "-static",
+        "-fno-asynchronous-unwind-tables",
+        "-fno-unwind-tables",
+        "-fno-omit-frame-pointer",
+    ];
+    let exe = build_c(&["an_bare.c"], &flags, &dir, "an_bare");
+    let bytes = std::fs::read(&exe).unwrap();
+    {
+        use object::{Object, ObjectSection};
+        let file = object::File::parse(&*bytes).unwrap();
+        for s in file.sections() {
+            let name = s.name().unwrap();
+            assert!(!name.contains("frame"), "the fixture has {name}");
+        }
+    }
+    let trace = record(&dir, "bare", &[], &exe, &[]);
+    let t = trace.to_str().unwrap();
+    let before = folded(&trace, &[]);
+    let chain = ["_start", "bare_main", "bare_mid", "bare_leaf"].map(String::from);
+    let whole: u64 = before
+        .iter()
+        .filter(|(s, _)| s[1..] == chain)
+        .map(|(_, c)| c)
+        .sum();
+    assert!(
+        whole >= 200,
+        "{whole} samples of the whole chain: {before:?}"
+    );
+    // With the file and without it (its layout table in the trace says it
+    // has no unwind table): nothing is missing, no warning.
+    for gone in [false, true] {
+        if gone {
+            std::fs::remove_file(&exe).unwrap();
+            assert_eq!(folded(&trace, &[]), before);
+        }
+        let i = info(&trace, &[]);
+        assert!(i.contains("none in the image (frame pointers)"), "{i}");
+        let out = ok(&[t, "--format", "folded", "-o", "-"]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!stderr.contains("missing"), "{stderr}");
+    }
+    remove_scratch_dir(&dir);
+}
+
+#[test]
 fn unwinding_only_what_changed_gives_the_stacks_of_full_walks() {
     require_perf!();
     let dir = scratch_dir("an-incremental");

@@ -174,8 +174,9 @@ pub(crate) enum Source {
     File(PathBuf),
     /// Data embedded in the trace.
     Embedded,
-    /// The image has none (unwind tables of a file stripped of them, such
-    /// as a Go binary built with `-ldflags=-s -w`): frame pointers only.
+    /// The image has none (a program built without unwind tables and
+    /// without a C runtime, whose start files bring some): frame pointers
+    /// only.
     NoneInImage,
     /// Nothing found.
     Missing,

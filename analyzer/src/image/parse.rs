@@ -139,6 +139,17 @@ pub(crate) fn parse_bytes(bytes: Arc<FileBytes>) -> Result<ParsedFile, String> {
             data.sections.insert(key, section);
         }
     }
+    // A stripped Go binary has no unwind table: its stack-pointer tables
+    // give one.
+    if !data.sections.contains_key(".eh_frame") && !data.sections.contains_key(".debug_frame") {
+        if let Some(made) = lrnprof_image::go_debug_frame(&obj, None) {
+            let size = made.len() as u64;
+            data.sections.insert(
+                ".debug_frame".into(),
+                Section::plain(0, size, SectionBytes::whole(Arc::new(made))),
+            );
+        }
+    }
     data.symbols = Symbols::of_file(bytes.clone());
     // object finds a GNU note through the section headers too (separate
     // debug files); the recorder's reading of the program headers also

@@ -29,15 +29,9 @@ const MAX_FUNCTIONS: usize = 1 << 22;
 pub(super) fn go_function_symbols<'data, R: ReadRef<'data>>(
     obj: &object::File<'data, R>,
 ) -> Vec<(Symbol, u64)> {
-    let Some(table) = obj.section_by_name(".gopclntab") else {
+    let Some((data, text)) = pclntab(obj) else {
         return Vec::new();
     };
-    let Ok(data) = table.data() else {
-        return Vec::new();
-    };
-    let text = obj
-        .section_by_name(".text")
-        .map(|t| (t.address(), t.size()));
     parse(data, obj.is_little_endian(), text).unwrap_or_default()
 }
 
@@ -46,76 +40,313 @@ pub(super) fn has_go_functions<'data, R: ReadRef<'data>>(obj: &object::File<'dat
     obj.section_by_name(".gopclntab").is_some() && !go_function_symbols(obj).is_empty()
 }
 
-/// The functions of `data`, a `.gopclntab`; `text` is `.text`'s SVMA and
-/// size, for a table whose text start is not filled in (position
-/// independent binaries).
-fn parse(data: &[u8], little_endian: bool, text: Option<(u64, u64)>) -> Option<Vec<(Symbol, u64)>> {
-    let u32_at = |at: usize| -> Option<u32> {
-        let b: [u8; 4] = data.get(at..at.checked_add(4)?)?.try_into().ok()?;
-        Some(if little_endian {
+/// `.text`'s SVMA and size, if known.
+type TextRange = Option<(u64, u64)>;
+
+/// `.gopclntab`'s bytes and `.text`'s SVMA and size.
+fn pclntab<'data, R: ReadRef<'data>>(
+    obj: &object::File<'data, R>,
+) -> Option<(&'data [u8], TextRange)> {
+    let data = obj.section_by_name(".gopclntab")?.data().ok()?;
+    let text = obj
+        .section_by_name(".text")
+        .map(|t| (t.address(), t.size()));
+    Some((data, text))
+}
+
+/// A `.gopclntab` of the Go 1.18 layout or later, as far as it is read.
+struct Table<'a> {
+    data: &'a [u8],
+    little_endian: bool,
+    /// Functions.
+    nfunc: usize,
+    /// SVMA that function entry offsets count from.
+    text_start: u64,
+    /// Offsets in `data` of the name table, the pc-value tables and the
+    /// function table.
+    names: usize,
+    pctab: usize,
+    functab: usize,
+    /// Bytes per step of a pc-value table's pc deltas.
+    quantum: u64,
+}
+
+/// One function: its entry and end (offsets from the text start) and
+/// where its `_func` is in the table.
+struct Func {
+    entry: u32,
+    end: u32,
+    func: usize,
+}
+
+impl<'a> Table<'a> {
+    /// `text` is `.text`'s SVMA and size, for a table whose text start is
+    /// not filled in (position independent binaries).
+    fn parse(data: &'a [u8], little_endian: bool, text: Option<(u64, u64)>) -> Option<Table<'a>> {
+        let mut t = Table {
+            data,
+            little_endian,
+            nfunc: 0,
+            text_start: 0,
+            names: 0,
+            pctab: 0,
+            functab: 0,
+            quantum: 1,
+        };
+        let magic = t.u32_at(0)?;
+        if magic != MAGIC_GO118 && magic != MAGIC_GO120 {
+            return None;
+        }
+        t.quantum = u64::from(*data.get(6)?).max(1);
+        let ptr_size = usize::from(*data.get(7)?);
+        if ptr_size != 4 && ptr_size != 8 {
+            return None;
+        }
+        // Header words after the first 8 bytes: functions, files, text
+        // start, then offsets of the name table, the compilation unit
+        // table, the file table, the pc tables and the function table.
+        let word = |i: usize| -> Option<u64> {
+            let at = 8usize.checked_add(i.checked_mul(ptr_size)?)?;
+            if ptr_size == 8 {
+                let lo = u64::from(t.u32_at(at)?);
+                let hi = u64::from(t.u32_at(at + 4)?);
+                Some(if little_endian {
+                    lo | hi << 32
+                } else {
+                    hi | lo << 32
+                })
+            } else {
+                t.u32_at(at).map(u64::from)
+            }
+        };
+        let nfunc = usize::try_from(word(0)?).ok()?;
+        if nfunc > MAX_FUNCTIONS {
+            return None;
+        }
+        let text_start = match word(2)? {
+            0 => text?.0,
+            start => start,
+        };
+        let names = usize::try_from(word(3)?).ok()?;
+        let pctab = usize::try_from(word(6)?).ok()?;
+        let functab = usize::try_from(word(7)?).ok()?;
+        Some(Table {
+            nfunc,
+            text_start,
+            names,
+            pctab,
+            functab,
+            ..t
+        })
+    }
+
+    fn u32_at(&self, at: usize) -> Option<u32> {
+        let b: [u8; 4] = self.data.get(at..at.checked_add(4)?)?.try_into().ok()?;
+        Some(if self.little_endian {
             u32::from_le_bytes(b)
         } else {
             u32::from_be_bytes(b)
         })
-    };
-    let magic = u32_at(0)?;
-    if magic != MAGIC_GO118 && magic != MAGIC_GO120 {
-        return None;
     }
-    let ptr_size = usize::from(*data.get(7)?);
-    if ptr_size != 4 && ptr_size != 8 {
-        return None;
-    }
-    // Header words after the first 8 bytes: functions, files, text start,
-    // then offsets of the name table, the compilation unit table, the
-    // file table, the pc tables and the function table.
-    let word = |i: usize| -> Option<u64> {
-        let at = 8usize.checked_add(i.checked_mul(ptr_size)?)?;
-        if ptr_size == 8 {
-            let b: [u8; 8] = data.get(at..at.checked_add(8)?)?.try_into().ok()?;
-            Some(if little_endian {
-                u64::from_le_bytes(b)
-            } else {
-                u64::from_be_bytes(b)
-            })
-        } else {
-            u32_at(at).map(u64::from)
-        }
-    };
-    let nfunc = usize::try_from(word(0)?).ok()?;
-    if nfunc > MAX_FUNCTIONS {
-        return None;
-    }
-    let text_start = match word(2)? {
-        0 => text?.0,
-        start => start,
-    };
-    let text_end = text.map_or(u64::MAX, |(start, size)| start.saturating_add(size));
-    let names = usize::try_from(word(3)?).ok()?;
-    let functab = usize::try_from(word(7)?).ok()?;
-    // nfunc (entry offset, _func offset) pairs of u32, then the end's
-    // entry offset.
-    let field = |i: usize| u32_at(functab.checked_add(i.checked_mul(4)?)?);
-    let mut symbols = Vec::with_capacity(nfunc);
-    for f in 0..nfunc {
+
+    /// Function `f`: the function table holds nfunc (entry offset,
+    /// `_func` offset) pairs of u32, then the end's entry offset.
+    fn func(&self, f: usize) -> Option<Func> {
+        let field = |i: usize| self.u32_at(self.functab.checked_add(i.checked_mul(4)?)?);
         let entry = field(2 * f)?;
-        let func = usize::try_from(field(2 * f + 1)?).ok()?;
-        let next = field(2 * f + 2)?;
-        // A `_func` begins with its entry offset, then its name's offset.
-        let name_off = usize::try_from(u32_at(functab.checked_add(func)?.checked_add(4)?)?).ok()?;
-        let name = data.get(names.checked_add(name_off)?..)?;
-        let name = &name[..name.iter().position(|&b| b == 0)?];
-        let Ok(name) = std::str::from_utf8(name) else {
-            continue;
-        };
-        if name.is_empty() || next <= entry {
+        let func = self
+            .functab
+            .checked_add(usize::try_from(field(2 * f + 1)?).ok()?)?;
+        let end = field(2 * f + 2)?;
+        Some(Func { entry, end, func })
+    }
+
+    /// A `_func`'s name: the second u32 of the `_func` is its offset in
+    /// the name table.
+    fn name(&self, f: &Func) -> Option<&'a str> {
+        let off = usize::try_from(self.u32_at(f.func.checked_add(4)?)?).ok()?;
+        let name = self.data.get(self.names.checked_add(off)?..)?;
+        std::str::from_utf8(&name[..name.iter().position(|&b| b == 0)?]).ok()
+    }
+
+    /// A `_func`'s stack-pointer table: (value, end offset from the text
+    /// start) runs from its entry on. The value is how far the stack
+    /// pointer is below where it was at the entry, the return address
+    /// not counted. Its offset in the pc tables is the `_func`'s fifth
+    /// u32 (after entry, name, argument size and deferreturn).
+    fn sp_deltas(&self, f: &Func) -> Option<Vec<(i64, u32)>> {
+        let at = self.u32_at(f.func.checked_add(16)?)?;
+        let start = self.pctab.checked_add(usize::try_from(at).ok()?)?;
+        let mut p = self.data.get(start..)?;
+        let (mut pc, mut value) = (u64::from(f.entry), -1i64);
+        let mut runs = Vec::new();
+        loop {
+            let (delta, n) = uvarint(p)?;
+            if delta == 0 && !runs.is_empty() {
+                break;
+            }
+            p = &p[n..];
+            // Zigzag: the low bit is the sign.
+            let delta = if delta & 1 == 0 {
+                (delta >> 1) as i64
+            } else {
+                !((delta >> 1) as i64)
+            };
+            value = value.checked_add(delta)?;
+            let (step, n) = uvarint(p)?;
+            p = &p[n..];
+            pc = pc.checked_add(step.checked_mul(self.quantum)?)?;
+            let end = u32::try_from(pc).ok()?;
+            if end > f.end || runs.len() > MAX_RUNS {
+                return None;
+            }
+            runs.push((value, end));
+        }
+        Some(runs)
+    }
+}
+
+/// Bound on the runs of one function's stack-pointer table.
+const MAX_RUNS: usize = 1 << 16;
+
+/// A little-endian base-128 number and its length in bytes.
+fn uvarint(p: &[u8]) -> Option<(u64, usize)> {
+    let mut v = 0u64;
+    for (i, &b) in p.iter().enumerate().take(10) {
+        v |= u64::from(b & 0x7f) << (7 * i);
+        if b & 0x80 == 0 {
+            return Some((v, i + 1));
+        }
+    }
+    None
+}
+
+/// The functions of `data`, a `.gopclntab` (see [`Table::parse`]).
+fn parse(data: &[u8], little_endian: bool, text: Option<(u64, u64)>) -> Option<Vec<(Symbol, u64)>> {
+    let t = Table::parse(data, little_endian, text)?;
+    let text_end = text.map_or(u64::MAX, |(start, size)| start.saturating_add(size));
+    let mut symbols = Vec::with_capacity(t.nfunc);
+    for f in 0..t.nfunc {
+        let func = t.func(f)?;
+        let name = t.name(&func)?;
+        if name.is_empty() || func.end <= func.entry {
             continue;
         }
-        let svma = text_start.checked_add(u64::from(entry))?;
-        let symbol = Symbol::new(svma, u64::from(next - entry), name);
+        let svma = t.text_start.checked_add(u64::from(func.entry))?;
+        let symbol = Symbol::new(svma, u64::from(func.end - func.entry), name);
         symbols.push((symbol, text_end));
     }
     Some(symbols)
+}
+
+/// A `.debug_frame` for an x86-64 Go binary that has no unwind tables
+/// (built with `-ldflags=-s -w`), made from the stack-pointer tables of
+/// its `.gopclntab` as Go's linker makes the `.debug_frame` of a binary it
+/// does not strip: a CIE whose frame address is `rsp + 8` with the return
+/// address just below it, and per function the frame address's offset
+/// from `rsp` at every instruction. Only the functions holding one of
+/// `svmas` (sorted), or all with `None`. `None` if `obj` is no such binary.
+pub fn go_debug_frame<'data, R: ReadRef<'data>>(
+    obj: &object::File<'data, R>,
+    svmas: Option<&[u64]>,
+) -> Option<Vec<u8>> {
+    if obj.architecture() != object::Architecture::X86_64
+        || !obj.is_little_endian()
+        || obj.section_by_name(".eh_frame").is_some()
+        || obj.section_by_name(".debug_frame").is_some()
+    {
+        return None;
+    }
+    let (data, text) = pclntab(obj)?;
+    let t = Table::parse(data, true, text)?;
+    // CIE: version 3, no augmentation, code alignment 1, data alignment
+    // -8, return address in column 16 (rip); DW_CFA_def_cfa rsp+8,
+    // DW_CFA_offset rip at cfa-8.
+    let mut out = Vec::new();
+    entry(
+        &mut out,
+        &[
+            0xff, 0xff, 0xff, 0xff, 3, 0, 1, 0x78, 16, 0x0c, 7, 8, 0x90, 1,
+        ],
+    );
+    let mut program = Vec::new();
+    for f in 0..t.nfunc {
+        let Some(func) = t.func(f) else { break };
+        if func.end <= func.entry {
+            continue;
+        }
+        let start = t.text_start.saturating_add(u64::from(func.entry));
+        let end = t.text_start.saturating_add(u64::from(func.end));
+        if let Some(svmas) = svmas {
+            let i = svmas.partition_point(|&s| s < start);
+            if svmas.get(i).is_none_or(|&s| s >= end) {
+                continue;
+            }
+        }
+        let Some(runs) = t.sp_deltas(&func) else {
+            continue;
+        };
+        // The function's code ends with its last run, before any padding
+        // up to the next function.
+        let Some(&(_, last)) = runs.last() else {
+            continue;
+        };
+        program.clear();
+        program.extend(0u32.to_le_bytes()); // the CIE, at offset 0
+        program.extend(start.to_le_bytes());
+        program.extend(u64::from(last - func.entry).to_le_bytes());
+        let mut pc = u64::from(func.entry);
+        for (value, run_end) in runs {
+            // DW_CFA_def_cfa_offset: rsp + value + 8.
+            let Ok(offset) = u64::try_from(value.saturating_add(8)) else {
+                break;
+            };
+            program.push(0x0e);
+            push_uleb(&mut program, offset);
+            let step = u64::from(run_end) - pc;
+            pc = u64::from(run_end);
+            if run_end >= last {
+                break;
+            }
+            // DW_CFA_advance_loc / advance_loc1 / 2 / 4.
+            match step {
+                0 => {}
+                1..=0x3f => program.push(0x40 | step as u8),
+                0x40..=0xff => program.extend([0x02, step as u8]),
+                0x100..=0xffff => {
+                    program.push(0x03);
+                    program.extend((step as u16).to_le_bytes());
+                }
+                _ => {
+                    program.push(0x04);
+                    program.extend((step as u32).to_le_bytes());
+                }
+            }
+        }
+        entry(&mut out, &program);
+    }
+    Some(out)
+}
+
+/// Append a CFI entry of `body`: its length, the body, and `DW_CFA_nop`s
+/// up to a multiple of 8 bytes.
+fn entry(out: &mut Vec<u8>, body: &[u8]) {
+    let padded = (4 + body.len()).next_multiple_of(8) - 4;
+    out.extend((padded as u32).to_le_bytes());
+    out.extend(body);
+    out.resize(out.len() + padded - body.len(), 0);
+}
+
+fn push_uleb(out: &mut Vec<u8>, mut v: u64) {
+    loop {
+        let b = (v & 0x7f) as u8;
+        v >>= 7;
+        if v == 0 {
+            out.push(b);
+            return;
+        }
+        out.push(b | 0x80);
+    }
 }
 
 #[cfg(test)]
@@ -184,6 +415,14 @@ mod tests {
     }
 
     #[test]
+    fn pc_value_tables_read_base_128_numbers() {
+        assert_eq!(uvarint(&[0x05]), Some((5, 1)));
+        assert_eq!(uvarint(&[0x96, 0x01]), Some((150, 2)));
+        assert_eq!(uvarint(&[0x80]), None);
+        assert_eq!(uvarint(&[0xff; 11]), None);
+    }
+
+    #[test]
     fn other_layouts_and_corrupt_tables_give_nothing() {
         let mut t = table(0x1000, &[(0, "main.main")], 0x10);
         t[0] = 0xfb; // Go 1.2's magic
@@ -196,6 +435,14 @@ mod tests {
             let mut b = t.clone();
             b[i] ^= 0xff;
             let _ = parse(&b, true, None);
+            // The stack-pointer tables of whatever the flip left.
+            if let Some(table) = Table::parse(&b, true, None) {
+                for f in 0..table.nfunc.min(4) {
+                    if let Some(func) = table.func(f) {
+                        let _ = table.sp_deltas(&func);
+                    }
+                }
+            }
         }
     }
 }

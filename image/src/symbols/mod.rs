@@ -11,6 +11,7 @@ mod gopclntab;
 mod plt;
 
 pub use elf64::parse_elf64_symbols;
+pub use gopclntab::go_debug_frame;
 pub use plt::{plt_symbols, PltTables};
 
 use object::{Object, ObjectSection, ObjectSymbol, ReadRef, SymbolKind};

@@ -1,7 +1,7 @@
 //! Go binaries, as Go's own linker writes them: no `.eh_frame`, a
 //! zlib-compressed `.debug_frame`, and Go's build ID note instead of a GNU
-//! build id; stripped (`-ldflags=-s -w`), named by their `.gopclntab`
-//! alone (`tests/fixtures/go_spin`).
+//! build id; stripped (`-ldflags=-s -w`), named and unwound by their
+//! `.gopclntab` alone (`tests/fixtures/go_spin`).
 
 use super::*;
 use object::{Object, ObjectSection};
@@ -110,7 +110,7 @@ fn assert_chain(f: &BTreeMap<Vec<String>, u64>, leaf: &str) {
 }
 
 #[test]
-fn stripped_go_binaries_are_named_from_their_pclntab() {
+fn stripped_go_binaries_are_named_and_unwound_from_their_pclntab() {
     require_perf!();
     if Command::new("go").arg("version").output().is_err() {
         skip!("`go` is not installed (Debian: golang-go)");
@@ -128,23 +128,110 @@ fn stripped_go_binaries_are_named_from_their_pclntab() {
     );
     drop(file);
 
-    // The Go loop, which frame pointers unwind: this binary has no CFI.
-    let trace = record(&dir, "go-s", &[], &exe, &["600", "go"]);
+    // Through spin, which overwrites the frame pointer: only the CFI the
+    // stack-pointer tables give finds main.level2.
+    let trace = record(&dir, "go-s", &[], &exe, &["600"]);
     let before = folded(&trace, &[]);
-    assert_chain(&before, "main.spinGo");
-    // The names are in the frame table the recorder embedded. The image
-    // has no unwind tables, here or not: nothing to look for, no warning.
+    assert_chain(&before, "main.spin");
+    // The names are in the frame table the recorder embedded, the CFI of
+    // the functions the trace reaches in a `.debug_frame` blob.
     let t = trace.to_str().unwrap();
     for gone in [false, true] {
         if gone {
             std::fs::remove_file(&exe).unwrap();
             assert_eq!(folded(&trace, &[]), before);
         }
+        let source = match gone {
+            false => exe.display().to_string(),
+            true => "embedded in trace".to_string(),
+        };
         let i = info(&trace, &[]);
-        assert!(i.contains("none in the image (frame pointers)"), "{i}");
+        assert!(i.contains(&format!(r#""unwind_data": "{source}""#)), "{i}");
         let out = ok(&[t, "--format", "folded", "-o", "-"]);
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(!stderr.contains("missing"), "{stderr}");
     }
+    remove_scratch_dir(&dir);
+}
+
+/// CFA rules of a `.debug_frame` as (start, end, offset from rsp), rows
+/// of equal offset that follow each other merged.
+fn cfa_rows(debug_frame: &[u8]) -> Vec<(u64, u64, i64)> {
+    use gimli::{BaseAddresses, CfaRule, CieOrFde, DebugFrame, LittleEndian, UnwindSection};
+    let mut section = DebugFrame::new(debug_frame, LittleEndian);
+    section.set_address_size(8);
+    let bases = BaseAddresses::default();
+    let mut context = gimli::UnwindContext::new();
+    let mut rows = Vec::new();
+    let mut entries = section.entries(&bases);
+    while let Some(entry) = entries.next().unwrap() {
+        let CieOrFde::Fde(partial) = entry else {
+            continue;
+        };
+        let fde = partial.parse(|s, b, o| s.cie_from_offset(b, o)).unwrap();
+        let mut table = fde.rows(&section, &bases, &mut context).unwrap();
+        while let Some(row) = table.next_row().unwrap() {
+            let CfaRule::RegisterAndOffset { register, offset } = row.cfa() else {
+                panic!("a CFA expression at {:#x}", row.start_address());
+            };
+            assert_eq!(*register, gimli::X86_64::RSP);
+            rows.push((row.start_address(), row.end_address(), *offset));
+        }
+    }
+    rows.sort_unstable();
+    let mut merged: Vec<(u64, u64, i64)> = Vec::new();
+    for (start, end, offset) in rows {
+        match merged.last_mut() {
+            Some(last) if last.1 == start && last.2 == offset => last.1 = end,
+            _ => merged.push((start, end, offset)),
+        }
+    }
+    merged
+}
+
+#[test]
+#[cfg_attr(
+    not(target_arch = "x86_64"),
+    ignore = "CFI is made from .gopclntab for x86_64 Go binaries"
+)]
+fn the_cfi_made_from_gopclntab_is_the_cfi_go_writes() {
+    if Command::new("go").arg("version").output().is_err() {
+        skip!("`go` is not installed (Debian: golang-go)");
+    }
+    let dir = scratch_dir("an-go-cfi");
+    let exe = build_go_spin(&dir, "gospin", &[]);
+    let bytes = std::fs::read(&exe).unwrap();
+    let file = object::File::parse(&*bytes).unwrap();
+    let written = file
+        .section_by_name(".debug_frame")
+        .unwrap()
+        .uncompressed_data()
+        .unwrap();
+    // The same binary without its .debug_frame.
+    let bare = dir.join("gospin-nodf");
+    let status = Command::new("objcopy")
+        .args(["--remove-section", ".debug_frame"])
+        .arg(&exe)
+        .arg(&bare)
+        .status()
+        .expect("running objcopy (Debian: binutils)");
+    assert!(status.success());
+    let bare_bytes = std::fs::read(&bare).unwrap();
+    let bare_file = object::File::parse(&*bare_bytes).unwrap();
+    let made = lrnprof_image::go_debug_frame(&bare_file, None).expect("CFI from .gopclntab");
+    let (written, made) = (cfa_rows(&written), cfa_rows(&made));
+    assert!(written.len() > 1000, "{} rows", written.len());
+    if let Some(i) = (0..written.len().max(made.len())).find(|&i| written.get(i) != made.get(i)) {
+        let around = |v: &[(u64, u64, i64)]| v[i.saturating_sub(2)..(i + 3).min(v.len())].to_vec();
+        panic!(
+            "rows differ from #{i} of {} / {}: Go's {:x?}, made {:x?}",
+            written.len(),
+            made.len(),
+            around(&written),
+            around(&made)
+        );
+    }
+    // A binary with its own unwind table gets none made.
+    assert_eq!(lrnprof_image::go_debug_frame(&file, None), None);
     remove_scratch_dir(&dir);
 }
