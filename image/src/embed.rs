@@ -187,12 +187,17 @@ fn blobs_for_data<'data, R: ReadRef<'data>>(
     }
     // A stripped Go binary has no unwind table: its stack-pointer tables
     // give one, for the functions the trace reaches.
-    let reached = reach.map(|offsets| {
-        let mut svmas = lookup_svmas(&file, &layout, offsets).unwrap_or_default();
+    let go = file.section_by_name(".gopclntab").is_some();
+    // (All functions where an address cannot be placed.)
+    let reached = reach.filter(|_| go).and_then(|offsets| {
+        let mut svmas = lookup_svmas(&file, &layout, offsets).ok()?;
         svmas.sort_unstable();
-        svmas
+        Some(svmas)
     });
-    if let Some(bytes) = crate::go_debug_frame(&file, reached.as_deref()) {
+    if let Some(bytes) = go
+        .then(|| crate::go_debug_frame(&file, reached.as_deref()))
+        .flatten()
+    {
         let stored = zstd::bulk::compress(&bytes, DEBUG_ZSTD_LEVEL).map_err(|source| {
             ImageError::Compress {
                 name: ".gopclntab".to_string(),
