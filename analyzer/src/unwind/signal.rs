@@ -5,17 +5,19 @@
 //! `__restore_rt` on x86-64), and the kernel has saved the interrupted
 //! registers in a `ucontext` on the stack where that return lands. The
 //! trampoline's unwind entry says so (its CIE's augmentation has `S`) with
-//! rules framehop does not evaluate (DWARF expressions), so a walk would
-//! stop there. The walk asks [`Trampolines`] instead whether the return
-//! address it could not unwind is a trampoline's and, if so, reads the
-//! saved registers itself and goes on from the interrupted instruction.
+//! rules framehop does not evaluate (DWARF expressions): a walk would stop
+//! there, or follow the frame pointer past the interrupted function. The
+//! walk asks [`Trampolines`] first, for every return address, whether it
+//! is a trampoline's and, if so, reads the saved registers itself and
+//! goes on from the interrupted instruction.
 //!
 //! Trampolines are found through each image's `.eh_frame`, which the
 //! trace embeds, so a trace analyzed elsewhere finds them too. A process
 //! generation's are looked up at its first walk, each image's once per
-//! analysis: a pass over the entries' headers (microseconds for libc),
-//! and gimli only for the few FDEs of signal-frame CIEs. A walk then
-//! checks each return address against a range or two.
+//! analysis: a pass over the entries' headers, and gimli only for the few
+//! FDEs of signal-frame CIEs (on a python3 trace, 0.5 % of the analysis
+//! for all its images). A walk then checks each return address against a
+//! range or two.
 
 use crate::image::{LoadedImage, SectionBytes};
 use crate::timeline::Mapping;
