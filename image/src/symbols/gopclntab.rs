@@ -58,6 +58,8 @@ fn pclntab<'data, R: ReadRef<'data>>(
 struct Table<'a> {
     data: &'a [u8],
     little_endian: bool,
+    /// The layout's magic number.
+    magic: u32,
     /// Functions.
     nfunc: usize,
     /// SVMA that function entry offsets count from.
@@ -86,6 +88,7 @@ impl<'a> Table<'a> {
         let mut t = Table {
             data,
             little_endian,
+            magic: 0,
             nfunc: 0,
             text_start: 0,
             names: 0,
@@ -131,6 +134,7 @@ impl<'a> Table<'a> {
         let pctab = usize::try_from(word(6)?).ok()?;
         let functab = usize::try_from(word(7)?).ok()?;
         Some(Table {
+            magic,
             nfunc,
             text_start,
             names,
@@ -167,6 +171,18 @@ impl<'a> Table<'a> {
         let off = usize::try_from(self.u32_at(f.func.checked_add(4)?)?).ok()?;
         let name = self.data.get(self.names.checked_add(off)?..)?;
         std::str::from_utf8(&name[..name.iter().position(|&b| b == 0)?]).ok()
+    }
+
+    /// Whether a `_func` is marked as the outermost frame of a stack
+    /// (`runtime.goexit`, `runtime.mstart`, ...): bit 0 of its flag byte,
+    /// after nine u32 fields and the function id byte (ten u32 fields from
+    /// Go 1.20 on, which added the start line).
+    fn is_top_frame(&self, f: &Func) -> bool {
+        let at = if self.magic == MAGIC_GO118 { 37 } else { 41 };
+        f.func
+            .checked_add(at)
+            .and_then(|at| self.data.get(at))
+            .is_some_and(|flag| flag & 1 != 0)
     }
 
     /// A `_func`'s stack-pointer table: (value, end offset from the text
@@ -239,19 +255,27 @@ fn parse(data: &[u8], little_endian: bool, text: Option<(u64, u64)>) -> Option<V
     Some(symbols)
 }
 
-/// A `.debug_frame` for an x86-64 Go binary that has no unwind tables
-/// (built with `-ldflags=-s -w`), made from the stack-pointer tables of
-/// its `.gopclntab` as Go's linker makes the `.debug_frame` of a binary it
-/// does not strip: a CIE whose frame address is `rsp + 8` with the return
-/// address just below it, and per function the frame address's offset
-/// from `rsp` at every instruction. Only the functions holding one of
-/// `svmas` (sorted), or all with `None`. `None` if `obj` is no such binary.
+/// A `.debug_frame` for an x86-64 or AArch64 Go binary that has no unwind
+/// tables (built with `-ldflags=-s -w`), made from the stack-pointer
+/// tables of its `.gopclntab` as Go's linker makes the `.debug_frame` of a
+/// binary it does not strip. x86-64: a CIE whose frame address is
+/// `rsp + 8` with the return address just below it, and per function the
+/// frame address's offset from `rsp` at every instruction. AArch64: the
+/// frame address is `sp` plus what the function took of the stack; while
+/// it has taken none the return address is in `x30`, then at the bottom
+/// of its frame (where Go's prologue stores it). Only the functions
+/// holding one of `svmas` (sorted), or all with `None`. `None` if `obj` is
+/// no such binary.
 pub fn go_debug_frame<'data, R: ReadRef<'data>>(
     obj: &object::File<'data, R>,
     svmas: Option<&[u64]>,
 ) -> Option<Vec<u8>> {
-    if obj.architecture() != object::Architecture::X86_64
-        || !obj.is_little_endian()
+    let arm = match obj.architecture() {
+        object::Architecture::X86_64 => false,
+        object::Architecture::Aarch64 => true,
+        _ => return None,
+    };
+    if !obj.is_little_endian()
         || obj.section_by_name(".eh_frame").is_some()
         || obj.section_by_name(".debug_frame").is_some()
     {
@@ -259,16 +283,23 @@ pub fn go_debug_frame<'data, R: ReadRef<'data>>(
     }
     let (data, text) = pclntab(obj)?;
     let t = Table::parse(data, true, text)?;
-    // CIE: version 3, no augmentation, code alignment 1, data alignment
-    // -8, return address in column 16 (rip); DW_CFA_def_cfa rsp+8,
-    // DW_CFA_offset rip at cfa-8.
-    let mut out = Vec::new();
-    entry(
-        &mut out,
+    // CIE: version 3, no augmentation, code alignment 1, then
+    // x86-64: data alignment -8, return address in column 16 (rip);
+    // DW_CFA_def_cfa rsp+8, DW_CFA_offset rip at cfa-8.
+    // AArch64: data alignment -4, return address in column 30 (x30);
+    // DW_CFA_def_cfa sp+0, DW_CFA_same_value x30, DW_CFA_val_offset sp
+    // is cfa+0.
+    let cie: &[u8] = if arm {
+        &[
+            0xff, 0xff, 0xff, 0xff, 3, 0, 1, 0x7c, 30, 0x0c, 31, 0, 0x08, 30, 0x14, 31, 0,
+        ]
+    } else {
         &[
             0xff, 0xff, 0xff, 0xff, 3, 0, 1, 0x78, 16, 0x0c, 7, 8, 0x90, 1,
-        ],
-    );
+        ]
+    };
+    let mut out = Vec::new();
+    entry(&mut out, cie);
     let mut program = Vec::new();
     for f in 0..t.nfunc {
         let Some(func) = t.func(f) else { break };
@@ -295,14 +326,37 @@ pub fn go_debug_frame<'data, R: ReadRef<'data>>(
         program.extend(0u32.to_le_bytes()); // the CIE, at offset 0
         program.extend(start.to_le_bytes());
         program.extend(u64::from(last - func.entry).to_le_bytes());
+        // Go marks the return address of the outermost frames undefined
+        // where it is in a register, so that unwinders stop there.
+        let top = arm && t.is_top_frame(&func);
         let mut pc = u64::from(func.entry);
+        let data_align = if arm { -4 } else { -8 };
         for (value, run_end) in runs {
-            // DW_CFA_def_cfa_offset: rsp + value + 8.
-            let Ok(offset) = u64::try_from(value.saturating_add(8)) else {
-                break;
-            };
-            program.push(0x0e);
-            push_uleb(&mut program, offset);
+            // The frame address's offset from the stack pointer (x86-64:
+            // the return address counted too).
+            let offset = if arm { value } else { value + 8 };
+            if arm {
+                if top {
+                    // DW_CFA_undefined x30.
+                    program.extend([0x07, 30]);
+                } else if value > 0 {
+                    // DW_CFA_offset_extended_sf x30 at cfa - value.
+                    program.extend([0x11, 30]);
+                    push_sleb(&mut program, -value / data_align);
+                } else {
+                    // DW_CFA_same_value x30: the frame is given back.
+                    program.extend([0x08, 30]);
+                }
+            }
+            if offset >= 0 {
+                // DW_CFA_def_cfa_offset.
+                program.push(0x0e);
+                push_uleb(&mut program, offset as u64);
+            } else {
+                // DW_CFA_def_cfa_offset_sf, factored by the data alignment.
+                program.push(0x13);
+                push_sleb(&mut program, offset / data_align);
+            }
             let step = u64::from(run_end) - pc;
             pc = u64::from(run_end);
             if run_end >= last {
@@ -335,6 +389,18 @@ fn entry(out: &mut Vec<u8>, body: &[u8]) {
     out.extend((padded as u32).to_le_bytes());
     out.extend(body);
     out.resize(out.len() + padded - body.len(), 0);
+}
+
+fn push_sleb(out: &mut Vec<u8>, mut v: i64) {
+    loop {
+        let b = (v & 0x7f) as u8;
+        v >>= 7;
+        if (v == 0 && b & 0x40 == 0) || (v == -1 && b & 0x40 != 0) {
+            out.push(b);
+            return;
+        }
+        out.push(b | 0x80);
+    }
 }
 
 fn push_uleb(out: &mut Vec<u8>, mut v: u64) {

@@ -9,8 +9,17 @@ use object::{Object, ObjectSection};
 /// Build the `go_spin` fixture into `dir/name` with `flags` and a private
 /// build cache, offline (it uses the standard library only).
 fn build_go_spin(dir: &Path, name: &str, flags: &[&str]) -> PathBuf {
+    build_go_spin_for(dir, name, flags, None)
+}
+
+/// [`build_go_spin`] for the architecture `goarch` (`GOARCH`) if given.
+fn build_go_spin_for(dir: &Path, name: &str, flags: &[&str], goarch: Option<&str>) -> PathBuf {
     let exe = dir.join(name);
-    let out = Command::new("go")
+    let mut go = Command::new("go");
+    if let Some(arch) = goarch {
+        go.env("GOARCH", arch);
+    }
+    let out = go
         .arg("build")
         .args(flags)
         .arg("-o")
@@ -154,9 +163,15 @@ fn stripped_go_binaries_are_named_and_unwound_from_their_pclntab() {
     remove_scratch_dir(&dir);
 }
 
-/// CFA rules of a `.debug_frame` as (start, end, offset from rsp), rows
-/// of equal offset that follow each other merged.
-fn cfa_rows(debug_frame: &[u8]) -> Vec<(u64, u64, i64)> {
+/// The rules of a `.debug_frame` (`sp`: the stack pointer's DWARF
+/// register, `ra`: the return address's) as (start, end, CFA offset from
+/// `sp`, the return address's rule), rows with equal rules that follow
+/// each other merged.
+fn cfa_rows(
+    debug_frame: &[u8],
+    sp: gimli::Register,
+    ra: gimli::Register,
+) -> Vec<(u64, u64, i64, String)> {
     use gimli::{BaseAddresses, CfaRule, CieOrFde, DebugFrame, LittleEndian, UnwindSection};
     let mut section = DebugFrame::new(debug_frame, LittleEndian);
     section.set_address_size(8);
@@ -174,64 +189,70 @@ fn cfa_rows(debug_frame: &[u8]) -> Vec<(u64, u64, i64)> {
             let CfaRule::RegisterAndOffset { register, offset } = row.cfa() else {
                 panic!("a CFA expression at {:#x}", row.start_address());
             };
-            assert_eq!(*register, gimli::X86_64::RSP);
-            rows.push((row.start_address(), row.end_address(), *offset));
+            assert_eq!(*register, sp);
+            let ra_rule = format!("{:?}", row.register(ra));
+            rows.push((row.start_address(), row.end_address(), *offset, ra_rule));
         }
     }
     rows.sort_unstable();
-    let mut merged: Vec<(u64, u64, i64)> = Vec::new();
-    for (start, end, offset) in rows {
+    let mut merged: Vec<(u64, u64, i64, String)> = Vec::new();
+    for (start, end, offset, ra_rule) in rows {
         match merged.last_mut() {
-            Some(last) if last.1 == start && last.2 == offset => last.1 = end,
-            _ => merged.push((start, end, offset)),
+            Some(last) if last.1 == start && last.2 == offset && last.3 == ra_rule => last.1 = end,
+            _ => merged.push((start, end, offset, ra_rule)),
         }
     }
     merged
 }
 
 #[test]
-#[cfg_attr(
-    not(target_arch = "x86_64"),
-    ignore = "CFI is made from .gopclntab for x86_64 Go binaries"
-)]
 fn the_cfi_made_from_gopclntab_is_the_cfi_go_writes() {
     if Command::new("go").arg("version").output().is_err() {
         skip!("`go` is not installed (Debian: golang-go)");
     }
     let dir = scratch_dir("an-go-cfi");
-    let exe = build_go_spin(&dir, "gospin", &[]);
-    let bytes = std::fs::read(&exe).unwrap();
-    let file = object::File::parse(&*bytes).unwrap();
-    let written = file
-        .section_by_name(".debug_frame")
-        .unwrap()
-        .uncompressed_data()
-        .unwrap();
-    // The same binary without its .debug_frame.
-    let bare = dir.join("gospin-nodf");
-    let status = Command::new("objcopy")
-        .args(["--remove-section", ".debug_frame"])
-        .arg(&exe)
-        .arg(&bare)
-        .status()
-        .expect("running objcopy (Debian: binutils)");
-    assert!(status.success());
-    let bare_bytes = std::fs::read(&bare).unwrap();
-    let bare_file = object::File::parse(&*bare_bytes).unwrap();
-    let made = lrnprof_image::go_debug_frame(&bare_file, None).expect("CFI from .gopclntab");
-    let (written, made) = (cfa_rows(&written), cfa_rows(&made));
-    assert!(written.len() > 1000, "{} rows", written.len());
-    if let Some(i) = (0..written.len().max(made.len())).find(|&i| written.get(i) != made.get(i)) {
-        let around = |v: &[(u64, u64, i64)]| v[i.saturating_sub(2)..(i + 3).min(v.len())].to_vec();
-        panic!(
-            "rows differ from #{i} of {} / {}: Go's {:x?}, made {:x?}",
-            written.len(),
-            made.len(),
-            around(&written),
-            around(&made)
+    // Read, never run: any host checks both.
+    let arches = [
+        ("amd64", gimli::X86_64::RSP, gimli::X86_64::RA),
+        ("arm64", gimli::AArch64::SP, gimli::AArch64::X30),
+    ];
+    for (arch, sp, ra) in arches {
+        let exe = build_go_spin_for(&dir, &format!("gospin-{arch}"), &[], Some(arch));
+        let bytes = std::fs::read(&exe).unwrap();
+        let file = object::File::parse(&*bytes).unwrap();
+        let written = file
+            .section_by_name(".debug_frame")
+            .unwrap()
+            .uncompressed_data()
+            .unwrap();
+        // The same code built without DWARF (-w): no .debug_frame, every
+        // function where it was (the test compares rows by address).
+        let bare = build_go_spin_for(
+            &dir,
+            &format!("gospin-{arch}-w"),
+            &["-ldflags=-w"],
+            Some(arch),
         );
+        let bare_bytes = std::fs::read(&bare).unwrap();
+        let bare_file = object::File::parse(&*bare_bytes).unwrap();
+        let made = lrnprof_image::go_debug_frame(&bare_file, None).expect("CFI from .gopclntab");
+        let (written, made) = (cfa_rows(&written, sp, ra), cfa_rows(&made, sp, ra));
+        assert!(written.len() > 1000, "{arch}: {} rows", written.len());
+        let differ = (0..written.len().max(made.len())).find(|&i| written.get(i) != made.get(i));
+        if let Some(i) = differ {
+            let around = |v: &[(u64, u64, i64, String)]| {
+                v[i.saturating_sub(2)..(i + 3).min(v.len())].to_vec()
+            };
+            panic!(
+                "{arch}: rows differ from #{i} of {} / {}: Go's {:x?}, made {:x?}",
+                written.len(),
+                made.len(),
+                around(&written),
+                around(&made)
+            );
+        }
+        // A binary with its own unwind table gets none made.
+        assert_eq!(lrnprof_image::go_debug_frame(&file, None), None);
     }
-    // A binary with its own unwind table gets none made.
-    assert_eq!(lrnprof_image::go_debug_frame(&file, None), None);
     remove_scratch_dir(&dir);
 }
