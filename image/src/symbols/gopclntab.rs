@@ -1,13 +1,15 @@
-//! Function names from a Go binary's `.gopclntab`, the table the Go
-//! runtime itself uses to name frames: kept in binaries stripped of their
-//! symbol table and DWARF (`go build -ldflags=-s -w`), where it is the
-//! only source of names.
+//! Function names and unwind rules from a Go binary's `.gopclntab`, the
+//! table the Go runtime itself uses to name frames and walk stacks: kept
+//! in binaries stripped of their symbol table and DWARF (`go build
+//! -ldflags=-s -w`), where it is the only source of either.
 //!
 //! Read are the header, the function table (entry offset and `_func`
-//! offset of each function, then the end of the last) and each `_func`'s
-//! name offset into the name table, in the layout of Go 1.18 and later
-//! (magic `0xfffffff0`, and `0xfffffff1` from Go 1.20 on, whose layout of
-//! these parts is the same). Older layouts give no symbols.
+//! offset of each function, then the end of the last) and of each
+//! `_func` its name offset into the name table, its stack-pointer table
+//! ([`go_debug_frame`] makes CFI of it) and its flag byte, in the layout
+//! of Go 1.18 and later (magic `0xfffffff0`, and `0xfffffff1` from Go 1.20
+//! on, which moved the flag byte and nothing else read here). Older
+//! layouts give nothing.
 //!
 //! The `objfile` reader of Go's own tools (`debug/gosym`) reads the same
 //! words.
