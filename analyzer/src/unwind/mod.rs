@@ -540,6 +540,8 @@ pub(crate) fn walk<A: UnwindArch>(
     let mut hit_bound = false;
     let mut past_end = false;
     let end = stack.end();
+    // Looked up once per walk, not per frame.
+    let traps = trampolines.ranges();
     let mut words = stack.reader(little_endian);
     let clean = loop {
         if let Some(r) = reuse {
@@ -595,7 +597,7 @@ pub(crate) fn walk<A: UnwindArch>(
         // address is, by the byte before it, as the recorder's frame table
         // names every code address found on the stack.
         let signal = match this {
-            FrameAddress::ReturnAddress(ra) if trampolines.is_return_to_trampoline(ra.get()) => {
+            FrameAddress::ReturnAddress(ra) if signal::returns_into(traps, ra.get()) => {
                 A::signal_return(&this_regs, &mut read)
             }
             _ => None,

@@ -191,28 +191,31 @@ impl Trampolines {
         }
     }
 
-    /// Whether a function returning to `ra` returns into a signal
-    /// trampoline (an unwinder looks `ra - 1` up, as for any return
-    /// address: the trampoline's entry starts a byte early for that).
-    pub fn is_return_to_trampoline(&self, ra: u64) -> bool {
-        let at = ra.wrapping_sub(1);
-        self.avma
-            .get_or_init(|| {
-                let mut all = Vec::new();
-                for (avma, bias, image) in self.mappings.iter() {
-                    for r in image.svma_ranges() {
-                        let start = r.start.wrapping_add(*bias).max(avma.start);
-                        let end = r.end.wrapping_add(*bias).min(avma.end);
-                        if start < end {
-                            all.push(start..end);
-                        }
+    /// The AVMA ranges of the trampolines, for [`returns_into`]: found at
+    /// the first call.
+    pub fn ranges(&self) -> &[Range<u64>] {
+        self.avma.get_or_init(|| {
+            let mut all = Vec::new();
+            for (avma, bias, image) in self.mappings.iter() {
+                for r in image.svma_ranges() {
+                    let start = r.start.wrapping_add(*bias).max(avma.start);
+                    let end = r.end.wrapping_add(*bias).min(avma.end);
+                    if start < end {
+                        all.push(start..end);
                     }
                 }
-                all
-            })
-            .iter()
-            .any(|r| r.contains(&at))
+            }
+            all
+        })
     }
+}
+
+/// Whether a function returning to `ra` returns into one of the
+/// trampolines at `ranges` (an unwinder looks `ra - 1` up, as for any
+/// return address: the trampoline's entry starts a byte early for that).
+pub(crate) fn returns_into(ranges: &[Range<u64>], ra: u64) -> bool {
+    let at = ra.wrapping_sub(1);
+    ranges.iter().any(|r| r.contains(&at))
 }
 
 /// Where an x86-64 Linux signal frame's `ucontext` (at the stack pointer
