@@ -602,13 +602,15 @@ pub(crate) fn walk<A: UnwindArch>(
             }
             _ => None,
         };
-        let interrupted = signal.is_some();
+        // The next frame's address; `None` at a null return address.
         let next = match signal {
             Some((ip, saved)) => {
                 regs = saved;
-                Ok(Some(ip))
+                Ok(Some(FrameAddress::from_instruction_pointer(ip)))
             }
-            None => unwinder.unwind_frame(this, &mut regs, cache.of(this), &mut read),
+            None => unwinder
+                .unwind_frame(this, &mut regs, cache.of(this), &mut read)
+                .map(|ra| ra.and_then(FrameAddress::from_return_address)),
         };
         let parent = arena.len() as u32 + 1;
         arena.push(Node {
@@ -619,11 +621,7 @@ pub(crate) fn walk<A: UnwindArch>(
             parent,
         });
         match next {
-            Ok(Some(ip)) if interrupted => address = FrameAddress::from_instruction_pointer(ip),
-            Ok(Some(ra)) => match FrameAddress::from_return_address(ra) {
-                Some(a) => address = a,
-                None => break true,
-            },
+            Ok(Some(a)) => address = a,
             Ok(None) | Err(framehop::Error::ReturnAddressIsNull) => break true,
             Err(_) => {
                 // A read at or past the end fails and ends the frame's

@@ -163,7 +163,7 @@ type MappedImage = (Range<u64>, u64, Arc<ImageTrampolines>);
 
 /// The signal trampolines of one process generation's executable
 /// mappings.
-#[derive(Clone, Default)]
+#[derive(Clone)]
 pub(crate) struct Trampolines {
     mappings: Arc<[MappedImage]>,
     /// AVMA ranges of the trampolines, found at the first lookup.
