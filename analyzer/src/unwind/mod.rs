@@ -4,6 +4,7 @@
 mod aarch64;
 mod block;
 mod signal;
+mod split;
 mod x86_64;
 
 pub(crate) use block::{unwind_block, BlockContext};
@@ -133,27 +134,78 @@ type ModuleKey = (u32, u64, u64, u64);
 /// across the generations of a process.
 #[derive(Default)]
 pub(crate) struct ModuleCache {
-    modules: Mutex<HashMap<ModuleKey, Module<SectionBytes>>>,
-    /// Inflated `.debug_frame` by image, for images that have it
-    /// compressed and no `.eh_frame`: inflated once, whatever the number
-    /// of processes mapping the image.
-    debug_frames: Mutex<HashMap<u32, Option<SectionBytes>>>,
+    modules: Mutex<HashMap<ModuleKey, Arc<[Module<SectionBytes>]>>>,
+    /// What framehop reads of each image's `.debug_frame`, worked out once
+    /// per image, whatever the number of processes mapping it.
+    debug_frames: Mutex<HashMap<u32, Arc<DebugFrameUse>>>,
     /// Signal trampolines by image, searched for on first use.
     trampolines: Mutex<HashMap<u32, Arc<ImageTrampolines>>>,
 }
 
+/// What framehop reads of an image's `.debug_frame`.
+#[derive(Default)]
+struct DebugFrameUse {
+    /// Its bytes, inflated, where a module reads them: images without
+    /// `.eh_frame`, and images whose `.eh_frame` leaves code to it.
+    bytes: Option<SectionBytes>,
+    /// Where the image also has `.eh_frame`: the SVMA ranges only
+    /// `.debug_frame` describes (see [`split`]).
+    only: Vec<std::ops::Range<u64>>,
+}
+
+impl DebugFrameUse {
+    fn of(data: &crate::image::ImageData) -> DebugFrameUse {
+        let Some(debug_frame) = data.section(".debug_frame").filter(|s| s.has_bytes()) else {
+            return DebugFrameUse::default();
+        };
+        let eh_frame = data.section(".eh_frame").filter(|s| !s.bytes.is_empty());
+        // framehop reads `.debug_frame` only where there is no `.eh_frame`
+        // (Go's linker writes none). Unlike `.eh_frame` it is not loaded,
+        // so a linker may compress it, as Go's does by default: inflate it
+        // then, or every frame would be found by frame pointer alone.
+        let bytes = debug_frame.read();
+        let Some(eh_frame) = eh_frame else {
+            return DebugFrameUse {
+                bytes,
+                only: Vec::new(),
+            };
+        };
+        let only = bytes.as_ref().map_or_else(Vec::new, |debug_frame| {
+            split::debug_frame_only(&split::Tables {
+                eh_frame: &eh_frame.bytes,
+                eh_frame_svma: eh_frame.svma,
+                text_svma: data.section(".text").map(|s| s.svma),
+                got_svma: data.section(".got").map(|s| s.svma),
+                debug_frame,
+            })
+        });
+        DebugFrameUse {
+            bytes: bytes.filter(|_| !only.is_empty()),
+            only,
+        }
+    }
+}
+
 impl ModuleCache {
-    fn module(&self, m: &Mapping, image: &LoadedImage) -> Option<Module<SectionBytes>> {
+    /// The framehop modules of mapping `m` of `image`: one, or one per
+    /// range of an image split between its `.eh_frame` and `.debug_frame`.
+    fn modules(&self, m: &Mapping, image: &LoadedImage) -> Option<Arc<[Module<SectionBytes>]>> {
         let data = image.data.as_ref()?;
         if !data.has_unwind_data() {
             return None;
         }
         let bias = data.bias(m);
         let key = (m.image, m.start, m.end, bias);
-        let mut modules = self.modules.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(module) = modules.get(&key) {
-            return Some(module.clone());
+        if let Some(modules) = self.lock_modules().get(&key) {
+            return Some(modules.clone());
         }
+        let debug_frame = self
+            .debug_frames
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(m.image)
+            .or_insert_with(|| Arc::new(DebugFrameUse::of(data)))
+            .clone();
         let range = |name: &str| {
             data.section(name)
                 .map(|s| s.svma..s.svma.saturating_add(s.size))
@@ -163,50 +215,47 @@ impl ModuleCache {
                 .filter(|s| !s.bytes.is_empty())
                 .map(|s| s.bytes.clone())
         };
-        // framehop reads `.debug_frame` only where there is no `.eh_frame`
-        // (Go's linker writes none). Unlike `.eh_frame` it is not loaded,
-        // so a linker may compress it, as Go's does by default: inflate it
-        // then, or every frame would be found by frame pointer alone.
-        let eh_frame = data.section(".eh_frame").is_some_and(|s| s.has_bytes());
-        let debug_frame = match data.section(".debug_frame") {
-            Some(s) if !eh_frame && s.deflated.is_some() => self
-                .debug_frames
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .entry(m.image)
-                .or_insert_with(|| s.read())
-                .clone(),
-            _ => bytes(".debug_frame"),
+        let info = |reads_debug_frame: bool| {
+            let eh = |name: &str| bytes(name).filter(|_| !reads_debug_frame);
+            ExplicitModuleSectionInfo {
+                base_svma: data.base_svma,
+                text_svma: range(".text"),
+                text: bytes(".text"),
+                stubs_svma: range("__stubs"),
+                stub_helper_svma: range("__stub_helper"),
+                got_svma: range(".got"),
+                unwind_info: bytes("__unwind_info"),
+                eh_frame_svma: range(".eh_frame"),
+                eh_frame: eh(".eh_frame"),
+                eh_frame_hdr_svma: range(".eh_frame_hdr"),
+                eh_frame_hdr: eh(".eh_frame_hdr"),
+                debug_frame: debug_frame.bytes.clone(),
+                text_segment_svma: range("__TEXT"),
+                text_segment: bytes("__TEXT"),
+            }
         };
-        let info = ExplicitModuleSectionInfo {
-            base_svma: data.base_svma,
-            text_svma: range(".text"),
-            text: bytes(".text"),
-            stubs_svma: range("__stubs"),
-            stub_helper_svma: range("__stub_helper"),
-            got_svma: range(".got"),
-            unwind_info: bytes("__unwind_info"),
-            eh_frame_svma: range(".eh_frame"),
-            eh_frame: bytes(".eh_frame"),
-            eh_frame_hdr_svma: range(".eh_frame_hdr"),
-            eh_frame_hdr: bytes(".eh_frame_hdr"),
-            debug_frame,
-            text_segment_svma: range("__TEXT"),
-            text_segment: bytes("__TEXT"),
-        };
+        let base_avma = bias.wrapping_add(data.base_svma);
         // Section ranges may come from an untrusted trace: should framehop
         // panic on them, the image is unwound without its data.
-        let module = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            Module::new(
-                image.key.path.clone(),
-                m.start..m.end,
-                bias.wrapping_add(data.base_svma),
-                info,
-            )
-        }))
-        .ok()?;
-        modules.insert(key, module.clone());
-        Some(module)
+        let modules: Arc<[Module<SectionBytes>]> =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                split::segments(m.start..m.end, &debug_frame.only, bias)
+                    .into_iter()
+                    .map(|(avma, reads_debug_frame)| {
+                        let info = info(reads_debug_frame);
+                        Module::new(image.key.path.clone(), avma, base_avma, info)
+                    })
+                    .collect()
+            }))
+            .ok()?;
+        self.lock_modules().insert(key, modules.clone());
+        Some(modules)
+    }
+
+    fn lock_modules(
+        &self,
+    ) -> std::sync::MutexGuard<'_, HashMap<ModuleKey, Arc<[Module<SectionBytes>]>>> {
+        self.modules.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 
@@ -221,7 +270,8 @@ impl ArchUnwinder {
         let modules = mappings
             .iter()
             .filter(|m| m.executable)
-            .filter_map(|m| cache.module(m, &images[m.image as usize]));
+            .filter_map(|m| cache.modules(m, &images[m.image as usize]))
+            .flat_map(|modules| modules.to_vec());
         let unwinder = match arch {
             Arch::X86_64 => ArchKind::X86_64(x86_64::build(modules)),
             Arch::Aarch64 => ArchKind::Aarch64(aarch64::build(modules)),

@@ -1,7 +1,9 @@
 //! Go binaries, as Go's own linker writes them: no `.eh_frame`, a
 //! zlib-compressed `.debug_frame`, and Go's build ID note instead of a GNU
 //! build id; stripped (`-ldflags=-s -w`), named and unwound by their
-//! `.gopclntab` alone (`tests/fixtures/go_spin`).
+//! `.gopclntab` alone; linked with C code by the system linker (cgo), with
+//! `.eh_frame` for the C code beside the `.debug_frame` of the Go code
+//! (`tests/fixtures/go_spin`).
 
 use super::*;
 use object::{Object, ObjectSection};
@@ -76,7 +78,7 @@ fn go_binaries_unwind_through_their_compressed_debug_frame_after_they_are_gone()
     let trace = record(&dir, "go", &[], &exe, &["600"]);
     let before = folded(&trace, &[]);
     // With the frame pointer overwritten, only the CFI finds main.level2.
-    assert_chain(&before, "main.spin");
+    assert_chain(&before, "gospin/spin.Spin");
     let i = info(&trace, &[]);
     let compact: String = i.split_whitespace().collect();
     assert!(
@@ -86,6 +88,64 @@ fn go_binaries_unwind_through_their_compressed_debug_frame_after_they_are_gone()
 
     // The Go build ID keys the data the recorder embedded: the same
     // profile once the binary is gone.
+    std::fs::remove_file(&exe).unwrap();
+    assert_eq!(folded(&trace, &[]), before);
+    remove_scratch_dir(&dir);
+}
+
+#[test]
+#[cfg_attr(
+    not(target_arch = "x86_64"),
+    ignore = "the Go fixture's spin is x86_64 assembly"
+)]
+fn cgo_binaries_unwind_go_code_by_debug_frame_and_c_code_by_eh_frame() {
+    require_perf!();
+    if Command::new("go").arg("version").output().is_err() {
+        skip!("`go` is not installed (Debian: golang-go)");
+    }
+    let dir = scratch_dir("an-go-cgo");
+    let exe = build_go_spin(&dir, "gospin-c", &["-tags", "with_c"]);
+    let bytes = std::fs::read(&exe).unwrap();
+    let file = object::File::parse(&*bytes).unwrap();
+    for both in [".eh_frame", ".debug_frame"] {
+        assert!(
+            file.section_by_name(both).is_some(),
+            "no {both}: was the fixture built without cgo (CGO_ENABLED=0, no C compiler)?"
+        );
+    }
+    drop(file);
+
+    let trace = record(&dir, "go-c", &[], &exe, &["800"]);
+    let before = folded(&trace, &[]);
+    // Go code: only `.debug_frame` leads past spin.Spin's frame pointer.
+    assert_chain(&before, "gospin/spin.Spin");
+    // C code: `.eh_frame` leads from go_spin_c (no frame pointer) through
+    // cgo's wrapper to the Go function that switched to the C stack.
+    let c_chain = |s: &[String]| match s {
+        [.., call, wrapper, leaf] => {
+            leaf == "go_spin_c"
+                && wrapper.starts_with("_cgo_")
+                && wrapper.ends_with("_Cfunc_go_spin_c")
+                && call == "runtime.asmcgocall"
+        }
+        _ => false,
+    };
+    let in_c: u64 = before
+        .iter()
+        .filter(|(s, _)| s.last().is_some_and(|l| l == "go_spin_c"))
+        .map(|(_, c)| c)
+        .sum();
+    let whole: u64 = before
+        .iter()
+        .filter(|(s, _)| c_chain(s))
+        .map(|(_, c)| c)
+        .sum();
+    assert!(in_c >= 100, "{in_c} samples in go_spin_c: {before:?}");
+    assert!(
+        whole as f64 >= 0.95 * in_c as f64,
+        "{whole} of {in_c} samples in go_spin_c reach runtime.asmcgocall: {before:?}"
+    );
+    // The same from what the recorder embedded, once the binary is gone.
     std::fs::remove_file(&exe).unwrap();
     assert_eq!(folded(&trace, &[]), before);
     remove_scratch_dir(&dir);
@@ -141,7 +201,7 @@ fn stripped_go_binaries_are_named_and_unwound_from_their_pclntab() {
     // stack-pointer tables give finds main.level2.
     let trace = record(&dir, "go-s", &[], &exe, &["600"]);
     let before = folded(&trace, &[]);
-    assert_chain(&before, "main.spin");
+    assert_chain(&before, "gospin/spin.Spin");
     // The names are in the frame table the recorder embedded, the CFI of
     // the functions the trace reaches in a `.debug_frame` blob.
     let t = trace.to_str().unwrap();
