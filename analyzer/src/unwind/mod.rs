@@ -3,6 +3,7 @@
 
 mod aarch64;
 mod block;
+mod go;
 mod signal;
 mod split;
 mod x86_64;
@@ -592,6 +593,7 @@ pub(crate) fn walk<A: UnwindArch>(
     let end = stack.end();
     // Looked up once per walk, not per frame.
     let traps = trampolines.ranges();
+    let go_switches = trampolines.go_switches();
     let mut words = stack.reader(little_endian);
     let clean = loop {
         if let Some(r) = reuse {
@@ -634,6 +636,18 @@ pub(crate) fn walk<A: UnwindArch>(
         let (mut lo, mut hi) = (u64::MAX, 0u64);
         let this = address;
         let this_regs = regs;
+        // A Go stack switch: its caller is not above it (see `go`).
+        if go::in_switch(go_switches, this.address_for_lookup()) {
+            let parent = arena.len() as u32 + 1;
+            arena.push(Node {
+                address: this,
+                regs: this_regs,
+                lo,
+                hi,
+                parent,
+            });
+            break true;
+        }
         let mut read = |addr: u64| -> Result<u64, ()> {
             lo = lo.min(addr);
             hi = hi.max(addr.saturating_add(8));

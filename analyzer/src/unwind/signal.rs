@@ -27,13 +27,16 @@ use gimli::{
 use std::ops::Range;
 use std::sync::{Arc, OnceLock};
 
-/// One image's signal trampolines, searched for on first use.
+/// One image's signal trampolines, searched for on first use, and its
+/// Go stack switches ([`super::go`]), where a walk ends.
 pub(crate) struct ImageTrampolines {
     /// `.eh_frame` and its SVMA, `.text`'s SVMA.
     eh_frame: Option<(SectionBytes, u64, u64)>,
     little_endian: bool,
     /// SVMA ranges of the FDEs whose CIE marks a signal frame.
     found: OnceLock<Vec<Range<u64>>>,
+    /// SVMA ranges of the Go runtime's stack-switching functions.
+    go_switches: Vec<Range<u64>>,
 }
 
 impl ImageTrampolines {
@@ -48,6 +51,7 @@ impl ImageTrampolines {
             eh_frame,
             little_endian: data.is_none_or(|d| d.little_endian),
             found: OnceLock::new(),
+            go_switches: data.map_or_else(Vec::new, super::go::stack_switches),
         }
     }
 
@@ -161,13 +165,15 @@ fn signal_fde_offsets(eh_frame: &[u8], little_endian: bool) -> Option<Vec<usize>
 /// image's trampolines.
 type MappedImage = (Range<u64>, u64, Arc<ImageTrampolines>);
 
-/// The signal trampolines of one process generation's executable
-/// mappings.
+/// The signal trampolines and Go stack switches of one process
+/// generation's executable mappings.
 #[derive(Clone)]
 pub(crate) struct Trampolines {
     mappings: Arc<[MappedImage]>,
     /// AVMA ranges of the trampolines, found at the first lookup.
     avma: Arc<OnceLock<Vec<Range<u64>>>>,
+    /// AVMA ranges of the Go stack switches.
+    go_switches: Arc<[Range<u64>]>,
 }
 
 impl Trampolines {
@@ -177,7 +183,7 @@ impl Trampolines {
         images: &[LoadedImage],
         image: impl Fn(u32) -> Arc<ImageTrampolines>,
     ) -> Trampolines {
-        let mappings = mappings
+        let mappings: Arc<[MappedImage]> = mappings
             .iter()
             .filter(|m| m.executable)
             .filter_map(|m| {
@@ -185,29 +191,44 @@ impl Trampolines {
                 Some((m.start..m.end, data.bias(m), image(m.image)))
             })
             .collect();
+        let go_switches = avma_ranges(&mappings, |i| &i.go_switches).into();
         Trampolines {
             mappings,
             avma: Arc::default(),
+            go_switches,
         }
     }
 
     /// The AVMA ranges of the trampolines, for [`returns_into`]: found at
     /// the first call.
     pub fn ranges(&self) -> &[Range<u64>] {
-        self.avma.get_or_init(|| {
-            let mut all = Vec::new();
-            for (avma, bias, image) in self.mappings.iter() {
-                for r in image.svma_ranges() {
-                    let start = r.start.wrapping_add(*bias).max(avma.start);
-                    let end = r.end.wrapping_add(*bias).min(avma.end);
-                    if start < end {
-                        all.push(start..end);
-                    }
-                }
-            }
-            all
-        })
+        self.avma
+            .get_or_init(|| avma_ranges(&self.mappings, ImageTrampolines::svma_ranges))
     }
+
+    /// The AVMA ranges of the Go stack switches, for
+    /// [`in_switch`](super::go::in_switch).
+    pub fn go_switches(&self) -> &[Range<u64>] {
+        &self.go_switches
+    }
+}
+
+/// The AVMA ranges, within its mappings, of each image's SVMA `ranges`.
+fn avma_ranges(
+    mappings: &[MappedImage],
+    ranges: impl Fn(&ImageTrampolines) -> &[Range<u64>],
+) -> Vec<Range<u64>> {
+    let mut all = Vec::new();
+    for (avma, bias, image) in mappings {
+        for r in ranges(image) {
+            let start = r.start.wrapping_add(*bias).max(avma.start);
+            let end = r.end.wrapping_add(*bias).min(avma.end);
+            if start < end {
+                all.push(start..end);
+            }
+        }
+    }
+    all
 }
 
 /// Whether a function returning to `ra` returns into one of the

@@ -120,9 +120,10 @@ fn cgo_binaries_unwind_go_code_by_debug_frame_and_c_code_by_eh_frame() {
     // Go code: only `.debug_frame` leads past spin.Spin's frame pointer.
     assert_chain(&before, "gospin/spin.Spin");
     // C code: `.eh_frame` leads from go_spin_c (no frame pointer) through
-    // cgo's wrapper to the Go function that switched to the C stack.
+    // cgo's wrapper to the Go function that switched to the system stack,
+    // where the stack ends (the goroutine's frames are on another stack).
     let c_chain = |s: &[String]| match s {
-        [.., call, wrapper, leaf] => {
+        [_thread, call, wrapper, leaf] => {
             leaf == "go_spin_c"
                 && wrapper.starts_with("_cgo_")
                 && wrapper.ends_with("_Cfunc_go_spin_c")
@@ -143,8 +144,14 @@ fn cgo_binaries_unwind_go_code_by_debug_frame_and_c_code_by_eh_frame() {
     assert!(in_c >= 100, "{in_c} samples in go_spin_c: {before:?}");
     assert!(
         whole as f64 >= 0.95 * in_c as f64,
-        "{whole} of {in_c} samples in go_spin_c reach runtime.asmcgocall: {before:?}"
+        "{whole} of {in_c} samples in go_spin_c end at runtime.asmcgocall: {before:?}"
     );
+    // No stack goes on past a stack switch into stale data.
+    let switches = ["runtime.asmcgocall", "runtime.systemstack", "runtime.mcall"];
+    for stack in before.keys() {
+        let past = stack.iter().skip(2).any(|f| switches.contains(&f.as_str()));
+        assert!(!past, "a frame above a stack switch: {stack:?}");
+    }
     // The same from what the recorder embedded, once the binary is gone.
     std::fs::remove_file(&exe).unwrap();
     assert_eq!(folded(&trace, &[]), before);
