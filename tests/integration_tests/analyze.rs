@@ -296,6 +296,58 @@ fn signal_handlers_unwind_into_the_code_they_interrupted() {
     remove_scratch_dir(&dir);
 }
 
+/// An image with `.eh_frame` for some of its code and `.debug_frame` for
+/// the rest: each part is unwound by its own table (framehop alone reads
+/// `.eh_frame` only, and found the `.debug_frame` code's callers by frame
+/// pointer), locally and from the trace's embedded data.
+#[test]
+fn code_described_only_by_debug_frame_beside_eh_frame_is_unwound_by_it() {
+    require_perf!();
+    let dir = scratch_dir("an-mixed");
+    let cfi_only = [
+        "-c",
+        "-O2",
+        "-g",
+        "-fomit-frame-pointer",
+        "-fno-asynchronous-unwind-tables",
+        "-fno-unwind-tables",
+    ];
+    let object = build_c(&["an_mixed_cfi.c"], &cfi_only, &dir, "an_mixed_cfi.o");
+    let sources = ["an_mixed.c", object.to_str().unwrap()];
+    let exe = build_c(&sources, &["-O2", "-fomit-frame-pointer"], &dir, "an_mixed");
+    {
+        use object::Object;
+        let bytes = std::fs::read(&exe).unwrap();
+        let file = object::File::parse(&*bytes).unwrap();
+        for both in [".eh_frame", ".debug_frame"] {
+            assert!(file.section_by_name(both).is_some(), "no {both}");
+        }
+    }
+    let trace = record(&dir, "mixed", &[], &exe, &["600"]);
+    let f = folded(&trace, &[]);
+    let in_leaf: u64 = f
+        .iter()
+        .filter(|(s, _)| s.last().is_some_and(|l| l == "leaf"))
+        .map(|(_, c)| c)
+        .sum();
+    let whole: u64 = f
+        .iter()
+        .filter(|(s, _)| {
+            s[1] == "_start"
+                && s.windows(3).any(|w| w == ["main", "top", "deep"])
+                && s.ends_with(&["deep".to_string(), "leaf".to_string()])
+        })
+        .map(|(_, c)| c)
+        .sum();
+    assert!(in_leaf >= 200, "{in_leaf} samples in leaf: {f:?}");
+    assert!(
+        whole as f64 >= 0.95 * in_leaf as f64,
+        "{whole} of {in_leaf} samples in leaf reach _start through top: {f:?}"
+    );
+    assert_eq!(folded(&trace, &["--offline"]), f);
+    remove_scratch_dir(&dir);
+}
+
 #[test]
 #[cfg_attr(
     not(target_arch = "x86_64"),

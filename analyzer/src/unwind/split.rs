@@ -232,7 +232,10 @@ mod tests {
         );
         // Ranges outside the mapping are dropped; one reaching its end ends it.
         let seg = segments(0x11000..0x12000, &[0..0x10, 0x10f00..0x15000], 0x1000);
-        assert_eq!(seg, vec![(0x11000..0x11f00, false), (0x11f00..0x12000, true)]);
+        assert_eq!(
+            seg,
+            vec![(0x11000..0x11f00, false), (0x11f00..0x12000, true)]
+        );
         assert_eq!(
             segments(0x1000..0x2000, &[], 0),
             vec![(0x1000..0x2000, false)]
