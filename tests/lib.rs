@@ -122,6 +122,39 @@ pub fn build_c(sources: &[&str], flags: &[&str], dir: &Path, output: &str) -> Pa
     out
 }
 
+/// Build the `tests/fixtures/go_spin` Go program into `dir/name` with
+/// `flags`, for `goarch` (`GOARCH`) if given, with a private build cache
+/// and offline (it uses the standard library only); panics with Go's
+/// message if it fails.
+pub fn build_go_spin(dir: &Path, name: &str, flags: &[&str], goarch: Option<&str>) -> PathBuf {
+    let exe = dir.join(name);
+    let mut go = Command::new("go");
+    if let Some(arch) = goarch {
+        go.env("GOARCH", arch);
+    }
+    let out = go
+        .arg("build")
+        .args(flags)
+        .arg("-o")
+        .arg(&exe)
+        .arg(".")
+        .current_dir(workspace_root().join("tests/fixtures/go_spin"))
+        .env("HOME", dir)
+        .env("GOCACHE", dir.join("gocache"))
+        .env("GOPATH", dir.join("gopath"))
+        .env("GOPROXY", "off")
+        .env("GOTOOLCHAIN", "local")
+        .env("GOFLAGS", "-mod=mod")
+        .output()
+        .expect("running go build");
+    assert!(
+        out.status.success(),
+        "go build of tests/fixtures/go_spin failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    exe
+}
+
 /// Compile the Rust program `source` (a file name in `tests/fixtures/`)
 /// with `rustc` (`$RUSTC` if set) and `flags` into `dir/output`; panics
 /// with rustc's message if it fails.

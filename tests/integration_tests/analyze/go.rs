@@ -6,42 +6,12 @@
 //! (`tests/fixtures/go_spin`).
 
 use super::*;
+use lrnprof_tests::build_go_spin as build_go_spin_for;
 use object::{Object, ObjectSection};
 
-/// Build the `go_spin` fixture into `dir/name` with `flags` and a private
-/// build cache, offline (it uses the standard library only).
+/// Build the `go_spin` fixture into `dir/name` with `flags`.
 fn build_go_spin(dir: &Path, name: &str, flags: &[&str]) -> PathBuf {
     build_go_spin_for(dir, name, flags, None)
-}
-
-/// [`build_go_spin`] for the architecture `goarch` (`GOARCH`) if given.
-fn build_go_spin_for(dir: &Path, name: &str, flags: &[&str], goarch: Option<&str>) -> PathBuf {
-    let exe = dir.join(name);
-    let mut go = Command::new("go");
-    if let Some(arch) = goarch {
-        go.env("GOARCH", arch);
-    }
-    let out = go
-        .arg("build")
-        .args(flags)
-        .arg("-o")
-        .arg(&exe)
-        .arg(".")
-        .current_dir(lrnprof_tests::workspace_root().join("tests/fixtures/go_spin"))
-        .env("HOME", dir)
-        .env("GOCACHE", dir.join("gocache"))
-        .env("GOPATH", dir.join("gopath"))
-        .env("GOPROXY", "off")
-        .env("GOTOOLCHAIN", "local")
-        .env("GOFLAGS", "-mod=mod")
-        .output()
-        .expect("running go build");
-    assert!(
-        out.status.success(),
-        "go build of tests/fixtures/go_spin failed:\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    exe
 }
 
 #[test]

@@ -1,6 +1,7 @@
 //! C++ `new` and `delete`, and Rust with the system allocator: both end in
 //! malloc and free, so the sampler sees them; each site is found below the
-//! language's own allocation functions.
+//! language's own allocation functions. Go allocates from its own heap:
+//! the recorder says so.
 
 use super::{folded, per_site, record_heap};
 use lrnprof_tests::{fixture_source, remove_scratch_dir, require_perf, scratch_dir, skip};
@@ -80,6 +81,25 @@ fn rust_with_the_system_allocator_is_recorded_per_site() {
     assert_eq!(
         per_site(&folded(&trace, "inuse_space"), &sites),
         BTreeMap::from([("kept_site".to_string(), 1_000_000)])
+    );
+    remove_scratch_dir(&dir);
+}
+
+#[test]
+fn a_go_program_with_c_code_is_told_its_go_allocations_are_not_seen() {
+    require_perf!();
+    if Command::new("go").arg("version").output().is_err() {
+        skip!("`go` is not installed (Debian: golang-go)");
+    }
+    let dir = scratch_dir("heap-go");
+    // Linked with C code, so dynamic: the sampler is loaded.
+    let exe = lrnprof_tests::build_go_spin(&dir, "gospin-c", &["-tags", "with_c"], None);
+    let (_, out) = record_heap(&dir, "go", &[], &exe, &["100"], 0);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let warning = stderr.lines().find(|l| l.contains("own allocator"));
+    assert!(
+        warning.is_some_and(|w| w.contains("Go runtime") && w.contains("malloc")),
+        "{stderr}"
     );
     remove_scratch_dir(&dir);
 }

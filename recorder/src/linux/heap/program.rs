@@ -18,6 +18,9 @@ const OWN_ALLOCATORS: &[(&str, &str)] = &[
     ("sn_malloc", "snmalloc"),
 ];
 
+/// The allocator of Go programs, as [`Escape::OwnAllocator`] names it.
+const GO_HEAP: &str = "the Go runtime's garbage-collected heap";
+
 /// What stops the sampler from seeing some or all of a program's
 /// allocations.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -74,6 +77,12 @@ pub(crate) fn check(program: &Path) -> Option<Escape> {
     };
     if defined("malloc") {
         return Some(Escape::OwnMalloc);
+    }
+    // A Go program linked with C code (cgo) is dynamic, and its C code
+    // calls malloc; Go's own allocations come from its garbage-collected
+    // heap. Its function table (kept when stripped) says it is Go.
+    if elf.section_by_name(".gopclntab").is_some() {
+        return Some(Escape::OwnAllocator(GO_HEAP));
     }
     OWN_ALLOCATORS
         .iter()
