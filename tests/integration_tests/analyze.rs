@@ -730,4 +730,41 @@ fn jit_frames_are_named_from_the_perf_map() {
         .map(|(_, c)| c)
         .sum();
     assert!(rooted as f64 >= 0.99 * total(&f) as f64, "{f:?}");
+    let out = ok(&[trace.to_str().unwrap(), "--format", "folded", "-o", "-"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("JIT code"), "{stderr}");
+}
+
+/// JIT code that keeps no frame pointer (a JVM's by default): its callers
+/// cannot be found, and the analysis says why and what to do.
+#[test]
+#[cfg_attr(
+    not(target_arch = "x86_64"),
+    ignore = "the JIT fixture writes x86_64 machine code"
+)]
+fn stacks_ending_in_jit_code_without_frame_pointers_get_advice() {
+    require_perf!();
+    let dir = scratch_dir("an-jit-nofp");
+    let exe = build_c(&["an_jit.c"], NO_FP, &dir, "an_jit");
+    let trace = record(&dir, "jit", &[], &exe, &["800", "nofp"]);
+    let pid = String::from_utf8(ok(&["info", trace.to_str().unwrap(), "--json"]).stdout).unwrap();
+    let pid = json_number(&pid, "pid") as u32;
+    let map = PathBuf::from(format!("/tmp/perf-{pid}.map"));
+    let out = ok(&[trace.to_str().unwrap(), "--format", "folded", "-o", "-"]);
+    let f = folded(&trace, &[]);
+    let _ = std::fs::remove_file(&map);
+    let stopped: u64 = f
+        .iter()
+        .filter(|(s, _)| s.last().is_some_and(|l| l == "jit_inner"))
+        .filter(|(s, _)| s[1..].iter().all(|f| f.starts_with("jit_")))
+        .map(|(_, c)| c)
+        .sum();
+    assert!(stopped as f64 >= 0.8 * total(&f) as f64, "{f:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let warning = stderr.lines().find(|l| l.contains("in JIT code"));
+    assert!(
+        warning.is_some_and(|w| w.starts_with("warning: ") && w.contains("PreserveFramePointer")),
+        "{stderr}"
+    );
+    remove_scratch_dir(&dir);
 }

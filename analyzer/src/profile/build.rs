@@ -9,7 +9,7 @@ use super::{
 use crate::image::Source;
 use crate::pipeline::{FrameKey, Prepared};
 use crate::symbolicate::Resolved;
-use lrnprof_format::{Os, TraceHeader, TraceReader};
+use lrnprof_format::{ImageKind, Os, TraceHeader, TraceReader};
 use rayon::prelude::*;
 use rustc_hash::FxHashMap;
 use std::collections::HashMap;
@@ -420,6 +420,21 @@ impl ProfileBuilder {
             s.root_samples = if outer_is_root { s.samples } else { clean };
             // The kernel's callchain may have gone on to the root.
             stats.past_copy_samples += if outer_is_root { 0 } else { past_copy };
+            // JIT code: in anonymous executable memory, or outside every
+            // mapping but named by the process's JIT map.
+            let outer_in_jit = s
+                .locations
+                .last()
+                .is_some_and(|&l| match self.frames[l as usize] {
+                    FrameKey::Image { image, .. } | FrameKey::Unresolved { image, .. } => {
+                        images[image as usize].key.kind == ImageKind::Anonymous
+                    }
+                    FrameKey::Outside { .. } => !locations[l as usize].unknown,
+                    FrameKey::Kernel { .. } => false,
+                });
+            if outer_in_jit {
+                stats.jit_end_samples += s.samples - s.root_samples;
+            }
             stats.cut_short_samples += cut.0;
             stats.cut_short_root_samples += if outer_is_root { cut.0 } else { cut.1 };
             stats.samples += s.samples;
@@ -466,6 +481,9 @@ impl ProfileBuilder {
             })
             .collect();
         if let Some(w) = past_copy_warning(&stats, &timeline.header) {
+            warnings.push(w);
+        }
+        if let Some(w) = jit_end_warning(&stats) {
             warnings.push(w);
         }
         if !missing.is_empty() {
@@ -534,6 +552,22 @@ const LINUX_MAX_STACK_COPY: u32 = 65528;
 /// thread's root at the end of their stack copy, from what the trace
 /// recorded: frame pointers help where the kernel's callchain was
 /// recorded (or can be, on Linux), a larger copy where one is allowed.
+/// When at least a tenth of the samples stop in JIT code: why, and what
+/// to do.
+fn jit_end_warning(stats: &Stats) -> Option<String> {
+    let n = stats.jit_end_samples;
+    if n == 0 || n.saturating_mul(10) < stats.samples {
+        return None;
+    }
+    Some(format!(
+        "{n} samples ({:.1}%) stop short of their thread's root in JIT code (anonymous \
+         executable memory, named from the perf-PID.map a runtime writes): JIT code has no \
+         unwind tables, so only frame pointers lead to its callers, and this code keeps \
+         none. Have the runtime keep them: for Java, run it with -XX:+PreserveFramePointer",
+        100.0 * n as f64 / stats.samples.max(1) as f64
+    ))
+}
+
 fn past_copy_warning(stats: &Stats, header: &TraceHeader) -> Option<String> {
     let n = stats.past_copy_samples;
     if n == 0 || n.saturating_mul(100) < stats.samples {
@@ -589,6 +623,19 @@ mod tests {
             past_copy_samples,
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn stacks_ending_in_jit_code_are_told_from_a_tenth_of_the_samples() {
+        assert_eq!(jit_end_warning(&stats(1000, 0)), None);
+        let jit = |n| Stats {
+            jit_end_samples: n,
+            ..stats(1000, 0)
+        };
+        assert_eq!(jit_end_warning(&jit(99)), None);
+        let w = jit_end_warning(&jit(100)).unwrap();
+        assert!(w.starts_with("100 samples (10.0%) stop short"), "{w}");
+        assert!(w.contains("-XX:+PreserveFramePointer"), "{w}");
     }
 
     fn header(os: Os, kernel_callchain: bool, stack_size: u32) -> TraceHeader {

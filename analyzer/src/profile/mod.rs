@@ -212,6 +212,10 @@ pub struct Stats {
     /// Analyzed samples whose stack is deeper than their stack copy: the
     /// walk stopped at a read past the copy's end, short of the root.
     pub past_copy_samples: u64,
+    /// Analyzed samples whose stack stops short of the root in JIT code
+    /// (anonymous executable memory), whose callers only frame pointers
+    /// lead to.
+    pub jit_end_samples: u64,
     /// Samples lost by the kernel or recorder.
     pub lost_samples: u64,
     /// Time from the first to the last record, in ns.
