@@ -548,10 +548,6 @@ impl ProfileBuilder {
 /// copies up to [`lrnprof_format::MAX_STACK_LEN`].
 const LINUX_MAX_STACK_COPY: u32 = 65528;
 
-/// What to do when more than 1 % of the samples stop short of their
-/// thread's root at the end of their stack copy, from what the trace
-/// recorded: frame pointers help where the kernel's callchain was
-/// recorded (or can be, on Linux), a larger copy where one is allowed.
 /// When at least a tenth of the samples stop in JIT code: why, and what
 /// to do.
 fn jit_end_warning(stats: &Stats) -> Option<String> {
@@ -568,6 +564,10 @@ fn jit_end_warning(stats: &Stats) -> Option<String> {
     ))
 }
 
+/// What to do when more than 1 % of the samples stop short of their
+/// thread's root at the end of their stack copy, from what the trace
+/// recorded: frame pointers help where the kernel's callchain was
+/// recorded (or can be, on Linux), a larger copy where one is allowed.
 fn past_copy_warning(stats: &Stats, header: &TraceHeader) -> Option<String> {
     let n = stats.past_copy_samples;
     if n == 0 || n.saturating_mul(100) < stats.samples {

@@ -160,10 +160,15 @@ impl DebugFrameUse {
             return DebugFrameUse::default();
         };
         let eh_frame = data.section(".eh_frame").filter(|s| !s.bytes.is_empty());
+        if eh_frame.is_some() && data.is_macho {
+            // framehop reads compact unwind info or `__eh_frame` there.
+            return DebugFrameUse::default();
+        }
         // framehop reads `.debug_frame` only where there is no `.eh_frame`
-        // (Go's linker writes none). Unlike `.eh_frame` it is not loaded,
-        // so a linker may compress it, as Go's does by default: inflate it
-        // then, or every frame would be found by frame pointer alone.
+        // (Go's linker writes none), and, split off, for the code
+        // `.eh_frame` leaves to it. Unlike `.eh_frame` it is not loaded,
+        // so a linker may compress it, as Go's does by default: inflate it,
+        // or those frames would be found by frame pointer alone.
         let bytes = debug_frame.read();
         let Some(eh_frame) = eh_frame else {
             return DebugFrameUse {
