@@ -641,18 +641,6 @@ pub(crate) fn walk<A: UnwindArch>(
         let (mut lo, mut hi) = (u64::MAX, 0u64);
         let this = address;
         let this_regs = regs;
-        // A Go stack switch: its caller is not above it (see `go`).
-        if go::in_switch(go_switches, this.address_for_lookup()) {
-            let parent = arena.len() as u32 + 1;
-            arena.push(Node {
-                address: this,
-                regs: this_regs,
-                lo,
-                hi,
-                parent,
-            });
-            break true;
-        }
         let mut read = |addr: u64| -> Result<u64, ()> {
             lo = lo.min(addr);
             hi = hi.max(addr.saturating_add(8));
@@ -671,8 +659,10 @@ pub(crate) fn walk<A: UnwindArch>(
             }
             _ => None,
         };
-        // The next frame's address; `None` at a null return address.
+        // The next frame's address; `None` at a null return address, and
+        // at a Go stack switch, whose caller is not above it (see `go`).
         let next = match signal {
+            _ if go::in_switch(go_switches, this.address_for_lookup()) => Ok(None),
             Some((ip, saved)) => {
                 regs = saved;
                 Ok(Some(FrameAddress::from_instruction_pointer(ip)))
