@@ -746,25 +746,35 @@ fn stacks_ending_in_jit_code_without_frame_pointers_get_advice() {
     require_perf!();
     let dir = scratch_dir("an-jit-nofp");
     let exe = build_c(&["an_jit.c"], NO_FP, &dir, "an_jit");
-    let trace = record(&dir, "jit", &[], &exe, &["800", "nofp"]);
-    let pid = String::from_utf8(ok(&["info", trace.to_str().unwrap(), "--json"]).stdout).unwrap();
-    let pid = json_number(&pid, "pid") as u32;
-    let map = PathBuf::from(format!("/tmp/perf-{pid}.map"));
-    let out = ok(&[trace.to_str().unwrap(), "--format", "folded", "-o", "-"]);
-    let f = folded(&trace, &[]);
-    let _ = std::fs::remove_file(&map);
-    let stopped: u64 = f
-        .iter()
-        .filter(|(s, _)| s.last().is_some_and(|l| l == "jit_inner"))
-        .filter(|(s, _)| s[1..].iter().all(|f| f.starts_with("jit_")))
-        .map(|(_, c)| c)
-        .sum();
-    assert!(stopped as f64 >= 0.8 * total(&f) as f64, "{f:?}");
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    let warning = stderr.lines().find(|l| l.contains("in JIT code"));
-    assert!(
-        warning.is_some_and(|w| w.starts_with("warning: ") && w.contains("PreserveFramePointer")),
-        "{stderr}"
-    );
+    for mode in ["nofp", "nofp-nomap"] {
+        let trace = record(&dir, mode, &[], &exe, &["800", mode]);
+        let info = ok(&["info", trace.to_str().unwrap(), "--json"]).stdout;
+        let pid = json_number(&String::from_utf8(info).unwrap(), "pid") as u32;
+        let map = PathBuf::from(format!("/tmp/perf-{pid}.map"));
+        let out = ok(&[trace.to_str().unwrap(), "--format", "folded", "-o", "-"]);
+        let f = folded(&trace, &[]);
+        let _ = std::fs::remove_file(&map);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let warning = |what: &str, advice: &str| {
+            stderr
+                .lines()
+                .find(|l| l.contains(what))
+                .is_some_and(|w| w.starts_with("warning: ") && w.contains(advice))
+        };
+        if mode == "nofp" {
+            // Named from the map, and nothing leads on from them.
+            let stopped: u64 = f
+                .iter()
+                .filter(|(s, _)| s.last().is_some_and(|l| l == "jit_inner"))
+                .filter(|(s, _)| s[1..].iter().all(|f| f.starts_with("jit_")))
+                .map(|(_, c)| c)
+                .sum();
+            assert!(stopped as f64 >= 0.8 * total(&f) as f64, "{f:?}");
+            assert!(warning("in JIT code", "PreserveFramePointer"), "{stderr}");
+        } else {
+            // No map: unnamed, and the advice says to have one written.
+            assert!(warning("in unnamed code", "DumpPerfMapAtExit"), "{stderr}");
+        }
+    }
     remove_scratch_dir(&dir);
 }

@@ -421,19 +421,21 @@ impl ProfileBuilder {
             // The kernel's callchain may have gone on to the root.
             stats.past_copy_samples += if outer_is_root { 0 } else { past_copy };
             // JIT code: in anonymous executable memory, or outside every
-            // mapping but named by the process's JIT map.
-            let outer_in_jit = s
-                .locations
-                .last()
-                .is_some_and(|&l| match self.frames[l as usize] {
-                    FrameKey::Image { image, .. } | FrameKey::Unresolved { image, .. } => {
-                        images[image as usize].key.kind == ImageKind::Anonymous
+            // mapping but named by the process's JIT map; unnamed code
+            // outside every mapping may be JIT code without a map.
+            let short = s.samples - s.root_samples;
+            if let Some(&l) = s.locations.last() {
+                let named = !locations[l as usize].unknown;
+                match self.frames[l as usize] {
+                    FrameKey::Image { image, .. } | FrameKey::Unresolved { image, .. }
+                        if images[image as usize].key.kind == ImageKind::Anonymous =>
+                    {
+                        stats.jit_end_samples += short;
                     }
-                    FrameKey::Outside { .. } => !locations[l as usize].unknown,
-                    FrameKey::Kernel { .. } => false,
-                });
-            if outer_in_jit {
-                stats.jit_end_samples += s.samples - s.root_samples;
+                    FrameKey::Outside { .. } if named => stats.jit_end_samples += short,
+                    FrameKey::Outside { .. } => stats.unnamed_end_samples += short,
+                    _ => {}
+                }
             }
             stats.cut_short_samples += cut.0;
             stats.cut_short_root_samples += if outer_is_root { cut.0 } else { cut.1 };
@@ -548,20 +550,33 @@ impl ProfileBuilder {
 /// copies up to [`lrnprof_format::MAX_STACK_LEN`].
 const LINUX_MAX_STACK_COPY: u32 = 65528;
 
-/// When at least a tenth of the samples stop in JIT code: why, and what
-/// to do.
+/// When at least a tenth of the samples stop in JIT code, or in unnamed
+/// code outside every mapped file: why, and what to do.
 fn jit_end_warning(stats: &Stats) -> Option<String> {
-    let n = stats.jit_end_samples;
-    if n == 0 || n.saturating_mul(10) < stats.samples {
-        return None;
+    let share = |n: u64| 100.0 * n as f64 / stats.samples.max(1) as f64;
+    let many = |n: u64| n > 0 && n.saturating_mul(10) >= stats.samples;
+    let (named, unnamed) = (stats.jit_end_samples, stats.unnamed_end_samples);
+    if many(named) {
+        return Some(format!(
+            "{named} samples ({:.1}%) stop short of their thread's root in JIT code \
+             (anonymous executable memory, named from the perf-PID.map a runtime writes): \
+             JIT code has no unwind tables, so only frame pointers lead to its callers, and \
+             this code keeps none. Have the runtime keep them: for Java, run it with \
+             -XX:+PreserveFramePointer",
+            share(named)
+        ));
     }
-    Some(format!(
-        "{n} samples ({:.1}%) stop short of their thread's root in JIT code (anonymous \
-         executable memory, named from the perf-PID.map a runtime writes): JIT code has no \
-         unwind tables, so only frame pointers lead to its callers, and this code keeps \
-         none. Have the runtime keep them: for Java, run it with -XX:+PreserveFramePointer",
-        100.0 * n as f64 / stats.samples.max(1) as f64
-    ))
+    many(unnamed).then(|| {
+        format!(
+            "{unnamed} samples ({:.1}%) stop short of their thread's root in unnamed code \
+             outside every mapped file. If the program runs a JIT compiler (a JVM, \
+             Node.js), that is its code: it is named only from the /tmp/perf-PID.map the \
+             runtime writes, and followed to its callers only by frame pointers. Java: \
+             -XX:+UnlockDiagnosticVMOptions -XX:+DumpPerfMapAtExit \
+             -XX:+PreserveFramePointer; Node.js: --perf-basic-prof",
+            share(unnamed)
+        )
+    })
 }
 
 /// What to do when more than 1 % of the samples stop short of their
@@ -636,6 +651,14 @@ mod tests {
         let w = jit_end_warning(&jit(100)).unwrap();
         assert!(w.starts_with("100 samples (10.0%) stop short"), "{w}");
         assert!(w.contains("-XX:+PreserveFramePointer"), "{w}");
+        let unnamed = |n| Stats {
+            unnamed_end_samples: n,
+            ..stats(1000, 0)
+        };
+        assert_eq!(jit_end_warning(&unnamed(99)), None);
+        let w = jit_end_warning(&unnamed(500)).unwrap();
+        assert!(w.starts_with("500 samples (50.0%) stop short"), "{w}");
+        assert!(w.contains("DumpPerfMapAtExit"), "{w}");
     }
 
     fn header(os: Os, kernel_callchain: bool, stack_size: u32) -> TraceHeader {

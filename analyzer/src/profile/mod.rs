@@ -216,6 +216,10 @@ pub struct Stats {
     /// (anonymous executable memory), whose callers only frame pointers
     /// lead to.
     pub jit_end_samples: u64,
+    /// Analyzed samples whose stack stops short of the root in unnamed
+    /// code outside every mapped file (JIT code without a JIT map, or an
+    /// address that is not code).
+    pub unnamed_end_samples: u64,
     /// Samples lost by the kernel or recorder.
     pub lost_samples: u64,
     /// Time from the first to the last record, in ns.
