@@ -118,9 +118,19 @@ impl<'a, R: gimli::Reader> Resolver<'a, R> {
         out
     }
 
-    /// The demangled name of the symbol holding `svma`.
+    /// The demangled name of the symbol holding `svma`, or where none
+    /// does, of the one starting right after it. A return address planted
+    /// at a function's first byte (a signal handler's return into glibc's
+    /// `__restore_rt`, `makecontext`'s into `__start_context`) is looked up
+    /// at the byte before, in the padding outside every function: it is
+    /// named after the function it returns into. (A call's own return
+    /// address minus one is in the function that called.)
     fn symbol_name(&self, svma: u64) -> Option<String> {
-        symbol_at(self.symbols, svma).map(|s| demangle(&s.name))
+        let at = symbol_at(self.symbols, svma).or_else(|| {
+            let next = svma.checked_add(1)?;
+            symbol_at(self.symbols, next).filter(|s| s.svma == next)
+        });
+        at.map(|s| demangle(&s.name))
     }
 }
 
@@ -162,6 +172,12 @@ mod tests {
         assert_eq!(r.lookup(0x1004, true)[0].function, "core::fmt::write");
         assert_eq!(r.lookup(0x2000, false)[0].function, "main");
         assert!(r.lookup(0x1800, true).is_empty());
+        // The byte before a function, outside every symbol: a return
+        // address planted at the function's start, looked up a byte back.
+        assert_eq!(r.lookup(0x1fff, true)[0].function, "main");
+        // The last byte of a function stays its own.
+        assert_eq!(r.lookup(0x100f, true)[0].function, "core::fmt::write");
+        assert!(r.lookup(0x1ffe, true).is_empty());
     }
 
     /// This test binary's own DWARF: this function is found, with its file.

@@ -27,8 +27,8 @@ mod views;
 
 use lrnprof_format::{TraceReader, TraceWriter, WriterOptions};
 use lrnprof_tests::{
-    build_c, lrnprof_analyze, lrnprof_rec_command, remove_scratch_dir, require_perf, scratch_dir,
-    skip,
+    build_c, cannot_check, lrnprof_analyze, lrnprof_rec_command, remove_scratch_dir, require_perf,
+    scratch_dir, skip,
 };
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -291,7 +291,55 @@ fn signal_handlers_unwind_into_the_code_they_interrupted() {
         from_leaf >= 5,
         "{from_leaf} handler samples interrupted spin_leaf: {in_handler:?}"
     );
+    // The trampoline is named, though the handler returns to its first
+    // byte and a return address is looked up a byte before (libc's local
+    // symbols are in its debug file).
+    if post_mortem::libc_has_debug_file() {
+        let named: u64 = in_handler
+            .iter()
+            .filter(|(s, _)| s[s.len() - 3] == "__restore_rt")
+            .map(|(_, c)| c)
+            .sum();
+        assert_eq!(named, handled, "{in_handler:?}");
+    } else {
+        cannot_check("libc has no debug file here to name __restore_rt (Debian: libc6-dbg)");
+    }
     // The trampoline's unwind entry is in the trace's embedded data.
+    assert_eq!(folded(&trace, &["--offline"]), f);
+    remove_scratch_dir(&dir);
+}
+
+/// A `makecontext` context's stack ends in glibc's `__start_context`,
+/// planted as its function's return address: named (a byte after where a
+/// return address is looked up) and counted as the root, locally and
+/// offline.
+#[test]
+fn makecontext_stacks_end_at_start_context() {
+    require_perf!();
+    let dir = scratch_dir("an-context");
+    let exe = build_c(&["an_context.c"], NO_FP, &dir, "an_context");
+    let trace = record(&dir, "ctx", &[], &exe, &["600"]);
+    let f = folded(&trace, &[]);
+    let in_co: u64 = f
+        .iter()
+        .filter(|(s, _)| s.last().is_some_and(|l| l == "co_work"))
+        .map(|(_, c)| c)
+        .sum();
+    assert!(in_co >= 100, "{in_co} samples in co_work: {f:?}");
+    if post_mortem::libc_has_debug_file() {
+        let whole: u64 = f
+            .iter()
+            .filter(|(s, _)| s[1..] == ["__start_context", "co_body", "co_work"])
+            .map(|(_, c)| c)
+            .sum();
+        assert!(
+            whole as f64 >= 0.95 * in_co as f64,
+            "{whole} of {in_co} samples in co_work start at __start_context: {f:?}"
+        );
+        assert!(root_pct(&info(&trace, &[])) >= 99.0);
+    } else {
+        cannot_check("libc has no debug file here to name __start_context (Debian: libc6-dbg)");
+    }
     assert_eq!(folded(&trace, &["--offline"]), f);
     remove_scratch_dir(&dir);
 }

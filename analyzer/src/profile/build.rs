@@ -25,6 +25,8 @@ const ROOT_FUNCTIONS: &[&str] = &[
     "__libc_start_call_main",
     "__libc_start_main_impl",
     "start_thread",
+    // Where a `makecontext` context's function returns to (glibc).
+    "__start_context",
     "clone",
     "clone3",
     "__clone",

@@ -335,8 +335,9 @@ fn embedded_bytes(trace: &Path) -> (u64, u64) {
 }
 
 /// Whether this machine has libc's separate debug file (Debian:
-/// libc6-dbg), which alone names libc's thread entry (`start_thread`).
-fn libc_has_debug_file() -> bool {
+/// libc6-dbg), which alone names libc's local functions (`start_thread`,
+/// `__restore_rt`, `__start_context`).
+pub(super) fn libc_has_debug_file() -> bool {
     use object::Object;
     let Ok(maps) = std::fs::read_to_string("/proc/self/maps") else {
         return false;
