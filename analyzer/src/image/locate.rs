@@ -248,9 +248,7 @@ pub(crate) fn load_image(key: &ImageKey, blobs: &BlobStore, opts: &LocateOptions
     // the trace) and include no unwind table has none to find: nothing
     // is missing, it is unwound by frame pointers.
     if let (Source::Missing, Some(d)) = (&unwind_source, &data) {
-        let known = d.section(".text").is_some();
-        let unwind = [".eh_frame", "__eh_frame", ".debug_frame", "__unwind_info"];
-        if known && !unwind.iter().any(|n| d.section(n).is_some()) {
+        if d.section(".text").is_some() && !d.has_unwind_table() {
             unwind_source = Source::NoneInImage;
         }
     }

@@ -193,6 +193,10 @@ impl std::fmt::Display for Source {
     }
 }
 
+/// The unwind tables an image may have, by the names [`ImageData`] keeps
+/// them under (Mach-O `__eh_frame` as `.eh_frame`).
+const UNWIND_TABLES: [&str; 3] = [".eh_frame", ".debug_frame", "__unwind_info"];
+
 /// Everything the analyzer uses of one image, wherever it came from.
 /// Section names are ELF style (`.eh_frame`, `.text`, `.debug_info`); the
 /// Mach-O-only ones keep their names (`__unwind_info`, `__stubs`,
@@ -218,10 +222,17 @@ impl ImageData {
         self.sections.get(name)
     }
 
+    /// Whether an unwind table's bytes are here.
     pub fn has_unwind_data(&self) -> bool {
-        [".eh_frame", ".debug_frame", "__unwind_info"]
+        UNWIND_TABLES
             .iter()
             .any(|n| self.sections.get(*n).is_some_and(Section::has_bytes))
+    }
+
+    /// Whether the image has an unwind table, its bytes here or not (the
+    /// layout table in a trace lists sections that were not embedded).
+    pub fn has_unwind_table(&self) -> bool {
+        UNWIND_TABLES.iter().any(|n| self.sections.contains_key(*n))
     }
 
     pub fn has_dwarf(&self) -> bool {
