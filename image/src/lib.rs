@@ -72,6 +72,7 @@ mod layout;
 mod resolve;
 mod sections;
 mod source;
+mod split_dwarf;
 mod symbols;
 mod units;
 mod universal;
@@ -95,6 +96,7 @@ pub use sections::{
     canonical_section_name, section_role, EmbedLevel, SectionRole, DEBUG_SECTION_PREFIX,
     MACHO_HEADER_SECTION, MACHO_UNWIND_SECTIONS, SYMBOL_SECTIONS, UNWIND_SECTIONS,
 };
+pub use split_dwarf::{SplitBytes, SplitDwarf, SplitPlaces};
 pub use symbols::{
     bound_sizeless, go_debug_frame, is_code_label_name, merge_symbols, object_has_symbols,
     parse_elf64_symbols, plt_symbols, symbol_at, symbol_table, symbols_of_object, PltTables,

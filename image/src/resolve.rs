@@ -6,7 +6,9 @@
 
 use crate::demangle::demangle;
 use crate::symbols::{symbol_at, Symbol};
+use addr2line::{LookupContinuation, LookupResult, SplitDwarfLoad};
 use std::borrow::Cow;
+use std::sync::Arc;
 
 /// One function level of a location, innermost first when inlined.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -29,7 +31,11 @@ const MAX_LEVELS: usize = 257;
 pub struct Resolver<'a, R: gimli::Reader> {
     symbols: &'a [Symbol],
     dwarf: Option<addr2line::Context<R>>,
+    split: Option<Box<SplitLoader<'a, R>>>,
 }
+
+/// What gives a unit's split DWARF (see [`SplitDwarf`](crate::SplitDwarf)).
+type SplitLoader<'a, R> = dyn Fn(&SplitDwarfLoad<R>) -> Option<Arc<gimli::Dwarf<R>>> + 'a;
 
 impl<'a, R: gimli::Reader> Resolver<'a, R> {
     /// A resolver over `symbols` (a table of
@@ -38,7 +44,24 @@ impl<'a, R: gimli::Reader> Resolver<'a, R> {
     /// counts as none).
     pub fn new(symbols: &'a [Symbol], dwarf: Option<gimli::Dwarf<R>>) -> Resolver<'a, R> {
         let dwarf = dwarf.and_then(|d| addr2line::Context::from_dwarf(d).ok());
-        Resolver { symbols, dwarf }
+        Resolver {
+            symbols,
+            dwarf,
+            split: None,
+        }
+    }
+
+    /// Units whose DWARF is split (`-gsplit-dwarf`) get their functions
+    /// and inline frames from what `load` gives (typically
+    /// [`SplitDwarf::load`](crate::SplitDwarf::load)); without it, or where
+    /// it gives `None`, only their line tables and the symbol table are
+    /// used.
+    pub fn with_split_dwarf(
+        mut self,
+        load: impl Fn(&SplitDwarfLoad<R>) -> Option<Arc<gimli::Dwarf<R>>> + 'a,
+    ) -> Resolver<'a, R> {
+        self.split = Some(Box::new(load));
+        self
     }
 
     /// Whether DWARF is used.
@@ -87,7 +110,17 @@ impl<'a, R: gimli::Reader> Resolver<'a, R> {
             return Vec::new();
         };
         let mut out = Vec::new();
-        let Ok(mut frames) = ctx.find_frames(svma).skip_all_loads() else {
+        let mut lookup = ctx.find_frames(svma);
+        let frames = loop {
+            match lookup {
+                LookupResult::Output(frames) => break frames,
+                LookupResult::Load { load, continuation } => {
+                    let split = self.split.as_ref().and_then(|f| f(&load));
+                    lookup = continuation.resume(split);
+                }
+            }
+        };
+        let Ok(mut frames) = frames else {
             return out;
         };
         while let Ok(Some(frame)) = frames.next() {

@@ -20,6 +20,7 @@
 
 mod go;
 mod post_mortem;
+mod split_dwarf;
 mod synthetic;
 mod untouched;
 mod viewers;

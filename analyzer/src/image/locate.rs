@@ -12,8 +12,8 @@ use crate::timeline::ImageKey;
 use lrnprof_format::{BuildId, ImageKind};
 use lrnprof_image::{
     canonical_section_name, debug_file_candidates, parse_elf64_symbols, plt_symbols, section_role,
-    symbol_table, universal_slices, FrameTable, Layout, PltTables, SectionRole, FRAMES_TABLE,
-    LAYOUT_SECTION, MACHO_HEADER_SECTION,
+    symbol_table, universal_slices, FrameTable, Layout, PltTables, SectionRole, SplitPlaces,
+    FRAMES_TABLE, LAYOUT_SECTION, MACHO_HEADER_SECTION,
 };
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -166,7 +166,10 @@ pub(crate) fn load_image(key: &ImageKey, blobs: &BlobStore, opts: &LocateOptions
     let mut data: Option<ImageData> = None;
     let mut unwind_source = Source::Missing;
     let mut symbol_source = Source::Missing;
+    // The local files whose split DWARF (`.dwo`, `.dwp`) may lie beside them.
+    let mut local_files = Vec::new();
     if let Some((path, main)) = found.main.take() {
+        local_files.push(path.clone());
         unwind_source = Source::File(path.clone());
         // DWARF first: the symbol table is then not built here.
         if main.data.has_dwarf() || !main.data.symbols.is_empty() {
@@ -192,6 +195,7 @@ pub(crate) fn load_image(key: &ImageKey, blobs: &BlobStore, opts: &LocateOptions
         }
     }
     if let Some((path, debug)) = found.debug.take() {
+        local_files.push(path.clone());
         let d = data.get_or_insert_with(|| ImageData {
             is_macho: debug.data.is_macho,
             little_endian: debug.data.little_endian,
@@ -240,6 +244,13 @@ pub(crate) fn load_image(key: &ImageKey, blobs: &BlobStore, opts: &LocateOptions
                 Err(e) => notes.push(format!("the trace's frame table is not used: {e}")),
             }
         }
+    }
+    if let Some(d) = data.as_mut().filter(|_| !opts.offline) {
+        d.split_places = Some(SplitPlaces {
+            files: local_files,
+            dirs: opts.symbols_dirs.clone(),
+            roots: opts.debug_roots.clone(),
+        });
     }
     if key.kind == ImageKind::Vdso && data.is_none() {
         notes.push("vDSO bytes not embedded in the trace".to_string());

@@ -25,6 +25,9 @@ use std::sync::Arc;
 pub(crate) enum FileBytes {
     Shared(Arc<Vec<u8>>),
     Mapped(memmap2::Mmap),
+    /// A `.dwo` or `.dwp` file (split DWARF), or a section of one
+    /// inflated.
+    Split(lrnprof_image::SplitBytes),
 }
 
 impl FileBytes {
@@ -49,6 +52,7 @@ impl Deref for FileBytes {
         match self {
             FileBytes::Shared(v) => v,
             FileBytes::Mapped(m) => m,
+            FileBytes::Split(b) => b,
         }
     }
 }
@@ -67,6 +71,16 @@ impl SectionBytes {
         SectionBytes {
             data: Arc::new(FileBytes::Shared(data)),
             range: 0..len,
+        }
+    }
+
+    /// `range` of split DWARF bytes (in bounds: the split DWARF reader
+    /// gives only ranges of sections it found).
+    pub fn split(data: &lrnprof_image::SplitBytes, range: Range<usize>) -> SectionBytes {
+        let range = range.start.min(data.len())..range.end.min(data.len());
+        SectionBytes {
+            data: Arc::new(FileBytes::Split(data.clone())),
+            range,
         }
     }
 
@@ -215,6 +229,10 @@ pub(crate) struct ImageData {
     /// image to (the embedded frame table), for an image whose DWARF is
     /// not here.
     pub frames: Option<Arc<FrameTable>>,
+    /// Where the split DWARF of units compiled with `-gsplit-dwarf` is
+    /// looked for besides the place each unit names: set when the image's
+    /// DWARF comes from a file here.
+    pub split_places: Option<lrnprof_image::SplitPlaces>,
 }
 
 impl ImageData {

@@ -16,7 +16,7 @@ use crate::image::{ImageData, SectionBytes};
 use gimli::EndianReader;
 use gimli::RunTimeEndian;
 use lrnprof_image::{
-    hide_units, load_dwarf, project_inline, units_to_hide, unused_dwarf, Resolver,
+    hide_units, load_dwarf, project_inline, units_to_hide, unused_dwarf, Resolver, SplitDwarf,
 };
 use rayon::prelude::*;
 use std::sync::Arc;
@@ -150,7 +150,17 @@ impl<'a> Symbolizer<'a> {
         });
         let resolver = std::cell::OnceCell::new();
         if dwarf.is_some() {
-            let _ = resolver.set(Resolver::new(data.symbols.table(), dwarf));
+            let mut r = Resolver::new(data.symbols.table(), dwarf);
+            if let (Some(places), Some(d)) = (&data.split_places, sections) {
+                let split = SplitDwarf::new(places.clone());
+                let endian = d.endian;
+                r = r.with_split_dwarf(move |load| {
+                    split.load(load, |bytes, range| {
+                        EndianReader::new(SectionBytes::split(bytes, range), endian)
+                    })
+                });
+            }
+            let _ = resolver.set(r);
         }
         Symbolizer { data, resolver }
     }

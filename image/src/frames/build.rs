@@ -10,6 +10,7 @@ use crate::layout::Layout;
 use crate::resolve::{load_dwarf, FrameLine, Resolver};
 use crate::sections::{canonical_section_name, DEBUG_SECTION_PREFIX};
 use crate::source::FileSource;
+use crate::split_dwarf::{SplitDwarf, SplitPlaces};
 use crate::symbols::{merge_symbols, symbols_of_object};
 use crate::units::{hide_units, inflate_zlib, units_to_hide, unused_dwarf};
 use crate::ImageError;
@@ -71,6 +72,10 @@ pub struct FrameTableBuilt {
     pub dwarf_from_cache: bool,
     /// Why the cache could not be updated, if it could not.
     pub cache_error: Option<String>,
+    /// Units of split DWARF (`-gsplit-dwarf`) whose `.dwo` file (or
+    /// `.dwp` package) was not found, and where the first of them was
+    /// looked for first: their addresses are named without inline frames.
+    pub split_dwarf_missing: Option<(usize, Option<PathBuf>)>,
 }
 
 /// The DWARF sections of a parsed file that are `wanted`, by canonical
@@ -314,11 +319,28 @@ fn build_table(
             })
         })
         .flatten();
-    let resolver = Resolver::new(&symbols, dwarf);
+    // Split DWARF: by each unit's `.dwo` path, and beside the image and
+    // its debug file.
+    let split = SplitDwarf::new(SplitPlaces {
+        files: std::iter::once(PathBuf::from(path))
+            .chain(debug_file.clone())
+            .collect(),
+        dirs: Vec::new(),
+        roots: debug_roots.to_vec(),
+    });
+    let resolver = Resolver::new(&symbols, dwarf).with_split_dwarf(|load| {
+        split.load(load, |bytes, range| EndianSlice::new(&bytes[range], endian))
+    });
     let (entries, left_out) = assemble(&wanted, max_bytes, |svma| match kept.get(svma) {
         Some(lines) => lines.to_vec(),
         None => resolver.lookup(svma, true),
     });
+    let split_dwarf_missing = split
+        .missing()
+        .map(|(units, first)| (units, first.map(PathBuf::from)));
+    // Names resolved without a unit's `.dwo` are not kept: a later
+    // recording that finds it resolves them again.
+    let keeping = keeping.filter(|_| split_dwarf_missing.is_none());
     let mut built = finish(
         entries,
         left_out,
@@ -329,6 +351,7 @@ fn build_table(
         sections_error,
     );
     built.dwarf_from_cache = kept_sections.is_some();
+    built.split_dwarf_missing = split_dwarf_missing;
     Ok(Some((built, hidden_units)))
 }
 
@@ -407,6 +430,7 @@ fn finish(
         from_cache,
         dwarf_from_cache: false,
         cache_error,
+        split_dwarf_missing: None,
     }
 }
 

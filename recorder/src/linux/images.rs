@@ -367,13 +367,30 @@ impl Images {
                 MAX_FRAME_TABLES_BYTES >> 10
             ))
         });
+        let split = built.split_dwarf_missing.as_ref().map(|(units, first)| {
+            let looked = first
+                .as_ref()
+                .map(|p| format!(" (the first was looked for at {})", p.display()))
+                .unwrap_or_default();
+            incomplete(format!(
+                "the split DWARF (.dwo files, -gsplit-dwarf) of {units} of its compilation \
+                 units was not found{looked}: their functions are named from the symbol \
+                 table, without inline frames; keep the .dwo files where the compiler wrote \
+                 them, or put a .dwp package (dwp, llvm-dwp) beside the image"
+            ))
+        });
         let complete = left_out == 0 && built.addresses == lookups.len();
         let not_kept = built
             .cache_error
             .map(|reason| RecordWarning::FrameCacheNotUpdated { reason });
         (
             blobs,
-            warning.flatten().into_iter().chain(not_kept).collect(),
+            warning
+                .flatten()
+                .into_iter()
+                .chain(split.flatten())
+                .chain(not_kept)
+                .collect(),
             complete,
         )
     }
