@@ -98,9 +98,9 @@ pub use sections::{
 };
 pub use split_dwarf::{SplitBytes, SplitDwarf, SplitPlaces};
 pub use symbols::{
-    bound_sizeless, go_debug_frame, is_code_label_name, merge_symbols, object_has_symbols,
-    parse_elf64_symbols, plt_symbols, symbol_at, symbol_table, symbols_of_object, PltTables,
-    Symbol,
+    bound_sizeless, go_debug_frame, is_code_label_name, merge_symbols, mini_debug_info_symbols,
+    object_has_symbols, parse_elf64_symbols, plt_symbols, symbol_at, symbol_table,
+    symbols_of_object, PltTables, Symbol, MINI_DEBUG_INFO_SECTION,
 };
 pub use units::{hide_units, inflate_zlib, units_to_hide, unused_dwarf};
 pub use universal::{thin_slice, universal_slices, UniversalSlice};

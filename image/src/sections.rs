@@ -16,9 +16,18 @@ use std::str::FromStr;
 /// [`EmbedLevel::None`].
 pub const UNWIND_SECTIONS: [&str; 3] = [".eh_frame", ".eh_frame_hdr", ".debug_frame"];
 
-/// ELF symbol tables and their string tables, and `.rela.plt` (whose
-/// relocations name the PLT stubs), embedded from [`EmbedLevel::Symbols`] on.
-pub const SYMBOL_SECTIONS: [&str; 5] = [".symtab", ".strtab", ".dynsym", ".dynstr", ".rela.plt"];
+/// ELF symbol tables and their string tables, `.rela.plt` (whose
+/// relocations name the PLT stubs) and `.gnu_debugdata` (MiniDebugInfo:
+/// the local functions of a stripped binary), embedded from
+/// [`EmbedLevel::Symbols`] on.
+pub const SYMBOL_SECTIONS: [&str; 6] = [
+    ".symtab",
+    ".strtab",
+    ".dynsym",
+    ".dynstr",
+    ".rela.plt",
+    ".gnu_debugdata",
+];
 
 /// Prefix of the DWARF sections embedded at [`EmbedLevel::Debug`]
 /// (`.debug_frame` is an unwind section and comes with every level).

@@ -19,6 +19,7 @@
 //! cleanly at a zero return address / frame pointer.
 
 mod go;
+mod mini_debug_info;
 mod post_mortem;
 mod split_dwarf;
 mod synthetic;

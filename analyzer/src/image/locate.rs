@@ -11,9 +11,10 @@ use crate::blobs::BlobStore;
 use crate::timeline::ImageKey;
 use lrnprof_format::{BuildId, ImageKind};
 use lrnprof_image::{
-    canonical_section_name, debug_file_candidates, parse_elf64_symbols, plt_symbols, section_role,
-    symbol_table, universal_slices, FrameTable, Layout, PltTables, SectionRole, SplitPlaces,
-    FRAMES_TABLE, LAYOUT_SECTION, MACHO_HEADER_SECTION,
+    canonical_section_name, debug_file_candidates, mini_debug_info_symbols, parse_elf64_symbols,
+    plt_symbols, section_role, symbol_table, universal_slices, FrameTable, Layout, PltTables,
+    SectionRole, SplitPlaces, FRAMES_TABLE, LAYOUT_SECTION, MACHO_HEADER_SECTION,
+    MINI_DEBUG_INFO_SECTION,
 };
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -389,7 +390,7 @@ fn merge_embedded(into: &mut ImageData, id: &BuildId, blobs: &BlobStore) -> (boo
     }
     // Without embedded symbol sections the table below is empty: the
     // image's own is then not built here to find out whether it is.
-    let embedded_symbols = [".symtab", ".dynsym"]
+    let embedded_symbols = [".symtab", ".dynsym", MINI_DEBUG_INFO_SECTION]
         .iter()
         .any(|name| blobs.section(id, name).is_some());
     if embedded_symbols && into.symbols.is_empty() {
@@ -433,6 +434,9 @@ fn merge_embedded(into: &mut ImageData, id: &BuildId, blobs: &BlobStore) -> (boo
             little_endian: into.little_endian,
         });
         functions.extend(plt.into_iter().map(|s| (s, u64::MAX)));
+        if let Some((_, mini)) = blobs.section(id, MINI_DEBUG_INFO_SECTION) {
+            functions.extend(mini_debug_info_symbols(&mini));
+        }
         let syms = symbol_table(functions, labels, range(".text"));
         gave_symbols |= !syms.is_empty();
         into.symbols = Symbols::of_table(syms);

@@ -2,16 +2,19 @@
 //! same way from a whole image file ([`symbols_of_object`]), from symbol
 //! tables embedded as raw sections ([`parse_elf64_symbols`],
 //! [`plt_symbols`], [`symbol_table`]) and from a binary and its separate
-//! debug file ([`merge_symbols`]). The recorder resolves addresses with
+//! debug file ([`merge_symbols`]); a stripped binary's MiniDebugInfo
+//! ([`mini_debug_info_symbols`]) joins its own symbols. The recorder resolves addresses with
 //! these at the end of a recording and the analyzer with them afterwards,
 //! so both name a frame alike.
 
 mod elf64;
 mod gopclntab;
+mod minidebuginfo;
 mod plt;
 
 pub use elf64::parse_elf64_symbols;
 pub use gopclntab::go_debug_frame;
+pub use minidebuginfo::{mini_debug_info_symbols, MINI_DEBUG_INFO_SECTION};
 pub use plt::{plt_symbols, PltTables};
 
 use object::{Object, ObjectSection, ObjectSymbol, ReadRef, SymbolKind};
@@ -114,6 +117,8 @@ pub fn symbols_of_object<'data, R: ReadRef<'data>>(obj: &object::File<'data, R>)
     let text = if obj.format() == object::BinaryFormat::Elf {
         // Sized: the end of their section is not needed.
         functions.extend(plt_symbols_of(obj).into_iter().map(|s| (s, u64::MAX)));
+        // A stripped binary's local functions, where it carries them.
+        functions.extend(minidebuginfo::symbols_of(obj));
         if obj.section_by_name(".symtab").is_none() {
             functions.extend(gopclntab::go_function_symbols(obj));
         }
@@ -134,7 +139,7 @@ pub fn object_has_symbols<'data, R: ReadRef<'data>>(obj: &object::File<'data, R>
     if obj.format() != object::BinaryFormat::Elf {
         return false;
     }
-    if !plt_symbols_of(obj).is_empty() {
+    if !plt_symbols_of(obj).is_empty() || minidebuginfo::has(obj) {
         return true;
     }
     if obj.section_by_name(".symtab").is_none() && gopclntab::has_go_functions(obj) {
