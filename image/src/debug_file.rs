@@ -45,10 +45,84 @@ pub fn debug_file_candidates(
     candidates
 }
 
+/// Where the supplementary debug file a `.gnu_debugaltlink` section names
+/// may be, in the order to try: the build-id tree (`usr/lib/debug/.build-id/
+/// xx/rest.debug`, by the supplementary file's own build id), then the
+/// name as the section has it, absolute (also under each of `roots`) or
+/// relative to the directory of `file`, the file holding the section.
+/// `dwz -m` makes such a file of the DWARF that several debug files share
+/// (Debian's `-dbgsym` and Fedora's `debuginfo` packages), and rewrites
+/// theirs to refer to it. A candidate is only a place: its build id must
+/// still be checked.
+pub fn alt_file_candidates(
+    file: &Path,
+    name: &[u8],
+    build_id: &[u8],
+    roots: &[PathBuf],
+) -> Vec<PathBuf> {
+    let mut all_roots = vec![PathBuf::from("/")];
+    all_roots.extend(roots.iter().cloned());
+    let mut candidates = Vec::new();
+    let hex = lrnprof_format::BuildId(build_id.to_vec()).to_hex();
+    if hex.len() > 2 {
+        for root in &all_roots {
+            candidates.push(
+                root.join("usr/lib/debug/.build-id")
+                    .join(&hex[..2])
+                    .join(format!("{}.debug", &hex[2..])),
+            );
+        }
+    }
+    let Ok(name) = std::str::from_utf8(name) else {
+        return candidates;
+    };
+    let name = Path::new(name);
+    if name.is_absolute() {
+        let rel = name.strip_prefix("/").unwrap_or(name);
+        candidates.extend(all_roots.iter().map(|r| r.join(rel)));
+    } else if let Some(dir) = file.parent() {
+        candidates.push(dir.join(name));
+    }
+    candidates
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use lrnprof_format::BuildId;
+
+    #[test]
+    fn alt_files_by_build_id_then_by_name() {
+        let c = alt_file_candidates(
+            Path::new("/usr/lib/debug/.build-id/93/ac61.debug"),
+            b"/usr/lib/debug/.dwz/x86_64-linux-gnu/libfoo1.debug",
+            &[0x12, 0x34, 0x56],
+            &[PathBuf::from("/srv/root")],
+        );
+        let c: Vec<&str> = c.iter().map(|p| p.to_str().unwrap()).collect();
+        assert_eq!(
+            c,
+            [
+                "/usr/lib/debug/.build-id/12/3456.debug",
+                "/srv/root/usr/lib/debug/.build-id/12/3456.debug",
+                "/usr/lib/debug/.dwz/x86_64-linux-gnu/libfoo1.debug",
+                "/srv/root/usr/lib/debug/.dwz/x86_64-linux-gnu/libfoo1.debug",
+            ]
+        );
+        // Relative to the file that names it.
+        let c = alt_file_candidates(
+            Path::new("/usr/lib/debug/.build-id/93/ac61.debug"),
+            b"../../.dwz/foo.debug",
+            &[],
+            &[],
+        );
+        assert_eq!(
+            c,
+            [PathBuf::from(
+                "/usr/lib/debug/.build-id/93/../../.dwz/foo.debug"
+            )]
+        );
+    }
 
     #[test]
     fn build_id_tree_then_debuglink_places() {

@@ -78,7 +78,7 @@ mod units;
 mod universal;
 
 pub use build_id::{build_id_of_bytes, build_id_of_file};
-pub use debug_file::debug_file_candidates;
+pub use debug_file::{alt_file_candidates, debug_file_candidates};
 pub use demangle::demangle;
 pub use eh_frame::{cut_eh_frame, CutEhFrame};
 pub use embed::{

@@ -11,10 +11,10 @@ use crate::blobs::BlobStore;
 use crate::timeline::ImageKey;
 use lrnprof_format::{BuildId, ImageKind};
 use lrnprof_image::{
-    canonical_section_name, debug_file_candidates, mini_debug_info_symbols, parse_elf64_symbols,
-    plt_symbols, section_role, symbol_table, universal_slices, FrameTable, Layout, PltTables,
-    SectionRole, SplitPlaces, FRAMES_TABLE, LAYOUT_SECTION, MACHO_HEADER_SECTION,
-    MINI_DEBUG_INFO_SECTION,
+    alt_file_candidates, canonical_section_name, debug_file_candidates, mini_debug_info_symbols,
+    parse_elf64_symbols, plt_symbols, section_role, symbol_table, universal_slices, FrameTable,
+    Layout, PltTables, SectionRole, SplitPlaces, FRAMES_TABLE, LAYOUT_SECTION,
+    MACHO_HEADER_SECTION, MINI_DEBUG_INFO_SECTION,
 };
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -169,6 +169,19 @@ pub(crate) fn load_image(key: &ImageKey, blobs: &BlobStore, opts: &LocateOptions
     let mut symbol_source = Source::Missing;
     // The local files whose split DWARF (`.dwo`, `.dwp`) may lie beside them.
     let mut local_files = Vec::new();
+    // The supplementary file the DWARF used refers to: (the file with the
+    // DWARF, the link).
+    let mut altlink = None;
+    if let Some((path, main)) = &found.main {
+        if main.data.has_dwarf() {
+            altlink = main.altlink.clone().map(|l| (path.clone(), l));
+        }
+    }
+    if let Some((path, debug)) = &found.debug {
+        if altlink.is_none() && debug.data.has_dwarf() {
+            altlink = debug.altlink.clone().map(|l| (path.clone(), l));
+        }
+    }
     if let Some((path, main)) = found.main.take() {
         local_files.push(path.clone());
         unwind_source = Source::File(path.clone());
@@ -244,6 +257,26 @@ pub(crate) fn load_image(key: &ImageKey, blobs: &BlobStore, opts: &LocateOptions
                 }
                 Err(e) => notes.push(format!("the trace's frame table is not used: {e}")),
             }
+        }
+    }
+    if let (Some(d), Some((file, (name, id)))) = (data.as_mut(), altlink) {
+        let want = BuildId(id);
+        let alt = alt_file_candidates(&file, &name, &want.0, &opts.debug_roots)
+            .into_iter()
+            .find_map(|c| {
+                read_candidate(&c, Some(&want)).filter(|f| f.build_id == Some(want.0.clone()))
+            });
+        match alt {
+            Some(alt) => d.sup = Some(Box::new(alt.data)),
+            // Said only where names come from this DWARF alone: with a
+            // frame table they come from what the recording machine
+            // resolved.
+            None if d.frames.is_none() => notes.push(format!(
+                "its DWARF refers to a supplementary debug file (dwz) that was not found: {} \
+                 (build id {want}); the names and inline functions it holds are missing",
+                String::from_utf8_lossy(&name)
+            )),
+            None => {}
         }
     }
     if let Some(d) = data.as_mut().filter(|_| !opts.offline) {

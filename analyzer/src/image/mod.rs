@@ -233,6 +233,9 @@ pub(crate) struct ImageData {
     /// looked for besides the place each unit names: set when the image's
     /// DWARF comes from a file here.
     pub split_places: Option<lrnprof_image::SplitPlaces>,
+    /// The DWARF sections of the supplementary debug file (`dwz -m`) the
+    /// image's DWARF refers to, when it does and the file is here.
+    pub sup: Option<Box<ImageData>>,
 }
 
 impl ImageData {

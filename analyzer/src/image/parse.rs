@@ -11,6 +11,9 @@ pub(crate) struct ParsedFile {
     pub data: ImageData,
     pub build_id: Option<Vec<u8>>,
     pub debuglink: Option<String>,
+    /// The supplementary debug file (`dwz -m`) its `.gnu_debugaltlink`
+    /// names, with that file's build id.
+    pub altlink: Option<(Vec<u8>, Vec<u8>)>,
 }
 
 /// The ELF-style name the analyzer uses for a section of a file, or `None`
@@ -163,10 +166,16 @@ pub(crate) fn parse_bytes(bytes: Arc<FileBytes>) -> Result<ParsedFile, String> {
         .ok()
         .flatten()
         .map(|(name, _crc)| String::from_utf8_lossy(name).into_owned());
+    let altlink = obj
+        .gnu_debugaltlink()
+        .ok()
+        .flatten()
+        .map(|(name, id)| (name.to_vec(), id.to_vec()));
     Ok(ParsedFile {
         data,
         build_id,
         debuglink,
+        altlink,
     })
 }
 

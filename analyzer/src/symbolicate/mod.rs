@@ -35,6 +35,8 @@ unsafe impl stable_deref_trait::CloneStableDeref for SectionBytes {}
 /// [`Symbolizer`] can read them.
 pub(crate) struct DwarfSections {
     sections: Vec<(&'static str, SectionBytes)>,
+    /// Those of the supplementary debug file (`dwz -m`) they refer to.
+    sup: Option<Vec<(&'static str, SectionBytes)>>,
     endian: RunTimeEndian,
 }
 
@@ -51,26 +53,7 @@ impl DwarfSections {
         } else {
             RunTimeEndian::Big
         };
-        let mut wanted = Vec::new();
-        // The DWARF loader asks for each section it knows once: record them.
-        let _ = load_dwarf(|name| {
-            if let Some(s) = data.section(name).filter(|_| !unused_dwarf(name)) {
-                wanted.push((name, s));
-            }
-            gimli::EndianSlice::new(&[][..], endian)
-        });
-        // Compressed sections are inflated now, in parallel (a corrupt one
-        // reads as empty).
-        let mut sections: Vec<(&'static str, Bytes)> = wanted
-            .into_par_iter()
-            .map(|(name, s)| {
-                let bytes = match &s.deflated {
-                    Some(d) => Bytes::Owned(d.inflate().unwrap_or_default()),
-                    None => Bytes::Shared(s.bytes.clone()),
-                };
-                (name, bytes)
-            })
-            .collect();
+        let mut sections = dwarf_sections(data);
         if let Some(svmas) = svmas {
             let get = |name: &str| {
                 sections
@@ -97,18 +80,60 @@ impl DwarfSections {
                 }
             }
         }
-        let sections = sections
-            .into_iter()
-            .map(|(name, b)| {
-                let bytes = match b {
-                    Bytes::Shared(s) => s,
-                    Bytes::Owned(v) => SectionBytes::whole(Arc::new(v)),
-                };
-                (name, bytes)
-            })
-            .collect();
-        Some(DwarfSections { sections, endian })
+        let shared = |sections: Vec<(&'static str, Bytes)>| {
+            sections
+                .into_iter()
+                .map(|(name, b)| {
+                    let bytes = match b {
+                        Bytes::Shared(s) => s,
+                        Bytes::Owned(v) => SectionBytes::whole(Arc::new(v)),
+                    };
+                    (name, bytes)
+                })
+                .collect()
+        };
+        Some(DwarfSections {
+            sections: shared(sections),
+            sup: data.sup.as_deref().map(|sup| shared(dwarf_sections(sup))),
+            endian,
+        })
     }
+
+    /// The bytes of section `name` (empty if there is none).
+    fn reader(
+        sections: &[(&'static str, SectionBytes)],
+        name: &str,
+        endian: RunTimeEndian,
+    ) -> Reader {
+        let bytes = sections.iter().find(|(n, _)| *n == name).map_or_else(
+            || SectionBytes::whole(Arc::new(Vec::new())),
+            |(_, b)| b.clone(),
+        );
+        EndianReader::new(bytes, endian)
+    }
+}
+
+/// The DWARF sections of `data` that the resolver reads; compressed ones
+/// inflated now, in parallel (a corrupt one reads as empty).
+fn dwarf_sections(data: &ImageData) -> Vec<(&'static str, Bytes)> {
+    let mut wanted = Vec::new();
+    // The DWARF loader asks for each section it knows once: record them.
+    let _ = load_dwarf(|name| {
+        if let Some(s) = data.section(name).filter(|_| !unused_dwarf(name)) {
+            wanted.push((name, s));
+        }
+        gimli::EndianSlice::new(&[][..], RunTimeEndian::Little)
+    });
+    wanted
+        .into_par_iter()
+        .map(|(name, s)| {
+            let bytes = match &s.deflated {
+                Some(d) => Bytes::Owned(d.inflate().unwrap_or_default()),
+                None => Bytes::Shared(s.bytes.clone()),
+            };
+            (name, bytes)
+        })
+        .collect()
 }
 
 /// A DWARF section's bytes while [`DwarfSections`] is built: the image's,
@@ -140,13 +165,13 @@ pub(crate) struct Symbolizer<'a> {
 impl<'a> Symbolizer<'a> {
     pub fn new(data: &'a ImageData, sections: Option<&DwarfSections>) -> Symbolizer<'a> {
         let dwarf = sections.and_then(|d| {
-            load_dwarf(|name| {
-                let bytes = d.sections.iter().find(|(n, _)| *n == name).map_or_else(
-                    || SectionBytes::whole(Arc::new(Vec::new())),
-                    |(_, b)| b.clone(),
-                );
-                EndianReader::new(bytes, d.endian)
-            })
+            let mut dwarf = load_dwarf(|name| DwarfSections::reader(&d.sections, name, d.endian))?;
+            if let Some(sup) = &d.sup {
+                let _ = dwarf.load_sup(|id| -> Result<Reader, gimli::Error> {
+                    Ok(DwarfSections::reader(sup, id.name(), d.endian))
+                });
+            }
+            Some(dwarf)
         });
         let resolver = std::cell::OnceCell::new();
         if dwarf.is_some() {

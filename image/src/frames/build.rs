@@ -5,7 +5,7 @@
 
 use super::cache::{FrameCache, NameSource};
 use super::FrameTable;
-use crate::debug_file::debug_file_candidates;
+use crate::debug_file::{alt_file_candidates, debug_file_candidates};
 use crate::layout::Layout;
 use crate::resolve::{load_dwarf, FrameLine, Resolver};
 use crate::sections::{canonical_section_name, DEBUG_SECTION_PREFIX};
@@ -76,6 +76,11 @@ pub struct FrameTableBuilt {
     /// `.dwp` package) was not found, and where the first of them was
     /// looked for first: their addresses are named without inline frames.
     pub split_dwarf_missing: Option<(usize, Option<PathBuf>)>,
+    /// The supplementary debug file (`dwz -m`) the DWARF refers to, as its
+    /// `.gnu_debugaltlink` names it, when it was not found (with the
+    /// build id the link gives): the names and inline functions it holds
+    /// are missing.
+    pub alt_file_missing: Option<PathBuf>,
 }
 
 /// The DWARF sections of a parsed file that are `wanted`, by canonical
@@ -246,6 +251,40 @@ fn build_table(
         merge_symbols(&mut symbols, symbols_of_object(d));
     }
     let mut sections_error = None;
+    // The DWARF sections the resolver reads (only those are inflated).
+    let mut names = HashSet::new();
+    let _ = load_dwarf(|name| {
+        if !unused_dwarf(name) {
+            names.insert(name);
+        }
+        EndianSlice::new(&[][..], endian)
+    });
+    // The supplementary file `dwz -m` made, where the DWARF refers to one
+    // (Debian's and Fedora's debug packages): the names and inline
+    // functions the debug files of a package share are there.
+    let dwarf_file = debug.as_ref().unwrap_or(&image);
+    let dwarf_path = debug_file.as_deref().unwrap_or(std::path::Path::new(path));
+    let alt_link = dwarf_file
+        .gnu_debugaltlink()
+        .ok()
+        .flatten()
+        .map(|(name, id)| (String::from_utf8_lossy(name).into_owned(), id.to_vec()));
+    let alt = alt_link
+        .as_ref()
+        .and_then(|(name, id)| find_alt_file(dwarf_path, name, id, debug_roots));
+    let alt_cache = alt.as_ref().map(FileSource::of);
+    let alt_file = match &alt_cache {
+        Some(c) => object::File::parse(c).ok(),
+        None => None,
+    };
+    let alt_missing = match (&alt_link, &alt_file) {
+        (Some((name, _)), None) => Some(PathBuf::from(name)),
+        _ => None,
+    };
+    let alt_sections = alt_file
+        .as_ref()
+        .filter(|f| dwarf_size(f) <= MAX_DWARF_BYTES)
+        .map(|f| dwarf_sections(f, &names));
     let mut sections: HashMap<String, Cow<'_, [u8]>> = match &kept_sections {
         Some(kept) => kept
             .iter()
@@ -259,14 +298,6 @@ fn build_table(
                     max: MAX_DWARF_BYTES,
                 });
             }
-            // Only the sections the resolver reads are inflated.
-            let mut names = HashSet::new();
-            let _ = load_dwarf(|name| {
-                if !unused_dwarf(name) {
-                    names.insert(name);
-                }
-                EndianSlice::new(&[][..], endian)
-            });
             let mut sections = dwarf_sections(&image, &names);
             if let Some(d) = &debug {
                 for (name, data) in dwarf_sections(d, &names) {
@@ -312,13 +343,21 @@ fn build_table(
         }
     }
     // With symbols alone, no DWARF, as the analyzer resolves such an image.
-    let dwarf = (own_dwarf || debug.is_some())
+    let mut dwarf = (own_dwarf || debug.is_some())
         .then(|| {
             load_dwarf(|name| {
                 EndianSlice::new(sections.get(name).map_or(&[][..], |d| &d[..]), endian)
             })
         })
         .flatten();
+    if let (Some(dwarf), Some(alt)) = (&mut dwarf, &alt_sections) {
+        let _ = dwarf.load_sup(|id| -> Result<_, gimli::Error> {
+            Ok(EndianSlice::new(
+                alt.get(id.name()).map_or(&[][..], |d| &d[..]),
+                endian,
+            ))
+        });
+    }
     // Split DWARF: by each unit's `.dwo` path, and beside the image and
     // its debug file.
     let split = SplitDwarf::new(SplitPlaces {
@@ -338,9 +377,10 @@ fn build_table(
     let split_dwarf_missing = split
         .missing()
         .map(|(units, first)| (units, first.map(PathBuf::from)));
-    // Names resolved without a unit's `.dwo` are not kept: a later
-    // recording that finds it resolves them again.
-    let keeping = keeping.filter(|_| split_dwarf_missing.is_none());
+    // Names resolved without a unit's `.dwo` or without the supplementary
+    // file are not kept: a later recording that finds them resolves them
+    // again.
+    let keeping = keeping.filter(|_| split_dwarf_missing.is_none() && alt_missing.is_none());
     let mut built = finish(
         entries,
         left_out,
@@ -352,6 +392,7 @@ fn build_table(
     );
     built.dwarf_from_cache = kept_sections.is_some();
     built.split_dwarf_missing = split_dwarf_missing;
+    built.alt_file_missing = alt_missing;
     Ok(Some((built, hidden_units)))
 }
 
@@ -431,6 +472,7 @@ fn finish(
         dwarf_from_cache: false,
         cache_error,
         split_dwarf_missing: None,
+        alt_file_missing: None,
     }
 }
 
@@ -460,6 +502,26 @@ fn find_debug_file<'data, R: ReadRef<'data>>(
                 obj.build_id().ok().flatten() == Some(&build_id.0[..]) && has_dwarf(&obj)
             };
             usable.then_some((c, file))
+        })
+}
+
+/// The first of the candidates for a `.gnu_debugaltlink` of the file at
+/// `file` naming `name` with build id `id` that is a file with that build
+/// id.
+fn find_alt_file(file: &std::path::Path, name: &str, id: &[u8], roots: &[PathBuf]) -> Option<File> {
+    alt_file_candidates(file, name.as_bytes(), id, roots)
+        .into_iter()
+        .find_map(|c| {
+            let file = File::open(&c).ok()?;
+            if !file.metadata().ok()?.is_file() {
+                return None;
+            }
+            let usable = {
+                let cache = ReadCache::new(&file);
+                let obj = object::File::parse(&cache).ok()?;
+                obj.build_id().ok().flatten() == Some(id)
+            };
+            usable.then_some(file)
         })
 }
 

@@ -379,6 +379,14 @@ impl Images {
                  them, or put a .dwp package (dwp, llvm-dwp) beside the image"
             ))
         });
+        let alt = built.alt_file_missing.as_ref().map(|name| {
+            incomplete(format!(
+                "its DWARF refers to a supplementary debug file (dwz) that was not found: \
+                 {}; the names and inline functions it holds are missing (install the \
+                 package that ships it, usually beside the debug package)",
+                name.display()
+            ))
+        });
         let complete = left_out == 0 && built.addresses == lookups.len();
         let not_kept = built
             .cache_error
@@ -389,6 +397,7 @@ impl Images {
                 .flatten()
                 .into_iter()
                 .chain(split.flatten())
+                .chain(alt.flatten())
                 .chain(not_kept)
                 .collect(),
             complete,

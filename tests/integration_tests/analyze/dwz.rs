@@ -1,0 +1,106 @@
+//! DWARF that `dwz -m` rewrote to refer to a supplementary file
+//! (`.gnu_debugaltlink`), as Debian's `-dbgsym` and Fedora's `debuginfo`
+//! packages ship it (`tests/fixtures/an_dwz.c`).
+
+use super::*;
+use object::Object;
+
+/// Samples whose stack ends `main`, `dwz_outer`, `dwz_inner` (the
+/// inlined frame, whose abstract instance `dwz` moved to the supplementary
+/// file), and those that end in `dwz_outer` without it.
+fn inlined_and_not(f: &BTreeMap<Vec<String>, u64>) -> (u64, u64) {
+    let count = |tail: &[&str]| -> u64 {
+        let tail: Vec<String> = tail.iter().map(|s| s.to_string()).collect();
+        f.iter()
+            .filter(|(s, _)| s.ends_with(&tail))
+            .map(|(_, c)| c)
+            .sum()
+    };
+    (
+        count(&["main", "dwz_outer", "dwz_inner"]),
+        count(&["main", "dwz_outer"]),
+    )
+}
+
+#[test]
+fn dwarf_in_a_dwz_supplementary_file_names_inline_frames() {
+    require_perf!();
+    if Command::new("dwz").arg("--version").output().is_err() {
+        skip!("`dwz` is not installed (Debian: apt-get install dwz)");
+    }
+    let dir = scratch_dir("an-dwz");
+    let builds: Vec<PathBuf> = [1, 2]
+        .iter()
+        .map(|v| {
+            let define = format!("-DVARIANT={v}");
+            build_c(
+                &["an_dwz.c"],
+                &["-O2", "-g", &define],
+                &dir,
+                &format!("an_dwz{v}"),
+            )
+        })
+        .collect();
+    let common = dir.join("common.debug");
+    let out = Command::new("dwz")
+        .arg("-m")
+        .arg(&common)
+        .arg("-M")
+        .arg(&common)
+        .args(&builds)
+        .output()
+        .expect("running dwz");
+    assert!(
+        out.status.success(),
+        "dwz: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let exe = &builds[0];
+    {
+        let bytes = std::fs::read(exe).unwrap();
+        let file = object::File::parse(&*bytes).unwrap();
+        assert!(
+            file.gnu_debugaltlink().unwrap().is_some(),
+            "dwz wrote no .gnu_debugaltlink"
+        );
+    }
+    // The frame table lrnprof-rec builds, here and offline.
+    let trace = record(&dir, "dwz", &[], exe, &["400"]);
+    let f = folded(&trace, &[]);
+    let (inlined, outer) = inlined_and_not(&f);
+    assert!(inlined >= 100 && outer == 0, "{f:?}");
+    assert_eq!(folded(&trace, &["--offline"]), f);
+    // No frame table: the analyzer reads the supplementary file itself.
+    let bare = record(&dir, "unwind", &["--embed", "unwind"], exe, &["400"]);
+    let f = folded(&bare, &[]);
+    let (inlined, outer) = inlined_and_not(&f);
+    assert!(inlined >= 100 && outer == 0, "--embed unwind: {f:?}");
+
+    // Without the file: named without the inline frame, and said.
+    std::fs::rename(&common, dir.join("elsewhere.debug")).unwrap();
+    let f = folded(&bare, &[]);
+    let (inlined, outer) = inlined_and_not(&f);
+    assert!(inlined == 0 && outer >= 100, "without the file: {f:?}");
+    let notes = info(&bare, &[]);
+    assert!(
+        notes.contains("supplementary debug file (dwz) that was not found"),
+        "{notes}"
+    );
+    let out = lrnprof_rec_command()
+        .env("LRNPROF_CACHE_DIR", dir.join("cache-missing"))
+        .arg("--out")
+        .arg(dir.join("missing.lpt"))
+        .arg("--")
+        .arg(exe)
+        .arg("100")
+        .output()
+        .expect("running lrnprof-rec");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success()
+            && stderr.contains("supplementary debug file (dwz) that was not found")
+            && stderr.contains(common.to_str().unwrap()),
+        "{stderr}"
+    );
+    remove_scratch_dir(&dir);
+}
