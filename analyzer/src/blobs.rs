@@ -69,6 +69,13 @@ impl BlobStore {
         })
     }
 
+    /// Whether any image has a table named `name`.
+    pub fn any_table(&self, name: &str) -> bool {
+        self.done
+            .keys()
+            .any(|(_, kind)| matches!(kind, BlobKind::Table { name: n } if n == name))
+    }
+
     /// Whether anything is embedded for image `id`.
     pub fn has_image_data(&self, id: &BuildId) -> bool {
         self.done.keys().any(|(bid, kind)| {

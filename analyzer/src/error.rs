@@ -41,6 +41,9 @@ pub enum AnalyzeError {
     /// A `--symbols` directory does not exist.
     #[error("symbols directory {0} does not exist or is not a directory")]
     SymbolsDir(PathBuf),
+    /// `--debuginfod` cannot be used here.
+    #[error("--debuginfod: {0}")]
+    Debuginfod(String),
     /// `--value` names a value the trace did not record.
     #[error(
         "the trace has no {value} values: it recorded {recorded}; pick one of those with --value"

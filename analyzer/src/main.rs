@@ -144,8 +144,13 @@ struct CommonArgs {
     #[arg(long, short = 'j', value_name = "N", default_value_t = 0)]
     jobs: usize,
     /// Never read local files: use only data embedded in the trace.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "debuginfod")]
     offline: bool,
+    /// Fetch the debug files of images whose DWARF is not here, by build id, from the
+    /// debuginfod servers in $DEBUGINFOD_URLS (through elfutils' debuginfod-find, which caches
+    /// them).
+    #[arg(long)]
+    debuginfod: bool,
 }
 
 #[derive(Args, Debug)]
@@ -310,6 +315,7 @@ fn options(common: &CommonArgs) -> AnalyzeOptions {
         symbols_dirs: common.symbols.clone(),
         jobs: common.jobs,
         offline: common.offline,
+        debuginfod: common.debuginfod,
         ..Default::default()
     }
 }

@@ -74,6 +74,10 @@ pub struct AnalyzeOptions {
     pub no_inline: bool,
     /// Never read a local file: use only what the trace embeds.
     pub offline: bool,
+    /// Fetch the debug files of images whose DWARF is not here from the
+    /// debuginfod servers in `$DEBUGINFOD_URLS` (through elfutils'
+    /// `debuginfod-find`, which caches them).
+    pub debuginfod: bool,
     /// Keep each thread's sample sequence (needed for speedscope output;
     /// memory grows with runs of distinct consecutive stacks).
     pub keep_sequences: bool,

@@ -142,6 +142,9 @@ pub(crate) fn open(
             return Err(AnalyzeError::SymbolsDir(dir.clone()));
         }
     }
+    if options.debuginfod {
+        crate::image::debuginfod_usable().map_err(AnalyzeError::Debuginfod)?;
+    }
     let error = |source| AnalyzeError::Trace {
         path: path.to_path_buf(),
         source,
@@ -217,6 +220,7 @@ pub(crate) fn prepare_keeping<D: AsRef<[u8]> + Sync>(
     let locate = LocateOptions {
         symbols_dirs: options.symbols_dirs.clone(),
         offline: options.offline,
+        debuginfod: options.debuginfod && !options.offline,
         debug_roots: Vec::new(),
     };
     let images: Vec<LoadedImage> = timeline

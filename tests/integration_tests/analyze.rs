@@ -18,6 +18,7 @@
 //! `clone`/`clone3`/`start_thread` for the others), or the unwinder stopped
 //! cleanly at a zero return address / frame pointer.
 
+mod debuginfod;
 mod dwz;
 mod go;
 mod mini_debug_info;

@@ -25,8 +25,62 @@ pub(crate) struct LocateOptions {
     pub symbols_dirs: Vec<PathBuf>,
     /// Never read local files.
     pub offline: bool,
+    /// Fetch missing debug files from debuginfod servers.
+    pub debuginfod: bool,
     /// Extra roots for the usual debug directories (tests); `/` always.
     pub debug_roots: Vec<PathBuf>,
+}
+
+/// What runs debuginfod requests: elfutils' client, which reads
+/// `$DEBUGINFOD_URLS`, fetches over HTTP(S) and caches what it fetched.
+const DEBUGINFOD_FIND: &str = "debuginfod-find";
+
+/// Whether `--debuginfod` can work here: servers named and the client
+/// installed; otherwise what to do.
+pub(crate) fn debuginfod_usable() -> Result<(), String> {
+    let urls = std::env::var("DEBUGINFOD_URLS").unwrap_or_default();
+    if urls.trim().is_empty() {
+        return Err(
+            "DEBUGINFOD_URLS names no server; set it to the servers to ask \
+             (for instance https://debuginfod.debian.net)"
+                .to_string(),
+        );
+    }
+    let runs = std::process::Command::new(DEBUGINFOD_FIND)
+        .arg("--help")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok();
+    if !runs {
+        return Err(format!(
+            "{DEBUGINFOD_FIND} is not installed (Debian and Ubuntu: apt-get install debuginfod; \
+             Fedora: dnf install elfutils-debuginfod-client)"
+        ));
+    }
+    Ok(())
+}
+
+/// The debug file of the image with build id `id` from the debuginfod
+/// servers (cached by the client), or why not.
+fn debuginfod_fetch(id: &BuildId) -> Result<PathBuf, String> {
+    let out = std::process::Command::new(DEBUGINFOD_FIND)
+        .arg("debuginfo")
+        .arg(id.to_hex())
+        .stdin(std::process::Stdio::null())
+        .output()
+        .map_err(|e| format!("running {DEBUGINFOD_FIND}: {e}"))?;
+    let said = |bytes: &[u8]| String::from_utf8_lossy(bytes).trim().to_string();
+    if !out.status.success() {
+        let why = said(&out.stderr);
+        let why = why.lines().last().unwrap_or("no reason given").to_string();
+        return Err(format!("not fetched from the debuginfod servers: {why}"));
+    }
+    let path = PathBuf::from(said(&out.stdout));
+    if path.as_os_str().is_empty() {
+        return Err(format!("{DEBUGINFOD_FIND} named no file"));
+    }
+    Ok(path)
 }
 
 fn candidates_in_dir(dir: &Path, key: &ImageKey) -> Vec<PathBuf> {
@@ -159,6 +213,34 @@ pub(crate) fn load_image(key: &ImageKey, blobs: &BlobStore, opts: &LocateOptions
                 if found.debug.is_none() && !main_has_dwarf {
                     look_for_debug_file(key, &mut found, opts);
                 }
+                let has_dwarf = |f: &Option<(PathBuf, ParsedFile)>| {
+                    f.as_ref().is_some_and(|(_, f)| f.data.has_dwarf())
+                };
+                // Only for images the samples reach, which are those with a
+                // frame table where the recorder wrote any.
+                let reached = |id: &BuildId| {
+                    blobs.table(id, FRAMES_TABLE).is_some() || !blobs.any_table(FRAMES_TABLE)
+                };
+                if opts.debuginfod && !has_dwarf(&found.main) && !has_dwarf(&found.debug) {
+                    if let Some(id) = key.build_id.as_ref().filter(|id| reached(id)) {
+                        match debuginfod_fetch(id) {
+                            Ok(path) => match read_candidate(&path, Some(id)) {
+                                Some(f) if f.data.has_dwarf() => {
+                                    // It replaces a debug file with
+                                    // symbols only.
+                                    found.debug = None;
+                                    found.offer(path, f, &key.build_id);
+                                }
+                                _ => notes.push(format!(
+                                    "debuginfod gave {}, which is not a debug file with DWARF \
+                                     and build id {id}",
+                                    path.display()
+                                )),
+                            },
+                            Err(e) => notes.push(e),
+                        }
+                    }
+                }
             }
         }
     }
@@ -243,6 +325,15 @@ pub(crate) fn load_image(key: &ImageKey, blobs: &BlobStore, opts: &LocateOptions
     if let (Some(id), Some(d)) = (&key.build_id, data.as_mut()) {
         if let Some(bytes) = blobs.table(id, FRAMES_TABLE) {
             match FrameTable::parse(&bytes) {
+                // Resolved from symbol tables alone (the recording machine
+                // had no DWARF for the image: no file, line or inline frame
+                // anywhere), while DWARF is here (a debug package installed
+                // here, --symbols, --debuginfod): the DWARF names them.
+                Ok(table) if d.has_dwarf() && !has_lines(&table) => notes.push(format!(
+                    "the trace's frame table was resolved without DWARF; this machine's DWARF \
+                     names the image's {} addresses instead",
+                    table.len()
+                )),
                 Ok(table) => {
                     if !d.has_dwarf() && !table.is_empty() {
                         notes.push(format!(
@@ -304,6 +395,14 @@ pub(crate) fn load_image(key: &ImageKey, blobs: &BlobStore, opts: &LocateOptions
         symbol_source,
         notes,
     }
+}
+
+/// Whether any entry of `table` has a file, a line or an inline frame.
+pub(super) fn has_lines(table: &FrameTable) -> bool {
+    table
+        .entries()
+        .iter()
+        .any(|(_, lines)| lines.len() > 1 || lines.iter().any(|l| l.file.is_some()))
 }
 
 /// The bytes of this process's vDSO, read through `/proc/self/mem`.

@@ -6,7 +6,7 @@ mod locate;
 mod parse;
 mod symbols;
 
-pub(crate) use locate::{load_image, own_vdso, LocateOptions};
+pub(crate) use locate::{debuginfod_usable, load_image, own_vdso, LocateOptions};
 pub(crate) use lrnprof_image::Symbol;
 pub(crate) use parse::parse_file;
 pub(crate) use symbols::Symbols;
@@ -265,12 +265,7 @@ impl ImageData {
     /// Whether file and line information and inline frames are known:
     /// DWARF, or a frame table that has some.
     pub fn has_debug_info(&self) -> bool {
-        self.has_dwarf()
-            || self.frames.as_ref().is_some_and(|t| {
-                t.entries()
-                    .iter()
-                    .any(|(_, lines)| lines.len() > 1 || lines.iter().any(|l| l.file.is_some()))
-            })
+        self.has_dwarf() || self.frames.as_deref().is_some_and(locate::has_lines)
     }
 
     /// AVMA minus SVMA for `mapping` (an image mapped at `mapping.start` from
