@@ -40,11 +40,15 @@ pub fn mini_debug_info_symbols(section: &[u8]) -> Vec<(Symbol, u64)> {
     if section.is_empty() {
         return Vec::new();
     }
-    let mut out = Bounded(Vec::new());
-    if lzma_rs::xz_decompress(&mut &section[..], &mut out).is_err() {
+    // The decoder is meant to fail cleanly on corrupt data; should it
+    // panic instead, the section is taken as corrupt all the same.
+    let decoded = std::panic::catch_unwind(|| {
+        let mut out = Bounded(Vec::new());
+        lzma_rs::xz_decompress(&mut &section[..], &mut out).map(|()| out.0)
+    });
+    let Ok(Ok(bytes)) = decoded else {
         return Vec::new();
-    }
-    let bytes = out.0;
+    };
     match object::File::parse(&bytes[..]) {
         Ok(inner) if inner.format() == object::BinaryFormat::Elf => {
             function_symbols(&inner).collect()
@@ -80,6 +84,23 @@ mod tests {
         let mut xz = Vec::new();
         lzma_rs::xz_compress(&mut &b"not an ELF file"[..], &mut xz).unwrap();
         assert!(mini_debug_info_symbols(&xz).is_empty());
+    }
+
+    /// Every single-byte corruption of a small stream gives no symbols
+    /// (and returns).
+    #[test]
+    fn corrupt_streams_give_no_symbols() {
+        let mut xz = Vec::new();
+        let data: Vec<u8> = (0..4096u32).map(|i| (i * 7 % 251) as u8).collect();
+        lzma_rs::xz_compress(&mut &data[..], &mut xz).unwrap();
+        for i in 0..xz.len() {
+            for flip in [0x01, 0x80, 0xff] {
+                let mut bad = xz.clone();
+                bad[i] ^= flip;
+                assert!(mini_debug_info_symbols(&bad).is_empty());
+            }
+            assert!(mini_debug_info_symbols(&xz[..i]).is_empty());
+        }
     }
 
     #[test]
