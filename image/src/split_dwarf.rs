@@ -142,7 +142,11 @@ impl SplitFile {
             let (data, range) = match c.format {
                 CompressionFormat::None => {
                     // `c.data` lies inside `bytes`.
-                    let start = c.data.as_ptr() as usize - bytes.as_ptr() as usize;
+                    let Some(start) =
+                        (c.data.as_ptr() as usize).checked_sub(bytes.as_ptr() as usize)
+                    else {
+                        continue;
+                    };
                     (bytes.clone(), start..start + c.data.len())
                 }
                 _ if c.uncompressed_size > MAX_DWARF_BYTES => continue,

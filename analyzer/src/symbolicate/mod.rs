@@ -99,7 +99,7 @@ impl DwarfSections {
         })
     }
 
-    /// The bytes of section `name` (empty if there is none).
+    /// A reader of section `name` of `sections` (empty if it is not there).
     fn reader(
         sections: &[(&'static str, SectionBytes)],
         name: &str,

@@ -77,9 +77,9 @@ pub struct FrameTableBuilt {
     /// looked for first: their addresses are named without inline frames.
     pub split_dwarf_missing: Option<(usize, Option<PathBuf>)>,
     /// The supplementary debug file (`dwz -m`) the DWARF refers to, as its
-    /// `.gnu_debugaltlink` names it, when it was not found (with the
-    /// build id the link gives): the names and inline functions it holds
-    /// are missing.
+    /// `.gnu_debugaltlink` names it, when no file with the build id the
+    /// link gives was found (or it was larger than [`MAX_DWARF_BYTES`]):
+    /// the names and inline functions it holds are missing.
     pub alt_file_missing: Option<PathBuf>,
 }
 
@@ -277,14 +277,14 @@ fn build_table(
         Some(c) => object::File::parse(c).ok(),
         None => None,
     };
-    let alt_missing = match (&alt_link, &alt_file) {
-        (Some((name, _)), None) => Some(PathBuf::from(name)),
-        _ => None,
-    };
     let alt_sections = alt_file
         .as_ref()
         .filter(|f| dwarf_size(f) <= MAX_DWARF_BYTES)
         .map(|f| dwarf_sections(f, &names));
+    let alt_missing = match (&alt_link, &alt_sections) {
+        (Some((name, _)), None) => Some(PathBuf::from(name)),
+        _ => None,
+    };
     let mut sections: HashMap<String, Cow<'_, [u8]>> = match &kept_sections {
         Some(kept) => kept
             .iter()
