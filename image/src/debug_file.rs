@@ -22,16 +22,7 @@ pub fn debug_file_candidates(
     all_roots.extend(roots.iter().cloned());
     let mut candidates = Vec::new();
     if let Some(id) = build_id {
-        let hex = id.to_hex();
-        if hex.len() > 2 {
-            for root in &all_roots {
-                candidates.push(
-                    root.join("usr/lib/debug/.build-id")
-                        .join(&hex[..2])
-                        .join(format!("{}.debug", &hex[2..])),
-                );
-            }
-        }
+        candidates.extend(in_build_id_trees(&all_roots, id));
     }
     let dir = Path::new(path).parent().map(Path::to_path_buf);
     if let (Some(link), Some(dir)) = (debuglink, dir) {
@@ -62,17 +53,7 @@ pub fn alt_file_candidates(
 ) -> Vec<PathBuf> {
     let mut all_roots = vec![PathBuf::from("/")];
     all_roots.extend(roots.iter().cloned());
-    let mut candidates = Vec::new();
-    let hex = lrnprof_format::BuildId(build_id.to_vec()).to_hex();
-    if hex.len() > 2 {
-        for root in &all_roots {
-            candidates.push(
-                root.join("usr/lib/debug/.build-id")
-                    .join(&hex[..2])
-                    .join(format!("{}.debug", &hex[2..])),
-            );
-        }
-    }
+    let mut candidates = in_build_id_trees(&all_roots, &lrnprof_format::BuildId(build_id.to_vec()));
     let Ok(name) = std::str::from_utf8(name) else {
         return candidates;
     };
@@ -84,6 +65,23 @@ pub fn alt_file_candidates(
         candidates.push(dir.join(name));
     }
     candidates
+}
+
+/// `usr/lib/debug/.build-id/xx/rest.debug` for build id `id` under each
+/// of `roots`; none for an id too short to split.
+fn in_build_id_trees(roots: &[PathBuf], id: &lrnprof_format::BuildId) -> Vec<PathBuf> {
+    let hex = id.to_hex();
+    if hex.len() <= 2 {
+        return Vec::new();
+    }
+    roots
+        .iter()
+        .map(|root| {
+            root.join("usr/lib/debug/.build-id")
+                .join(&hex[..2])
+                .join(format!("{}.debug", &hex[2..]))
+        })
+        .collect()
 }
 
 #[cfg(test)]

@@ -151,6 +151,14 @@ fn calls(f: &BTreeMap<Vec<String>, u64>, thread_prefix: &str, a: &str, b: &str) 
         .sum()
 }
 
+/// Samples of `f` whose stack ends with the frames `tail`.
+fn ending_with(f: &BTreeMap<Vec<String>, u64>, tail: &[&str]) -> u64 {
+    f.iter()
+        .filter(|(s, _)| s.len() >= tail.len() && s[s.len() - tail.len()..] == *tail)
+        .map(|(_, c)| c)
+        .sum()
+}
+
 fn total(f: &BTreeMap<Vec<String>, u64>) -> u64 {
     f.values().sum()
 }

@@ -492,16 +492,8 @@ fn find_debug_file<'data, R: ReadRef<'data>>(
     debug_file_candidates(path, Some(build_id), debuglink.as_deref(), roots)
         .into_iter()
         .find_map(|c| {
-            let file = File::open(&c).ok()?;
-            if !file.metadata().ok()?.is_file() {
-                return None;
-            }
-            let usable = {
-                let cache = ReadCache::new(&file);
-                let obj = object::File::parse(&cache).ok()?;
-                obj.build_id().ok().flatten() == Some(&build_id.0[..]) && has_dwarf(&obj)
-            };
-            usable.then_some((c, file))
+            let file = file_with_build_id(&c, &build_id.0, true)?;
+            Some((c, file))
         })
 }
 
@@ -511,18 +503,23 @@ fn find_debug_file<'data, R: ReadRef<'data>>(
 fn find_alt_file(file: &std::path::Path, name: &str, id: &[u8], roots: &[PathBuf]) -> Option<File> {
     alt_file_candidates(file, name.as_bytes(), id, roots)
         .into_iter()
-        .find_map(|c| {
-            let file = File::open(&c).ok()?;
-            if !file.metadata().ok()?.is_file() {
-                return None;
-            }
-            let usable = {
-                let cache = ReadCache::new(&file);
-                let obj = object::File::parse(&cache).ok()?;
-                obj.build_id().ok().flatten() == Some(id)
-            };
-            usable.then_some(file)
-        })
+        .find_map(|c| file_with_build_id(&c, id, false))
+}
+
+/// The regular file at `path`, if it is an object file with build id `id`
+/// and, with `need_dwarf`, DWARF (read through the cache: only its
+/// headers).
+fn file_with_build_id(path: &std::path::Path, id: &[u8], need_dwarf: bool) -> Option<File> {
+    let file = File::open(path).ok()?;
+    if !file.metadata().ok()?.is_file() {
+        return None;
+    }
+    let ok = {
+        let cache = ReadCache::new(&file);
+        let obj = object::File::parse(&cache).ok()?;
+        obj.build_id().ok().flatten() == Some(id) && (!need_dwarf || has_dwarf(&obj))
+    };
+    ok.then_some(file)
 }
 
 /// The offsets of `offsets` as SVMAs of `layout`, each once, in order.

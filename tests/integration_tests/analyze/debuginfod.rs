@@ -59,11 +59,7 @@ fn serve(id: String, file: PathBuf) -> (String, Arc<AtomicUsize>) {
 
 /// Samples whose stack ends `main`, `dwz_outer`, `dwz_inner` (inlined).
 fn named(f: &BTreeMap<Vec<String>, u64>) -> u64 {
-    let tail = ["main", "dwz_outer", "dwz_inner"].map(String::from);
-    f.iter()
-        .filter(|(s, _)| s.ends_with(&tail))
-        .map(|(_, c)| c)
-        .sum()
+    ending_with(f, &["main", "dwz_outer", "dwz_inner"])
 }
 
 /// Folded output of `trace` with `args` into `output` (`-`: stdout),

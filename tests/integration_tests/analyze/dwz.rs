@@ -9,16 +9,9 @@ use object::Object;
 /// inlined frame, whose abstract instance `dwz` moved to the supplementary
 /// file), and those that end in `dwz_outer` without it.
 fn inlined_and_not(f: &BTreeMap<Vec<String>, u64>) -> (u64, u64) {
-    let count = |tail: &[&str]| -> u64 {
-        let tail: Vec<String> = tail.iter().map(|s| s.to_string()).collect();
-        f.iter()
-            .filter(|(s, _)| s.ends_with(&tail))
-            .map(|(_, c)| c)
-            .sum()
-    };
     (
-        count(&["main", "dwz_outer", "dwz_inner"]),
-        count(&["main", "dwz_outer"]),
+        ending_with(f, &["main", "dwz_outer", "dwz_inner"]),
+        ending_with(f, &["main", "dwz_outer"]),
     )
 }
 

@@ -8,16 +8,9 @@ use super::*;
 /// Samples whose stack ends `main`, `split_outer`, `split_inner` (the
 /// inlined frame), and those that end in `split_outer` without it.
 fn inlined_and_not(f: &BTreeMap<Vec<String>, u64>) -> (u64, u64) {
-    let count = |tail: &[&str]| -> u64 {
-        let tail: Vec<String> = tail.iter().map(|s| s.to_string()).collect();
-        f.iter()
-            .filter(|(s, _)| s.ends_with(&tail))
-            .map(|(_, c)| c)
-            .sum()
-    };
     (
-        count(&["main", "split_outer", "split_inner"]),
-        count(&["main", "split_outer"]),
+        ending_with(f, &["main", "split_outer", "split_inner"]),
+        ending_with(f, &["main", "split_outer"]),
     )
 }
 
