@@ -40,7 +40,8 @@ pub fn debug_file_candidates(
 /// may be, in the order to try: the build-id tree (`usr/lib/debug/.build-id/
 /// xx/rest.debug`, by the supplementary file's own build id), then the
 /// name as the section has it, absolute (also under each of `roots`) or
-/// relative to the directory of `file`, the file holding the section.
+/// relative to the directory of `file`, the file holding the section (and
+/// of the file a symbolic link `file` leads to).
 /// `dwz -m` makes such a file of the DWARF that several debug files share
 /// (Debian's `-dbgsym` and Fedora's `debuginfo` packages), and rewrites
 /// theirs to refer to it. A candidate is only a place: its build id must
@@ -61,8 +62,19 @@ pub fn alt_file_candidates(
     if name.is_absolute() {
         let rel = name.strip_prefix("/").unwrap_or(name);
         candidates.extend(all_roots.iter().map(|r| r.join(rel)));
-    } else if let Some(dir) = file.parent() {
-        candidates.push(dir.join(name));
+    } else {
+        // Relative to the file as found, and to where it really is (a
+        // build-id link points into the tree of debug files, whose depth
+        // the name was written for).
+        let real = std::fs::canonicalize(file).ok();
+        for f in std::iter::once(file).chain(real.as_deref()) {
+            if let Some(dir) = f.parent() {
+                let c = dir.join(name);
+                if !candidates.contains(&c) {
+                    candidates.push(c);
+                }
+            }
+        }
     }
     candidates
 }
@@ -88,6 +100,31 @@ fn in_build_id_trees(roots: &[PathBuf], id: &lrnprof_format::BuildId) -> Vec<Pat
 mod tests {
     use super::*;
     use lrnprof_format::BuildId;
+
+    /// A relative name is tried from the link's directory and from the
+    /// directory of the file it leads to.
+    #[cfg(unix)]
+    #[test]
+    fn relative_alt_names_from_a_build_id_link_and_its_target() {
+        let root = std::env::temp_dir().join(format!("lrnprof-alt-{}", std::process::id()));
+        let real_dir = root.join("debug/usr/lib64");
+        let link_dir = root.join("debug/.build-id/ab");
+        std::fs::create_dir_all(&real_dir).unwrap();
+        std::fs::create_dir_all(&link_dir).unwrap();
+        std::fs::write(real_dir.join("libfoo.so.debug"), b"").unwrap();
+        let link = link_dir.join("cdef.debug");
+        std::os::unix::fs::symlink("../../usr/lib64/libfoo.so.debug", &link).unwrap();
+        let c = alt_file_candidates(&link, b"../../../.dwz/foo", &[], &[]);
+        let real = std::fs::canonicalize(&real_dir).unwrap();
+        let _ = std::fs::remove_dir_all(&root);
+        assert_eq!(
+            c,
+            [
+                link_dir.join("../../../.dwz/foo"),
+                real.join("../../../.dwz/foo")
+            ]
+        );
+    }
 
     #[test]
     fn alt_files_by_build_id_then_by_name() {
