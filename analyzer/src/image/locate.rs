@@ -61,11 +61,23 @@ pub(crate) fn debuginfod_usable() -> Result<(), String> {
     Ok(())
 }
 
-/// The debug file of the image with build id `id` from the debuginfod
+/// What to ask debuginfod servers for: `debuginfo` (a debug file) or
+/// `executable` (the image itself).
+#[derive(Clone, Copy)]
+enum Wanted {
+    Debuginfo,
+    Executable,
+}
+
+/// The file `what` of the image with build id `id` from the debuginfod
 /// servers (cached by the client), or why not.
-fn debuginfod_fetch(id: &BuildId) -> Result<PathBuf, String> {
+fn debuginfod_fetch(what: Wanted, id: &BuildId) -> Result<PathBuf, String> {
+    let what = match what {
+        Wanted::Debuginfo => "debuginfo",
+        Wanted::Executable => "executable",
+    };
     let out = std::process::Command::new(DEBUGINFOD_FIND)
-        .arg("debuginfo")
+        .arg(what)
         .arg(id.to_hex())
         .stdin(std::process::Stdio::null())
         .output()
@@ -74,7 +86,9 @@ fn debuginfod_fetch(id: &BuildId) -> Result<PathBuf, String> {
     if !out.status.success() {
         let why = said(&out.stderr);
         let why = why.lines().last().unwrap_or("no reason given").to_string();
-        return Err(format!("not fetched from the debuginfod servers: {why}"));
+        return Err(format!(
+            "{what} not fetched from the debuginfod servers: {why}"
+        ));
     }
     let path = PathBuf::from(said(&out.stdout));
     if path.as_os_str().is_empty() {
@@ -209,6 +223,33 @@ pub(crate) fn load_image(key: &ImageKey, blobs: &BlobStore, opts: &LocateOptions
                         found.offer(recorded, f, &key.build_id);
                     }
                 }
+                // Only images the samples reach are asked for: those with a
+                // frame table where the recorder wrote any.
+                let reached = |id: &BuildId| {
+                    blobs.table(id, FRAMES_TABLE).is_some() || !blobs.any_table(FRAMES_TABLE)
+                };
+                let asked = key
+                    .build_id
+                    .as_ref()
+                    .filter(|id| opts.debuginfod && reached(id));
+                // The image itself, where neither a file here nor the trace
+                // has its unwind tables (a trace recorded with --embed none).
+                if let Some(id) =
+                    asked.filter(|id| found.main.is_none() && !blobs.has_image_data(id))
+                {
+                    match debuginfod_fetch(Wanted::Executable, id) {
+                        Ok(path) => match read_candidate(&path, Some(id)) {
+                            Some(f) if f.data.has_unwind_data() => {
+                                found.offer(path, f, &key.build_id)
+                            }
+                            _ => notes.push(format!(
+                                "debuginfod gave {}, which is not the image with build id {id}",
+                                path.display()
+                            )),
+                        },
+                        Err(e) => notes.push(e),
+                    }
+                }
                 let main_has_dwarf = found.main.as_ref().is_some_and(|(_, f)| f.data.has_dwarf());
                 if found.debug.is_none() && !main_has_dwarf {
                     look_for_debug_file(key, &mut found, opts);
@@ -216,14 +257,9 @@ pub(crate) fn load_image(key: &ImageKey, blobs: &BlobStore, opts: &LocateOptions
                 let has_dwarf = |f: &Option<(PathBuf, ParsedFile)>| {
                     f.as_ref().is_some_and(|(_, f)| f.data.has_dwarf())
                 };
-                // Only for images the samples reach, which are those with a
-                // frame table where the recorder wrote any.
-                let reached = |id: &BuildId| {
-                    blobs.table(id, FRAMES_TABLE).is_some() || !blobs.any_table(FRAMES_TABLE)
-                };
-                if opts.debuginfod && !has_dwarf(&found.main) && !has_dwarf(&found.debug) {
-                    if let Some(id) = key.build_id.as_ref().filter(|id| reached(id)) {
-                        match debuginfod_fetch(id) {
+                if !has_dwarf(&found.main) && !has_dwarf(&found.debug) {
+                    if let Some(id) = asked {
+                        match debuginfod_fetch(Wanted::Debuginfo, id) {
                             Ok(path) => match read_candidate(&path, Some(id)) {
                                 Some(f) if f.data.has_dwarf() => {
                                     // It replaces a debug file with

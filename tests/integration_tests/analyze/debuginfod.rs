@@ -11,10 +11,11 @@ use std::net::TcpListener;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-/// A debuginfod server for this test on a port of its own: `GET
-/// /buildid/ID/debuginfo` gets `file` for `id`, anything else 404. Returns
-/// its URL and how many requests it answered.
-fn serve(id: String, file: PathBuf) -> (String, Arc<AtomicUsize>) {
+/// A debuginfod server for this test on a port of its own: `GET PATH`
+/// gets the file `files` gives for `PATH` (`/buildid/ID/debuginfo`,
+/// `/buildid/ID/executable`), anything else 404. Returns its URL and how
+/// many requests it answered.
+fn serve(files: Vec<(String, PathBuf)>) -> (String, Arc<AtomicUsize>) {
     let listener = TcpListener::bind("127.0.0.1:0").expect("a local port");
     let url = format!("http://{}", listener.local_addr().unwrap());
     let answered = Arc::new(AtomicUsize::new(0));
@@ -38,8 +39,11 @@ fn serve(id: String, file: PathBuf) -> (String, Arc<AtomicUsize>) {
                     _ => break,
                 }
             }
-            let response = if request.starts_with(&format!("GET /buildid/{id}/debuginfo ")) {
-                let body = std::fs::read(&file).unwrap();
+            let file = files
+                .iter()
+                .find(|(path, _)| request.starts_with(&format!("GET {path} ")));
+            let response = if let Some((_, file)) = file {
+                let body = std::fs::read(file).unwrap();
                 let mut r = format!(
                     "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
                     body.len()
@@ -145,7 +149,7 @@ fn a_trace_recorded_without_debug_info_is_named_by_debug_files_found_later() {
     else {
         skip!("debuginfod-find is not installed (Debian: apt-get install debuginfod)");
     };
-    let (url, answered) = serve(id, debug.clone());
+    let (url, answered) = serve(vec![(format!("/buildid/{id}/debuginfo"), debug.clone())]);
     let f = parse_folded(&folded_with(
         &dir,
         Some(&url),
@@ -156,7 +160,7 @@ fn a_trace_recorded_without_debug_info_is_named_by_debug_files_found_later() {
     assert!(named(&f) >= 100, "--debuginfod: {f:?}");
     assert!(answered.load(Ordering::SeqCst) >= 1);
     // A server that has nothing: named as recorded, with the reason noted.
-    let (empty, _) = serve("0".repeat(40), debug);
+    let (empty, _) = serve(Vec::new());
     let out = Command::new(lrnprof_analyze())
         .args(["info", "--debuginfod"])
         .arg(&trace)
@@ -193,5 +197,35 @@ fn a_trace_recorded_without_debug_info_is_named_by_debug_files_found_later() {
         &["--debuginfod", "--offline"],
     );
     assert!(!out.status.success());
+
+    // A trace recorded with --embed none, analyzed where the program is
+    // not: its unwind tables come from the servers too (the executable),
+    // and its names from the debug file.
+    let bare = record(&dir, "bare", &["--embed", "none"], &exe, &["400"]);
+    let served = dir.join("served");
+    std::fs::rename(&exe, &served).unwrap();
+    let (url, _) = serve(vec![
+        (format!("/buildid/{id}/executable"), served),
+        (
+            format!("/buildid/{id}/debuginfo"),
+            dir.join("syms/stripped.debug"),
+        ),
+    ]);
+    let f = parse_folded(&folded_with(
+        &dir,
+        Some(&url),
+        &bare,
+        "-",
+        &["--debuginfod"],
+    ));
+    let rooted: u64 = f
+        .iter()
+        .filter(|(s, _)| s.get(1).is_some_and(|f| f == "_start"))
+        .map(|(_, c)| c)
+        .sum();
+    assert!(
+        named(&f) >= 100 && rooted as f64 >= 0.9 * total(&f) as f64,
+        "--embed none, --debuginfod: {f:?}"
+    );
     remove_scratch_dir(&dir);
 }
