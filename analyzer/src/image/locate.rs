@@ -388,8 +388,22 @@ pub(crate) fn load_image(key: &ImageKey, blobs: &BlobStore, opts: &LocateOptions
     }
     if let (Some(d), Some((file, (name, id)))) = (data.as_mut(), altlink) {
         let want = BuildId(id);
+        // Also in each --symbols directory: by build id, and by name.
+        let hex = want.to_hex();
+        let base = Path::new(std::str::from_utf8(&name).unwrap_or_default())
+            .file_name()
+            .map(|b| b.to_os_string());
+        let in_dirs = opts.symbols_dirs.iter().flat_map(|dir| {
+            let by_id = (hex.len() > 2).then(|| {
+                dir.join(".build-id")
+                    .join(&hex[..2])
+                    .join(format!("{}.debug", &hex[2..]))
+            });
+            by_id.into_iter().chain(base.as_ref().map(|b| dir.join(b)))
+        });
         let alt = alt_file_candidates(&file, &name, &want.0, &opts.debug_roots)
             .into_iter()
+            .chain(in_dirs)
             .find_map(|c| {
                 read_candidate(&c, Some(&want)).filter(|f| f.build_id == Some(want.0.clone()))
             });

@@ -70,7 +70,9 @@ fn dwarf_in_a_dwz_supplementary_file_names_inline_frames() {
     assert!(inlined >= 100 && outer == 0, "--embed unwind: {f:?}");
 
     // Without the file: named without the inline frame, and said.
-    std::fs::rename(&common, dir.join("elsewhere.debug")).unwrap();
+    let syms = dir.join("syms");
+    std::fs::create_dir_all(&syms).unwrap();
+    std::fs::rename(&common, syms.join("common.debug")).unwrap();
     let f = folded(&bare, &[]);
     let (inlined, outer) = inlined_and_not(&f);
     assert!(inlined == 0 && outer >= 100, "without the file: {f:?}");
@@ -79,6 +81,10 @@ fn dwarf_in_a_dwz_supplementary_file_names_inline_frames() {
         notes.contains("supplementary debug file (dwz) that was not found"),
         "{notes}"
     );
+    // A --symbols directory that holds it.
+    let f = folded(&bare, &["--symbols", syms.to_str().unwrap()]);
+    let (inlined, outer) = inlined_and_not(&f);
+    assert!(inlined >= 100 && outer == 0, "--symbols: {f:?}");
     let out = lrnprof_rec_command()
         .env("LRNPROF_CACHE_DIR", dir.join("cache-missing"))
         .arg("--out")
