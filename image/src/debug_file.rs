@@ -79,6 +79,85 @@ pub fn alt_file_candidates(
     candidates
 }
 
+/// The supplementary file the DWARF of `obj` refers to, as (name, id):
+/// from `.gnu_debugaltlink` (the id is the file's build id), else from
+/// DWARF 5's `.debug_sup` of a file that is not itself supplementary (the
+/// id is the checksum both files' `.debug_sup` carry). `None` if neither
+/// names one.
+pub fn supplementary_link<'data, R: object::ReadRef<'data>>(
+    obj: &object::File<'data, R>,
+) -> Option<(Vec<u8>, Vec<u8>)> {
+    use object::Object;
+    if let Ok(Some((name, id))) = obj.gnu_debugaltlink() {
+        return Some((name.to_vec(), id.to_vec()));
+    }
+    match debug_sup(obj)? {
+        (false, name, id) if !name.is_empty() && !id.is_empty() => Some((name, id)),
+        _ => None,
+    }
+}
+
+/// The id a supplementary file answers to: its build id, else the
+/// checksum of its own `.debug_sup` (`dwz --dwarf-5` writes no build id).
+pub fn supplementary_id<'data, R: object::ReadRef<'data>>(
+    obj: &object::File<'data, R>,
+) -> Option<Vec<u8>> {
+    use object::Object;
+    if let Ok(Some(id)) = obj.build_id() {
+        return Some(id.to_vec());
+    }
+    match debug_sup(obj)? {
+        (true, _, id) if !id.is_empty() => Some(id),
+        _ => None,
+    }
+}
+
+/// `.debug_sup` of `obj`: whether the file is the supplementary one, the
+/// file name and the checksum (DWARF 5, section 7.3.6).
+fn debug_sup<'data, R: object::ReadRef<'data>>(
+    obj: &object::File<'data, R>,
+) -> Option<(bool, Vec<u8>, Vec<u8>)> {
+    use object::{Object, ObjectSection};
+    let data = obj.section_by_name(".debug_sup")?.data().ok()?;
+    parse_debug_sup(data, obj.is_little_endian())
+}
+
+/// See [`debug_sup`]; `None` if malformed or not version 5.
+fn parse_debug_sup(data: &[u8], little_endian: bool) -> Option<(bool, Vec<u8>, Vec<u8>)> {
+    let bytes = [*data.first()?, *data.get(1)?];
+    let version = if little_endian {
+        u16::from_le_bytes(bytes)
+    } else {
+        u16::from_be_bytes(bytes)
+    };
+    if version != 5 {
+        return None;
+    }
+    let is_supplementary = *data.get(2)? != 0;
+    let rest = data.get(3..)?;
+    let nul = rest.iter().position(|&b| b == 0)?;
+    let name = rest[..nul].to_vec();
+    let mut rest = &rest[nul + 1..];
+    // The checksum's length, ULEB128.
+    let mut len: u64 = 0;
+    let mut shift = 0;
+    loop {
+        let (&b, tail) = rest.split_first()?;
+        rest = tail;
+        if shift >= 64 {
+            return None;
+        }
+        len |= u64::from(b & 0x7f) << shift;
+        shift += 7;
+        if b & 0x80 == 0 {
+            break;
+        }
+    }
+    let len = usize::try_from(len).ok()?;
+    let checksum = rest.get(..len)?.to_vec();
+    Some((is_supplementary, name, checksum))
+}
+
 /// `usr/lib/debug/.build-id/xx/rest.debug` for build id `id` under each
 /// of `roots`; none for an id too short to split.
 fn in_build_id_trees(roots: &[PathBuf], id: &lrnprof_format::BuildId) -> Vec<PathBuf> {
@@ -124,6 +203,41 @@ mod tests {
                 real.join("../../../.dwz/foo")
             ]
         );
+    }
+
+    #[test]
+    fn debug_sup_sections_are_read() {
+        // As `dwz --dwarf-5` writes them: the referring file's, then the
+        // supplementary file's own.
+        let mut referring = vec![5, 0, 0];
+        referring.extend(b"/usr/lib/debug/.dwz/x.debug\0");
+        referring.push(3);
+        referring.extend([0xaa, 0xbb, 0xcc]);
+        assert_eq!(
+            parse_debug_sup(&referring, true),
+            Some((
+                false,
+                b"/usr/lib/debug/.dwz/x.debug".to_vec(),
+                vec![0xaa, 0xbb, 0xcc]
+            ))
+        );
+        assert_eq!(
+            parse_debug_sup(&[5, 0, 1, 0, 2, 1, 2], true),
+            Some((true, Vec::new(), vec![1, 2]))
+        );
+        assert_eq!(
+            parse_debug_sup(&[0, 5, 1, 0, 1, 9], false),
+            Some((true, Vec::new(), vec![9]))
+        );
+        // Truncated, another version, a length past the end.
+        for bad in [
+            &[5u8][..],
+            &[4, 0, 0, 0, 0],
+            &[5, 0, 0, b'a'],
+            &[5, 0, 0, 0, 9, 1],
+        ] {
+            assert_eq!(parse_debug_sup(bad, true), None, "{bad:?}");
+        }
     }
 
     #[test]

@@ -78,7 +78,9 @@ mod units;
 mod universal;
 
 pub use build_id::{build_id_of_bytes, build_id_of_file};
-pub use debug_file::{alt_file_candidates, debug_file_candidates};
+pub use debug_file::{
+    alt_file_candidates, debug_file_candidates, supplementary_id, supplementary_link,
+};
 pub use demangle::demangle;
 pub use eh_frame::{cut_eh_frame, CutEhFrame};
 pub use embed::{

@@ -405,7 +405,8 @@ pub(crate) fn load_image(key: &ImageKey, blobs: &BlobStore, opts: &LocateOptions
             .into_iter()
             .chain(in_dirs)
             .find_map(|c| {
-                read_candidate(&c, Some(&want)).filter(|f| f.build_id == Some(want.0.clone()))
+                read_candidate(&c, Some(&want))
+                    .filter(|f| f.supplementary_id.as_ref() == Some(&want.0))
             });
         match alt {
             Some(alt) => d.sup = Some(Box::new(alt.data)),

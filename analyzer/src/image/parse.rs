@@ -12,8 +12,11 @@ pub(crate) struct ParsedFile {
     pub build_id: Option<Vec<u8>>,
     pub debuglink: Option<String>,
     /// The supplementary debug file (`dwz -m`) its `.gnu_debugaltlink`
-    /// names, with that file's build id.
+    /// or `.debug_sup` names, with the id that file answers to.
     pub altlink: Option<(Vec<u8>, Vec<u8>)>,
+    /// As a supplementary file, the id it answers to (its build id, or
+    /// its own `.debug_sup` checksum).
+    pub supplementary_id: Option<Vec<u8>>,
 }
 
 /// The ELF-style name the analyzer uses for a section of a file, or `None`
@@ -166,16 +169,14 @@ pub(crate) fn parse_bytes(bytes: Arc<FileBytes>) -> Result<ParsedFile, String> {
         .ok()
         .flatten()
         .map(|(name, _crc)| String::from_utf8_lossy(name).into_owned());
-    let altlink = obj
-        .gnu_debugaltlink()
-        .ok()
-        .flatten()
-        .map(|(name, id)| (name.to_vec(), id.to_vec()));
+    let altlink = lrnprof_image::supplementary_link(&obj);
+    let supplementary_id = lrnprof_image::supplementary_id(&obj);
     Ok(ParsedFile {
         data,
         build_id,
         debuglink,
         altlink,
+        supplementary_id,
     })
 }
 

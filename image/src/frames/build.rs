@@ -5,7 +5,9 @@
 
 use super::cache::{FrameCache, NameSource};
 use super::FrameTable;
-use crate::debug_file::{alt_file_candidates, debug_file_candidates};
+use crate::debug_file::{
+    alt_file_candidates, debug_file_candidates, supplementary_id, supplementary_link,
+};
 use crate::layout::Layout;
 use crate::resolve::{load_dwarf, FrameLine, Resolver};
 use crate::sections::{canonical_section_name, DEBUG_SECTION_PREFIX};
@@ -264,11 +266,8 @@ fn build_table(
     // functions the debug files of a package share are there.
     let dwarf_file = debug.as_ref().unwrap_or(&image);
     let dwarf_path = debug_file.as_deref().unwrap_or(std::path::Path::new(path));
-    let alt_link = dwarf_file
-        .gnu_debugaltlink()
-        .ok()
-        .flatten()
-        .map(|(name, id)| (String::from_utf8_lossy(name).into_owned(), id.to_vec()));
+    let alt_link = supplementary_link(dwarf_file)
+        .map(|(name, id)| (String::from_utf8_lossy(&name).into_owned(), id));
     let alt = alt_link
         .as_ref()
         .and_then(|(name, id)| find_alt_file(dwarf_path, name, id, debug_roots));
@@ -492,7 +491,7 @@ fn find_debug_file<'data, R: ReadRef<'data>>(
     debug_file_candidates(path, Some(build_id), debuglink.as_deref(), roots)
         .into_iter()
         .find_map(|c| {
-            let file = file_with_build_id(&c, &build_id.0, true)?;
+            let file = file_matching(&c, &build_id.0, Wanted::DebugFile)?;
             Some((c, file))
         })
 }
@@ -503,13 +502,22 @@ fn find_debug_file<'data, R: ReadRef<'data>>(
 fn find_alt_file(file: &std::path::Path, name: &str, id: &[u8], roots: &[PathBuf]) -> Option<File> {
     alt_file_candidates(file, name.as_bytes(), id, roots)
         .into_iter()
-        .find_map(|c| file_with_build_id(&c, id, false))
+        .find_map(|c| file_matching(&c, id, Wanted::Supplementary))
 }
 
-/// The regular file at `path`, if it is an object file with build id `id`
-/// and, with `need_dwarf`, DWARF (read through the cache: only its
-/// headers).
-fn file_with_build_id(path: &std::path::Path, id: &[u8], need_dwarf: bool) -> Option<File> {
+/// Which file [`file_matching`] looks for.
+#[derive(Clone, Copy)]
+enum Wanted {
+    /// A debug file: the build id, and DWARF.
+    DebugFile,
+    /// A supplementary debug file: the build id, or the checksum of its
+    /// `.debug_sup`.
+    Supplementary,
+}
+
+/// The regular file at `path`, if it is the `wanted` object file with id
+/// `id` (read through the cache: only its headers).
+fn file_matching(path: &std::path::Path, id: &[u8], wanted: Wanted) -> Option<File> {
     let file = File::open(path).ok()?;
     if !file.metadata().ok()?.is_file() {
         return None;
@@ -517,7 +525,10 @@ fn file_with_build_id(path: &std::path::Path, id: &[u8], need_dwarf: bool) -> Op
     let ok = {
         let cache = ReadCache::new(&file);
         let obj = object::File::parse(&cache).ok()?;
-        obj.build_id().ok().flatten() == Some(id) && (!need_dwarf || has_dwarf(&obj))
+        match wanted {
+            Wanted::DebugFile => obj.build_id().ok().flatten() == Some(id) && has_dwarf(&obj),
+            Wanted::Supplementary => supplementary_id(&obj).as_deref() == Some(id),
+        }
     };
     ok.then_some(file)
 }

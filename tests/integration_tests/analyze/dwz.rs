@@ -1,6 +1,6 @@
 //! DWARF that `dwz -m` rewrote to refer to a supplementary file
-//! (`.gnu_debugaltlink`), as Debian's `-dbgsym` and Fedora's `debuginfo`
-//! packages ship it (`tests/fixtures/an_dwz.c`).
+//! (`.gnu_debugaltlink`, or DWARF 5's `.debug_sup`), as Debian's `-dbgsym`
+//! and Fedora's `debuginfo` packages ship it (`tests/fixtures/an_dwz.c`).
 
 use super::*;
 use object::Object;
@@ -100,6 +100,63 @@ fn dwarf_in_a_dwz_supplementary_file_names_inline_frames() {
             && stderr.contains("supplementary debug file (dwz) that was not found")
             && stderr.contains(common.to_str().unwrap()),
         "{stderr}"
+    );
+
+    // DWARF 5's own form (`dwz --dwarf-5`): `.debug_sup` in both files,
+    // the supplementary one without a build id.
+    let sub = dir.join("dwarf5");
+    std::fs::create_dir_all(&sub).unwrap();
+    let builds: Vec<PathBuf> = [1, 2]
+        .iter()
+        .map(|v| {
+            let define = format!("-DVARIANT={v}");
+            build_c(
+                &["an_dwz.c"],
+                &["-O2", "-g", &define],
+                &sub,
+                &format!("an_dwz{v}"),
+            )
+        })
+        .collect();
+    let common = sub.join("common.debug");
+    let out = Command::new("dwz")
+        .arg("--dwarf-5")
+        .arg("-m")
+        .arg(&common)
+        .arg("-M")
+        .arg(&common)
+        .args(&builds)
+        .output()
+        .expect("running dwz");
+    assert!(
+        out.status.success(),
+        "dwz --dwarf-5: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    {
+        let bytes = std::fs::read(&builds[0]).unwrap();
+        let file = object::File::parse(&*bytes).unwrap();
+        assert!(
+            file.section_by_name(".debug_sup").is_some(),
+            "dwz wrote no .debug_sup"
+        );
+    }
+    let trace = record(&sub, "dwz5", &[], &builds[0], &["400"]);
+    let f = folded(&trace, &[]);
+    let (inlined, outer) = inlined_and_not(&f);
+    assert!(inlined >= 100 && outer == 0, ".debug_sup: {f:?}");
+    let bare = record(
+        &sub,
+        "unwind5",
+        &["--embed", "unwind"],
+        &builds[0],
+        &["400"],
+    );
+    let f = folded(&bare, &[]);
+    let (inlined, outer) = inlined_and_not(&f);
+    assert!(
+        inlined >= 100 && outer == 0,
+        ".debug_sup, --embed unwind: {f:?}"
     );
     remove_scratch_dir(&dir);
 }
