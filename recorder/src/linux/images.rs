@@ -19,6 +19,7 @@ use lrnprof_image::{
     MAX_BLOB_PART, SYMBOL_SECTIONS,
 };
 use std::collections::{HashMap, HashSet};
+use std::os::fd::AsRawFd;
 use std::os::unix::fs::MetadataExt;
 
 /// Image files kept open for embedding at most; later images are embedded
@@ -35,6 +36,11 @@ pub(crate) struct SeenImage {
     pub path: String,
     /// Its kind.
     pub kind: ImageKind,
+    /// The root directory of the process that mapped it, held open, where
+    /// that is not ours (a container, a chroot): its debug files, `.dwo`
+    /// files and supplementary files are looked for under it, through
+    /// `/proc/self/fd/N`, which stays valid after the process exits.
+    pub root: Option<std::sync::Arc<std::fs::File>>,
 }
 
 /// Most bytes of one image's frame table, and of all of them: past it the
@@ -58,6 +64,8 @@ pub(crate) struct Images {
     /// What samples touched.
     touched: Touched,
     open_files: usize,
+    /// Roots of processes that are not ours, open, by device and inode.
+    roots: HashMap<(u64, u64), std::sync::Arc<std::fs::File>>,
     /// Frame tables kept between recordings.
     cache: Option<FrameCache>,
     /// Code addresses named in the frame tables so far, and how many of
@@ -77,6 +85,7 @@ impl Images {
             // Frame tables name frames: they come with symbols.
             touched: Touched::new(embed >= EmbedLevel::Symbols),
             open_files: 0,
+            roots: HashMap::new(),
             cache: None,
             named: Default::default(),
         }
@@ -330,13 +339,19 @@ impl Images {
             Err(e) => return (Vec::new(), no_table(&e).into_iter().collect(), false),
         };
         let path = image.path.strip_suffix(" (deleted)").unwrap_or(&image.path);
+        // A container's own debug files, through its root held open.
+        let roots: Vec<std::path::PathBuf> = image
+            .root
+            .iter()
+            .map(|f| format!("/proc/self/fd/{}", f.as_raw_fd()).into())
+            .collect();
         let built = frame_table_for_file(FrameRequest {
             file,
             path,
             build_id: id,
             file_offsets: &lookups,
             max_bytes: MAX_FRAME_TABLE_BYTES.min(*budget),
-            debug_roots: &[],
+            debug_roots: &roots,
             // Images without DWARF get a table too: their symbol tables
             // then need not travel.
             symbols_alone: true,
@@ -432,12 +447,14 @@ impl Images {
                         .host_path(pid, start, end, path)
                         .filter(|p| build_id_of_file(p).as_ref() == Some(&id))
                         .and_then(|p| self.open_image_file(&p));
+                    let root = self.root_of(pid);
                     self.seen.insert(
                         id.clone(),
                         SeenImage {
                             file,
                             path: path.to_string(),
                             kind,
+                            root,
                         },
                     );
                 }
@@ -458,6 +475,24 @@ impl Images {
             kind,
             executable: true,
         }))
+    }
+
+    /// The root directory of process `pid`, open, if it is not ours (the
+    /// process runs in a container or a chroot); `None` if it is ours or
+    /// cannot be read.
+    fn root_of(&mut self, pid: u32) -> Option<std::sync::Arc<std::fs::File>> {
+        let theirs = std::fs::metadata(procfs::root_path(pid, "")).ok()?;
+        let ours = std::fs::metadata("/").ok()?;
+        let key = (theirs.dev(), theirs.ino());
+        if key == (ours.dev(), ours.ino()) {
+            return None;
+        }
+        if let Some(root) = self.roots.get(&key) {
+            return Some(root.clone());
+        }
+        let root = std::sync::Arc::new(std::fs::File::open(procfs::root_path(pid, "")).ok()?);
+        self.roots.insert(key, root.clone());
+        Some(root)
     }
 
     /// Open an image file to embed later, within the open-file budget.
@@ -511,12 +546,14 @@ impl Images {
         if let Some(id) = &id {
             if !self.seen.contains_key(id) {
                 let file = self.open_image_file(&host);
+                let root = self.root_of(pid);
                 self.seen.insert(
                     id.clone(),
                     SeenImage {
                         file,
                         path: path.to_string(),
                         kind: ImageKind::File,
+                        root,
                     },
                 );
             }
@@ -540,6 +577,7 @@ impl Images {
             file: None,
             path: "[vdso]".to_string(),
             kind: ImageKind::Vdso,
+            root: None,
         });
         self.vdso.entry(id.clone()).or_insert(bytes);
         Some(id)

@@ -5,6 +5,7 @@
 //! `debuginfod-find`).
 
 use super::*;
+use lrnprof_tests::{has_program, is_root};
 use object::Object;
 use std::io::{BufRead, BufReader, Write};
 use std::net::TcpListener;
@@ -227,5 +228,57 @@ fn a_trace_recorded_without_debug_info_is_named_by_debug_files_found_later() {
         named(&f) >= 100 && rooted as f64 >= 0.9 * total(&f) as f64,
         "--embed none, --debuginfod: {f:?}"
     );
+    remove_scratch_dir(&dir);
+}
+
+#[test]
+fn a_containers_own_debug_files_name_its_frames() {
+    require_perf!();
+    // A chroot stands in for a container: the debug file is in the
+    // container's build-id tree, which the host's does not have.
+    if !is_root() || !has_program("chroot") {
+        skip!("needs root and chroot");
+    }
+    let dir = scratch_dir("an-container-debug");
+    let root = dir.join("root");
+    std::fs::create_dir_all(&root).unwrap();
+    // Static, so the root needs no libraries.
+    let exe = build_c(&["an_dwz.c"], &["-O2", "-g", "-static"], &root, "prog");
+    let id = {
+        let bytes = std::fs::read(&exe).unwrap();
+        let file = object::File::parse(&*bytes).unwrap();
+        lrnprof_format::BuildId(file.build_id().unwrap().expect("a build id").to_vec()).to_hex()
+    };
+    let tree = root.join("usr/lib/debug/.build-id").join(&id[..2]);
+    std::fs::create_dir_all(&tree).unwrap();
+    let debug = tree.join(format!("{}.debug", &id[2..]));
+    for args in [
+        vec![
+            "--only-keep-debug".as_ref(),
+            exe.as_os_str(),
+            debug.as_os_str(),
+        ],
+        vec!["--strip-all".as_ref(), exe.as_os_str()],
+    ] {
+        let out = Command::new("objcopy")
+            .args(&args)
+            .output()
+            .expect("running objcopy");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let trace = record(
+        &dir,
+        "container",
+        &[],
+        Path::new("chroot"),
+        &[root.to_str().unwrap(), "/prog", "400"],
+    );
+    let f = folded(&trace, &[]);
+    assert!(named(&f) >= 100, "{f:?}");
+    assert_eq!(folded(&trace, &["--offline"]), f);
     remove_scratch_dir(&dir);
 }
