@@ -62,6 +62,38 @@ fn serve(files: Vec<(String, PathBuf)>) -> (String, Arc<AtomicUsize>) {
     (url, answered)
 }
 
+/// The build id of the image `exe`, in hex.
+fn build_id_hex(exe: &Path) -> String {
+    let bytes = std::fs::read(exe).unwrap();
+    let file = object::File::parse(&*bytes).unwrap();
+    lrnprof_format::BuildId(file.build_id().unwrap().expect("a build id").to_vec()).to_hex()
+}
+
+/// Move `exe`'s DWARF and symbols into the debug file `debug`, as
+/// distributions' debug packages are made, and strip `exe`; its build id
+/// in hex.
+fn split_debug(exe: &Path, debug: &Path) -> String {
+    for args in [
+        vec![
+            "--only-keep-debug".as_ref(),
+            exe.as_os_str(),
+            debug.as_os_str(),
+        ],
+        vec!["--strip-all".as_ref(), exe.as_os_str()],
+    ] {
+        let out = Command::new("objcopy")
+            .args(&args)
+            .output()
+            .expect("running objcopy");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    build_id_hex(exe)
+}
+
 /// Samples whose stack ends `main`, `dwz_outer`, `dwz_inner` (inlined).
 fn named(f: &BTreeMap<Vec<String>, u64>) -> u64 {
     ending_with(f, &["main", "dwz_outer", "dwz_inner"])
@@ -111,29 +143,7 @@ fn a_trace_recorded_without_debug_info_is_named_by_debug_files_found_later() {
     let syms = dir.join("syms");
     std::fs::create_dir_all(&syms).unwrap();
     let debug = syms.join("stripped.debug");
-    for args in [
-        vec![
-            "--only-keep-debug".as_ref(),
-            exe.as_os_str(),
-            debug.as_os_str(),
-        ],
-        vec!["--strip-all".as_ref(), exe.as_os_str()],
-    ] {
-        let out = Command::new("objcopy")
-            .args(&args)
-            .output()
-            .expect("running objcopy");
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    let id = {
-        let bytes = std::fs::read(&exe).unwrap();
-        let file = object::File::parse(&*bytes).unwrap();
-        lrnprof_format::BuildId(file.build_id().unwrap().expect("a build id").to_vec()).to_hex()
-    };
+    let id = split_debug(&exe, &debug);
     let trace = record(&dir, "stripped", &[], &exe, &["400"]);
     // As recorded: no function of the program is named.
     let f = folded(&trace, &[]);
@@ -244,32 +254,10 @@ fn a_containers_own_debug_files_name_its_frames() {
     std::fs::create_dir_all(&root).unwrap();
     // Static, so the root needs no libraries.
     let exe = build_c(&["an_dwz.c"], &["-O2", "-g", "-static"], &root, "prog");
-    let id = {
-        let bytes = std::fs::read(&exe).unwrap();
-        let file = object::File::parse(&*bytes).unwrap();
-        lrnprof_format::BuildId(file.build_id().unwrap().expect("a build id").to_vec()).to_hex()
-    };
+    let id = build_id_hex(&exe);
     let tree = root.join("usr/lib/debug/.build-id").join(&id[..2]);
     std::fs::create_dir_all(&tree).unwrap();
-    let debug = tree.join(format!("{}.debug", &id[2..]));
-    for args in [
-        vec![
-            "--only-keep-debug".as_ref(),
-            exe.as_os_str(),
-            debug.as_os_str(),
-        ],
-        vec!["--strip-all".as_ref(), exe.as_os_str()],
-    ] {
-        let out = Command::new("objcopy")
-            .args(&args)
-            .output()
-            .expect("running objcopy");
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
+    split_debug(&exe, &tree.join(format!("{}.debug", &id[2..])));
     let trace = record(
         &dir,
         "container",

@@ -15,13 +15,9 @@ fn inlined_and_not(f: &BTreeMap<Vec<String>, u64>) -> (u64, u64) {
     )
 }
 
-#[test]
-fn dwarf_in_a_dwz_supplementary_file_names_inline_frames() {
-    require_perf!();
-    if Command::new("dwz").arg("--version").output().is_err() {
-        skip!("`dwz` is not installed (Debian: apt-get install dwz)");
-    }
-    let dir = scratch_dir("an-dwz");
+/// Build the fixture twice into `dir` and give both builds to `dwz -m`
+/// with `flags`; the builds, and the supplementary file it made.
+fn dwz_pair(dir: &Path, flags: &[&str]) -> (Vec<PathBuf>, PathBuf) {
     let builds: Vec<PathBuf> = [1, 2]
         .iter()
         .map(|v| {
@@ -29,13 +25,14 @@ fn dwarf_in_a_dwz_supplementary_file_names_inline_frames() {
             build_c(
                 &["an_dwz.c"],
                 &["-O2", "-g", &define],
-                &dir,
+                dir,
                 &format!("an_dwz{v}"),
             )
         })
         .collect();
     let common = dir.join("common.debug");
     let out = Command::new("dwz")
+        .args(flags)
         .arg("-m")
         .arg(&common)
         .arg("-M")
@@ -45,9 +42,20 @@ fn dwarf_in_a_dwz_supplementary_file_names_inline_frames() {
         .expect("running dwz");
     assert!(
         out.status.success(),
-        "dwz: {}",
+        "dwz {flags:?}: {}",
         String::from_utf8_lossy(&out.stderr)
     );
+    (builds, common)
+}
+
+#[test]
+fn dwarf_in_a_dwz_supplementary_file_names_inline_frames() {
+    require_perf!();
+    if Command::new("dwz").arg("--version").output().is_err() {
+        skip!("`dwz` is not installed (Debian: apt-get install dwz)");
+    }
+    let dir = scratch_dir("an-dwz");
+    let (builds, common) = dwz_pair(&dir, &[]);
     let exe = &builds[0];
     {
         let bytes = std::fs::read(exe).unwrap();
@@ -106,33 +114,7 @@ fn dwarf_in_a_dwz_supplementary_file_names_inline_frames() {
     // the supplementary one without a build id.
     let sub = dir.join("dwarf5");
     std::fs::create_dir_all(&sub).unwrap();
-    let builds: Vec<PathBuf> = [1, 2]
-        .iter()
-        .map(|v| {
-            let define = format!("-DVARIANT={v}");
-            build_c(
-                &["an_dwz.c"],
-                &["-O2", "-g", &define],
-                &sub,
-                &format!("an_dwz{v}"),
-            )
-        })
-        .collect();
-    let common = sub.join("common.debug");
-    let out = Command::new("dwz")
-        .arg("--dwarf-5")
-        .arg("-m")
-        .arg(&common)
-        .arg("-M")
-        .arg(&common)
-        .args(&builds)
-        .output()
-        .expect("running dwz");
-    assert!(
-        out.status.success(),
-        "dwz --dwarf-5: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let (builds, _) = dwz_pair(&sub, &["--dwarf-5"]);
     {
         let bytes = std::fs::read(&builds[0]).unwrap();
         let file = object::File::parse(&*bytes).unwrap();
