@@ -26,11 +26,15 @@ pub fn debug_file_candidates(
     }
     let dir = Path::new(path).parent().map(Path::to_path_buf);
     if let (Some(link), Some(dir)) = (debuglink, dir) {
-        candidates.push(dir.join(link));
-        candidates.push(dir.join(".debug").join(link));
         let rel = dir.strip_prefix("/").unwrap_or(&dir);
-        for root in &all_roots {
-            candidates.push(root.join("usr/lib/debug").join(rel).join(link));
+        for place in [
+            rel.to_path_buf(),
+            rel.join(".debug"),
+            Path::new("usr/lib/debug").join(rel),
+        ] {
+            for root in &all_roots {
+                candidates.push(root.join(&place).join(link));
+            }
         }
     }
     candidates
@@ -289,7 +293,9 @@ mod tests {
                 "/usr/lib/debug/.build-id/93/ac61.debug",
                 "/srv/root/usr/lib/debug/.build-id/93/ac61.debug",
                 "/usr/lib/x86_64-linux-gnu/libc.so.6.debug",
+                "/srv/root/usr/lib/x86_64-linux-gnu/libc.so.6.debug",
                 "/usr/lib/x86_64-linux-gnu/.debug/libc.so.6.debug",
+                "/srv/root/usr/lib/x86_64-linux-gnu/.debug/libc.so.6.debug",
                 "/usr/lib/debug/usr/lib/x86_64-linux-gnu/libc.so.6.debug",
                 "/srv/root/usr/lib/debug/usr/lib/x86_64-linux-gnu/libc.so.6.debug",
             ]

@@ -268,5 +268,37 @@ fn a_containers_own_debug_files_name_its_frames() {
     let f = folded(&trace, &[]);
     assert!(named(&f) >= 100, "{f:?}");
     assert_eq!(folded(&trace, &["--offline"]), f);
+    // Found by its .gnu_debuglink beside the program inside the root.
+    // Another build (another build id) than the program above.
+    let exe = build_c(
+        &["an_dwz.c"],
+        &["-O2", "-g", "-static", "-DVARIANT=2"],
+        &root,
+        "linked",
+    );
+    split_debug(&exe, &root.join("linked.debug"));
+    let link = format!(
+        "--add-gnu-debuglink={}",
+        root.join("linked.debug").display()
+    );
+    let out = Command::new("objcopy")
+        .arg(&link)
+        .arg(&exe)
+        .output()
+        .expect("running objcopy");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let trace = record(
+        &dir,
+        "linked",
+        &[],
+        Path::new("chroot"),
+        &[root.to_str().unwrap(), "/linked", "400"],
+    );
+    let f = folded(&trace, &[]);
+    assert!(named(&f) >= 100, "by .gnu_debuglink: {f:?}");
     remove_scratch_dir(&dir);
 }
