@@ -97,16 +97,30 @@ fn debuginfod_fetch(what: Wanted, id: &BuildId) -> Result<PathBuf, String> {
     Ok(path)
 }
 
+/// `DIR/.build-id/xx/rest.debug` and `DIR/.build-id/xx/rest` for build id
+/// `id` in a `--symbols` directory; `None` for an id too short to split.
+fn in_build_id_dir(dir: &Path, id: &BuildId) -> Option<(PathBuf, PathBuf)> {
+    let hex = id.to_hex();
+    if hex.len() <= 2 {
+        return None;
+    }
+    let sub = dir.join(".build-id").join(&hex[..2]);
+    Some((
+        sub.join(format!("{}.debug", &hex[2..])),
+        sub.join(&hex[2..]),
+    ))
+}
+
 fn candidates_in_dir(dir: &Path, key: &ImageKey) -> Vec<PathBuf> {
     let name = short_name(&key.path);
     let mut v = vec![dir.join(name), dir.join(format!("{name}.debug"))];
-    if let Some(id) = &key.build_id {
-        let hex = id.to_hex();
-        if hex.len() > 2 {
-            let sub = dir.join(".build-id").join(&hex[..2]);
-            v.push(sub.join(format!("{}.debug", &hex[2..])));
-            v.push(sub.join(&hex[2..]));
-        }
+    if let Some((debug, image)) = key
+        .build_id
+        .as_ref()
+        .and_then(|id| in_build_id_dir(dir, id))
+    {
+        v.push(debug);
+        v.push(image);
     }
     v.push(
         dir.join(format!("{name}.dSYM"))
@@ -389,16 +403,11 @@ pub(crate) fn load_image(key: &ImageKey, blobs: &BlobStore, opts: &LocateOptions
     if let (Some(d), Some((file, (name, id)))) = (data.as_mut(), altlink) {
         let want = BuildId(id);
         // Also in each --symbols directory: by build id, and by name.
-        let hex = want.to_hex();
         let base = Path::new(std::str::from_utf8(&name).unwrap_or_default())
             .file_name()
             .map(|b| b.to_os_string());
         let in_dirs = opts.symbols_dirs.iter().flat_map(|dir| {
-            let by_id = (hex.len() > 2).then(|| {
-                dir.join(".build-id")
-                    .join(&hex[..2])
-                    .join(format!("{}.debug", &hex[2..]))
-            });
+            let by_id = in_build_id_dir(dir, &want).map(|(debug, _)| debug);
             by_id.into_iter().chain(base.as_ref().map(|b| dir.join(b)))
         });
         let alt = alt_file_candidates(&file, &name, &want.0, &opts.debug_roots)
