@@ -131,11 +131,24 @@ fn blobs_for_data<'data, R: ReadRef<'data>>(
     let file = object::File::parse(data).map_err(|e| ImageError::NotAnImage(e.to_string()))?;
     let layout = Layout::of(&file);
     let mut blobs = Vec::new();
+    // The functions the trace reaches (all where an address cannot be
+    // placed).
+    let reached = reach.and_then(|offsets| {
+        let mut svmas = lookup_svmas(&file, &layout, offsets).ok()?;
+        svmas.sort_unstable();
+        Some(svmas)
+    });
+    // Code without CFI (musl's libc): rules made from its instructions,
+    // after the image's own `.debug_frame` if it has one.
+    let code_cfi = crate::code_debug_frame(&file, reached.as_deref());
     for section in file.sections() {
         let Ok(name) = section.name() else { continue };
         let Some(stored_name) = level.stored_name(name) else {
             continue;
         };
+        if code_cfi.is_some() && stored_name == ".debug_frame" {
+            continue;
+        }
         if section.kind() == SectionKind::UninitializedData {
             continue;
         }
@@ -187,20 +200,13 @@ fn blobs_for_data<'data, R: ReadRef<'data>>(
     }
     // A stripped Go binary has no unwind table: its stack-pointer tables
     // give one, for the functions the trace reaches.
-    let go = file.section_by_name(".gopclntab").is_some();
-    // (All functions where an address cannot be placed.)
-    let reached = reach.filter(|_| go).and_then(|offsets| {
-        let mut svmas = lookup_svmas(&file, &layout, offsets).ok()?;
-        svmas.sort_unstable();
-        Some(svmas)
-    });
-    if let Some(bytes) = go
-        .then(|| crate::go_debug_frame(&file, reached.as_deref()))
-        .flatten()
-    {
+    let go = file
+        .section_by_name(".gopclntab")
+        .and_then(|_| crate::go_debug_frame(&file, reached.as_deref()));
+    if let Some(bytes) = go.or(code_cfi) {
         let stored = zstd::bulk::compress(&bytes, DEBUG_ZSTD_LEVEL).map_err(|source| {
             ImageError::Compress {
-                name: ".gopclntab".to_string(),
+                name: ".debug_frame".to_string(),
                 source,
             }
         })?;

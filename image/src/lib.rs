@@ -62,6 +62,8 @@
 #![deny(unsafe_code)]
 
 mod build_id;
+mod cfi_write;
+mod code_cfi;
 mod debug_file;
 mod demangle;
 mod eh_frame;
@@ -78,6 +80,7 @@ mod units;
 mod universal;
 
 pub use build_id::{build_id_of_bytes, build_id_of_file};
+pub use code_cfi::{code_debug_frame, debug_frame_of_code, fde_ranges};
 pub use debug_file::{
     alt_file_candidates, debug_file_candidates, supplementary_id, supplementary_link,
 };

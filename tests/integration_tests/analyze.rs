@@ -7,7 +7,8 @@
 //! Submodules: `viewers` (pprof and speedscope opened in their tools),
 //! `views` (flame graph SVG in Chromium, Firefox Profiler structure, `top`,
 //! `diff`, `--open`),
-//! `go` (Go binaries: compressed `.debug_frame`, Go build ID),
+//! `go` (Go binaries: compressed `.debug_frame`, Go build ID), `musl`
+//! (programs built against musl, whose libc has no unwind tables),
 //! `post_mortem` (embedded data, pack, --offline, strip, --symbols),
 //! `synthetic` (hand-built traces of non-host architectures), `untouched`
 //! (stack copies cut short at pages their thread never touched).
@@ -22,6 +23,7 @@ mod debuginfod;
 mod dwz;
 mod go;
 mod mini_debug_info;
+mod musl;
 mod post_mortem;
 mod split_dwarf;
 mod synthetic;

@@ -156,6 +156,16 @@ pub(crate) fn parse_bytes(bytes: Arc<FileBytes>) -> Result<ParsedFile, String> {
             );
         }
     }
+    // Code without CFI (musl's libc): rules made from its instructions,
+    // after the image's own `.debug_frame`, which the split between
+    // `.eh_frame` and `.debug_frame` reads.
+    if let Some(made) = lrnprof_image::code_debug_frame(&obj, None) {
+        let size = made.len() as u64;
+        data.sections.insert(
+            ".debug_frame".into(),
+            Section::plain(0, size, SectionBytes::whole(Arc::new(made))),
+        );
+    }
     data.symbols = Symbols::of_file(bytes.clone());
     // object finds a GNU note through the section headers too (separate
     // debug files); the recorder's reading of the program headers also

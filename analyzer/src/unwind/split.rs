@@ -12,10 +12,12 @@
 //! ranges of its mapping: the ranges only `.debug_frame` describes each get
 //! a module that reads `.debug_frame`, the rest a module that reads
 //! `.eh_frame` as before. Where both tables describe a function,
-//! `.eh_frame` is used, as framehop does for a whole image.
+//! `.eh_frame` is used, as framehop does for a whole image. Code built
+//! without unwind tables (musl's libc) gets its `.debug_frame` from its
+//! instructions ([`lrnprof_image::code_debug_frame`]) and is split alike.
 
-use gimli::{BaseAddresses, CieOrFde, DebugFrame, EhFrame, EndianSlice, LittleEndian};
-use gimli::{UnwindOffset, UnwindSection};
+use gimli::{BaseAddresses, DebugFrame, EhFrame, LittleEndian};
+use lrnprof_image::fde_ranges;
 use std::ops::Range;
 
 /// Most `.debug_frame`-only ranges an image is split at: each becomes a
@@ -75,39 +77,6 @@ fn only_in_debug(eh: Vec<Range<u64>>, debug: Vec<Range<u64>>) -> Vec<Range<u64>>
         }
     }
     only
-}
-
-/// The address ranges of the FDEs of `section`, non-empty ones, sorted by
-/// start; `None` if the section is malformed.
-fn fde_ranges<'a, S>(section: &S, bases: &BaseAddresses) -> Option<Vec<Range<u64>>>
-where
-    S: UnwindSection<EndianSlice<'a, LittleEndian>>,
-{
-    let mut ranges = Vec::new();
-    let mut entries = section.entries(bases);
-    // FDEs mostly follow their CIE: parse each CIE once.
-    let mut last_cie = None;
-    while let Some(entry) = entries.next().ok()? {
-        let partial = match entry {
-            CieOrFde::Cie(cie) => {
-                last_cie = Some(cie);
-                continue;
-            }
-            CieOrFde::Fde(partial) => partial,
-        };
-        let fde = partial
-            .parse(|s, b, offset| match &last_cie {
-                Some(cie) if cie.offset() == UnwindOffset::<usize>::into(offset) => Ok(cie.clone()),
-                _ => s.cie_from_offset(b, offset),
-            })
-            .ok()?;
-        let start = fde.initial_address();
-        if let Some(end) = start.checked_add(fde.len()).filter(|&end| end > start) {
-            ranges.push(start..end);
-        }
-    }
-    ranges.sort_unstable_by_key(|r| r.start);
-    Some(ranges)
 }
 
 /// The code `.eh_frame` describes: its FDE ranges sorted by start, with the

@@ -15,6 +15,7 @@
 //! words.
 
 use super::Symbol;
+use crate::cfi_write::{advance, entry, fde_header, push_sleb, push_uleb, X86_64_CIE};
 use object::{Object, ObjectSection, ReadRef};
 
 /// Magic numbers of the Go 1.18 and Go 1.20 layouts.
@@ -296,9 +297,7 @@ pub fn go_debug_frame<'data, R: ReadRef<'data>>(
             0xff, 0xff, 0xff, 0xff, 3, 0, 1, 0x7c, 30, 0x0c, 31, 0, 0x08, 30, 0x14, 31, 0,
         ]
     } else {
-        &[
-            0xff, 0xff, 0xff, 0xff, 3, 0, 1, 0x78, 16, 0x0c, 7, 8, 0x90, 1,
-        ]
+        X86_64_CIE
     };
     let mut out = Vec::new();
     entry(&mut out, cie);
@@ -324,10 +323,7 @@ pub fn go_debug_frame<'data, R: ReadRef<'data>>(
         let Some(&(_, last)) = runs.last() else {
             continue;
         };
-        program.clear();
-        program.extend(0u32.to_le_bytes()); // the CIE, at offset 0
-        program.extend(start.to_le_bytes());
-        program.extend(u64::from(last - func.entry).to_le_bytes());
+        fde_header(&mut program, 0, start, u64::from(last - func.entry));
         // Go marks the return address of the outermost frames undefined
         // where it is in a register, so that unwinders stop there.
         let top = arm && t.is_top_frame(&func);
@@ -364,57 +360,11 @@ pub fn go_debug_frame<'data, R: ReadRef<'data>>(
             if run_end >= last {
                 break;
             }
-            // DW_CFA_advance_loc / advance_loc1 / 2 / 4.
-            match step {
-                0 => {}
-                1..=0x3f => program.push(0x40 | step as u8),
-                0x40..=0xff => program.extend([0x02, step as u8]),
-                0x100..=0xffff => {
-                    program.push(0x03);
-                    program.extend((step as u16).to_le_bytes());
-                }
-                _ => {
-                    program.push(0x04);
-                    program.extend((step as u32).to_le_bytes());
-                }
-            }
+            advance(&mut program, step);
         }
         entry(&mut out, &program);
     }
     Some(out)
-}
-
-/// Append a CFI entry of `body`: its length, the body, and `DW_CFA_nop`s
-/// up to a multiple of 8 bytes.
-fn entry(out: &mut Vec<u8>, body: &[u8]) {
-    let padded = (4 + body.len()).next_multiple_of(8) - 4;
-    out.extend((padded as u32).to_le_bytes());
-    out.extend(body);
-    out.resize(out.len() + padded - body.len(), 0);
-}
-
-fn push_sleb(out: &mut Vec<u8>, mut v: i64) {
-    loop {
-        let b = (v & 0x7f) as u8;
-        v >>= 7;
-        if (v == 0 && b & 0x40 == 0) || (v == -1 && b & 0x40 != 0) {
-            out.push(b);
-            return;
-        }
-        out.push(b | 0x80);
-    }
-}
-
-fn push_uleb(out: &mut Vec<u8>, mut v: u64) {
-    loop {
-        let b = (v & 0x7f) as u8;
-        v >>= 7;
-        if v == 0 {
-            out.push(b);
-            return;
-        }
-        out.push(b | 0x80);
-    }
 }
 
 #[cfg(test)]

@@ -1,0 +1,1187 @@
+//! Unwind rules made from x86-64 machine code that has no CFI.
+//!
+//! musl is built without unwind tables (its `libc.so` and `libc.a` carry
+//! CFI for a handful of assembly entry points only), and so is other code
+//! built with `-fno-asynchronous-unwind-tables`. In an Alpine container or
+//! a static musl program, every sample taken in `memcpy`, `malloc` or a
+//! `qsort` comparison lost its callers: without a rule the unwinder can
+//! only follow frame pointers, which this code does not keep, and read
+//! stack data as return addresses.
+//!
+//! Compilers move the stack pointer in few ways (`push`, `pop`, `sub` and
+//! `add` of constants, `lea`, `leave`, a frame pointer set from it), so the
+//! frame address (CFA) is found at every instruction the way a debugger
+//! does without CFI: follow each function's instructions from its entry,
+//! along its branches, counting what it took of the stack, and where it
+//! saved the caller's `rbp`. The result is written as `.debug_frame` (the
+//! CIE and FDEs of [`crate::cfi_write`]), which the analyzer reads beside
+//! the image's `.eh_frame` for the code that table leaves out, and which
+//! the recorder embeds like any unwind table.
+//!
+//! Where the code does anything not followed (the stack pointer written
+//! from a register without a frame pointer, paths that meet with different
+//! frames), the function or the part of it concerned gets no rule: a
+//! missing rule ends a stack where a wrong one would invent callers.
+//!
+//! Functions start at symbols, at the targets of direct calls, at code
+//! addresses taken by `lea` or (in a program loaded at a fixed address)
+//! moved as constants, at the addresses the dynamic relocations put in
+//! data (function pointers of a shared library), and where code begins
+//! after padding; code no path from a start reaches (a jump table's
+//! cases) has the frame of the function's indirect jumps.
+//!
+//! Only images where the FDEs leave a stretch of at least [`MIN_CODE`]
+//! bytes get rules: every image gcc links has a few hundred bytes of C
+//! runtime code without CFI, and deciding must cost next to nothing for
+//! the images whose tables describe everything (the `.eh_frame_hdr` table
+//! and a few FDEs are read, no instruction decoded).
+
+use crate::cfi_write::{advance, entry, fde_header, push_uleb, X86_64_CIE};
+use gimli::{
+    BaseAddresses, CieOrFde, EhFrame, EndianSlice, LittleEndian, UnwindOffset, UnwindSection,
+};
+use iced_x86::{
+    Decoder, DecoderOptions, FlowControl, Instruction, InstructionInfoFactory, Mnemonic, OpAccess,
+    OpKind, Register,
+};
+use object::{Object, ObjectSection, ObjectSymbol, ReadRef, RelocationFlags, SectionKind};
+use std::ops::Range;
+
+/// Most bytes of code without CFI decoded in one image (musl's `libc.so`
+/// has 0.4 MB).
+const MAX_CODE: u64 = 64 << 20;
+
+/// An image gets rules where the FDEs leave at least one stretch of code
+/// this long (padding included), then for all it leaves of 16 bytes or
+/// more.
+const MIN_CODE: u64 = 1024;
+
+/// The address ranges of the FDEs of `section`, non-empty ones, sorted by
+/// start; `None` if the section is malformed.
+pub fn fde_ranges<'a, S>(section: &S, bases: &BaseAddresses) -> Option<Vec<Range<u64>>>
+where
+    S: UnwindSection<EndianSlice<'a, LittleEndian>>,
+{
+    let mut ranges = Vec::new();
+    let mut entries = section.entries(bases);
+    // FDEs mostly follow their CIE: parse each CIE once.
+    let mut last_cie = None;
+    while let Some(entry) = entries.next().ok()? {
+        let partial = match entry {
+            CieOrFde::Cie(cie) => {
+                last_cie = Some(cie);
+                continue;
+            }
+            CieOrFde::Fde(partial) => partial,
+        };
+        let fde = partial
+            .parse(|s, b, offset| match &last_cie {
+                Some(cie) if cie.offset() == UnwindOffset::<usize>::into(offset) => Ok(cie.clone()),
+                _ => s.cie_from_offset(b, offset),
+            })
+            .ok()?;
+        let start = fde.initial_address();
+        if let Some(end) = start.checked_add(fde.len()).filter(|&end| end > start) {
+            ranges.push(start..end);
+        }
+    }
+    ranges.sort_by_key(|r| r.start);
+    Some(ranges)
+}
+
+/// [`fde_ranges`] of an `.eh_frame` (`data`, at `svma`) whose FDEs all
+/// give their addresses as compilers and linkers write them (pc-relative
+/// 4-byte), read straight from each FDE's header, in the order of the
+/// sorted table of its `.eh_frame_hdr` (`hdr`: its bytes and address)
+/// where it has one as linkers write it, else in the section's order and
+/// then sorted: a tenth of the time of parsing each FDE and sorting, for
+/// the images whose whole code the section describes. With
+/// `approximate`, an FDE followed by another less than [`MIN_CODE`] bytes
+/// on is taken to cover the code up to it, unread: every stretch of
+/// [`MIN_CODE`] bytes or more that the FDEs leave is still found, with the
+/// table and a few FDEs read. `None` for anything else (then parse them).
+fn eh_frame_ranges(
+    eh_frame: &EhFrame<EndianSlice<'_, LittleEndian>>,
+    data: &[u8],
+    svma: u64,
+    bases: &BaseAddresses,
+    hdr: Option<(&[u8], u64)>,
+    approximate: bool,
+) -> Option<Vec<Range<u64>>> {
+    const PCREL_SDATA4: u8 = 0x1b;
+    const DATAREL_SDATA4: u8 = 0x3b;
+    const UDATA4: u8 = 0x03;
+    let u32_in = |bytes: &[u8], at: usize| -> Option<u32> {
+        Some(u32::from_le_bytes(
+            bytes.get(at..at.checked_add(4)?)?.try_into().ok()?,
+        ))
+    };
+    // The FDE pointer encoding of each CIE seen, by offset.
+    let mut cies: Vec<(usize, u8)> = Vec::new();
+    // The range of the FDE at offset `at`, `None` if it is no such FDE.
+    let mut fde_at = |at: usize| -> Option<Option<Range<u64>>> {
+        let length = u32_in(data, at)? as usize;
+        // 64-bit DWARF entries: leave them to the parser.
+        if length == 0xffff_ffff || length < 12 {
+            return None;
+        }
+        let id = u32_in(data, at + 4)? as usize;
+        if id == 0 {
+            return Some(None);
+        }
+        let cie = (at + 4).checked_sub(id)?;
+        let encoding = match cies.iter().find(|(o, _)| *o == cie) {
+            Some(&(_, e)) => e,
+            None => {
+                let parsed = eh_frame
+                    .cie_from_offset(bases, gimli::EhFrameOffset(cie))
+                    .ok()?;
+                let e = parsed.fde_address_encoding().map_or(0, |e| e.0);
+                cies.push((cie, e));
+                e
+            }
+        };
+        if encoding != PCREL_SDATA4 {
+            return None;
+        }
+        let begin = u32_in(data, at + 8)? as i32;
+        let len = u64::from(u32_in(data, at + 12)?);
+        let start = svma
+            .checked_add(at as u64 + 8)?
+            .checked_add_signed(i64::from(begin))?;
+        Some(
+            start
+                .checked_add(len)
+                .filter(|&end| end > start)
+                .map(|end| start..end),
+        )
+    };
+    let mut ranges = Vec::new();
+    if let Some((h, h_at)) = hdr {
+        // version 1, pointer encodings, the section's address, the count,
+        // then (initial address, FDE address) pairs relative to the header.
+        if h.get(..4)? != [1, PCREL_SDATA4, UDATA4, DATAREL_SDATA4] {
+            return None;
+        }
+        let frame_at = h_at
+            .checked_add(4)?
+            .checked_add_signed(i64::from(u32_in(h, 4)? as i32))?;
+        if frame_at != svma {
+            return None;
+        }
+        let count = u32_in(h, 8)? as usize;
+        if count > h.len() / 8 {
+            return None;
+        }
+        let mut last = 0;
+        for i in 0..count {
+            let entry = 12 + 8 * i;
+            let initial = h_at.checked_add_signed(i64::from(u32_in(h, entry)? as i32))?;
+            let fde = h_at.checked_add_signed(i64::from(u32_in(h, entry + 4)? as i32))?;
+            if initial < last {
+                return None;
+            }
+            last = initial;
+            if approximate && i + 1 < count {
+                let next = h_at.checked_add_signed(i64::from(u32_in(h, entry + 8)? as i32))?;
+                if next > initial && next - initial < MIN_CODE {
+                    // No stretch of MIN_CODE fits before the next FDE.
+                    ranges.push(initial..next);
+                    continue;
+                }
+            }
+            let at = usize::try_from(fde.checked_sub(svma)?).ok()?;
+            match fde_at(at)? {
+                Some(r) if r.start == initial => ranges.push(r),
+                Some(_) => return None,
+                None => {}
+            }
+        }
+        return Some(ranges);
+    }
+    let mut at = 0usize;
+    while at < data.len() {
+        let length = u32_in(data, at)? as usize;
+        if length == 0 {
+            break;
+        }
+        if let Some(r) = fde_at(at)? {
+            ranges.push(r);
+        }
+        at = at.checked_add(4)?.checked_add(length)?;
+    }
+    ranges.sort_by_key(|r| r.start);
+    Some(ranges)
+}
+
+/// The `.debug_frame` of an x86-64 ELF image with rules for the code that
+/// neither its `.eh_frame` nor its own `.debug_frame` describes, made from
+/// the instructions (see the module's documentation): the image's own
+/// entries, then a CIE and the FDEs made. Only the functions holding one
+/// of `svmas` (sorted), or all with `None`. `None` where the image is no
+/// such file, is a Go binary (see [`crate::go_debug_frame`]), its unwind
+/// tables do not parse, or all its code is described.
+pub fn code_debug_frame<'data, R: ReadRef<'data>>(
+    obj: &object::File<'data, R>,
+    svmas: Option<&[u64]>,
+) -> Option<Vec<u8>> {
+    if obj.architecture() != object::Architecture::X86_64
+        || obj.format() != object::BinaryFormat::Elf
+        || !obj.is_little_endian()
+        || obj.section_by_name(".gopclntab").is_some()
+    {
+        return None;
+    }
+    let own = match obj.section_by_name(".debug_frame") {
+        Some(sec) => {
+            if sec.compressed_data().ok()?.uncompressed_size > MAX_CODE {
+                return None;
+            }
+            sec.uncompressed_data().ok()?.into_owned()
+        }
+        None => Vec::new(),
+    };
+    let mut covered = Vec::new();
+    if !own.is_empty() {
+        let mut debug_frame = gimli::DebugFrame::new(&own, LittleEndian);
+        debug_frame.set_address_size(8);
+        covered = fde_ranges(&debug_frame, &BaseAddresses::default())?;
+    }
+    let code: Vec<_> = obj
+        .sections()
+        .filter(|sec| {
+            // The linker writes the PLT's CFI; its entries are no functions.
+            sec.kind() == SectionKind::Text && !sec.name().unwrap_or("").starts_with(".plt")
+        })
+        .collect();
+    if let Some(sec) = obj.section_by_name(".eh_frame") {
+        let data = sec.data().ok()?;
+        let mut bases = BaseAddresses::default().set_eh_frame(sec.address());
+        if let Some(text) = obj.section_by_name(".text") {
+            bases = bases.set_text(text.address());
+        }
+        if let Some(got) = obj.section_by_name(".got") {
+            bases = bases.set_got(got.address());
+        }
+        let mut eh_frame = EhFrame::new(data, LittleEndian);
+        eh_frame.set_address_size(8);
+        let hdr = obj
+            .section_by_name(".eh_frame_hdr")
+            .and_then(|h| Some((h.data().ok()?, h.address())));
+        let ranges =
+            |approximate| eh_frame_ranges(&eh_frame, data, sec.address(), &bases, hdr, approximate);
+        // Most images' FDEs leave no stretch of code that long: found from
+        // the header's table alone.
+        if let Some(mut approximate) = hdr.and_then(|_| ranges(true)) {
+            approximate.extend(covered.iter().cloned());
+            approximate.sort_by_key(|r| r.start);
+            let longest = code
+                .iter()
+                .flat_map(|sec| {
+                    let range = sec.address()..sec.address().saturating_add(sec.size());
+                    uncovered(&range, &approximate)
+                })
+                .map(|gap| gap.end - gap.start)
+                .max();
+            if longest.is_none_or(|l| l < MIN_CODE) {
+                return None;
+            }
+        }
+        let exact = match hdr.and_then(|_| ranges(false)) {
+            Some(r) => r,
+            None => match ranges(false) {
+                Some(r) => r,
+                None => fde_ranges(&eh_frame, &bases)?,
+            },
+        };
+        covered.extend(exact);
+        covered.sort_by_key(|r| r.start);
+    }
+    let mut uncovered_code = Vec::new();
+    let (mut total, mut longest) = (0u64, 0u64);
+    for sec in &code {
+        let range = sec.address()..sec.address().saturating_add(sec.size());
+        // Gaps shorter than a function's alignment are padding between
+        // functions (an image with CFI has thousands).
+        for gap in uncovered(&range, &covered)
+            .into_iter()
+            .filter(|g| g.end - g.start >= 16)
+        {
+            total = total.saturating_add(gap.end - gap.start);
+            longest = longest.max(gap.end - gap.start);
+            uncovered_code.push((sec.index(), gap));
+        }
+    }
+    // The C runtime's start-up and exit functions, in every image gcc
+    // links, have no CFI and take a few hundred bytes apart: not worth
+    // decoding (a decoder's tables take about half a millisecond to set
+    // up, and reading every FDE's length more).
+    if longest < MIN_CODE || total > MAX_CODE {
+        return None;
+    }
+    let mut gaps = Vec::new();
+    for (i, gap) in uncovered_code {
+        let Ok(sec) = obj.section_by_index(i) else {
+            continue;
+        };
+        let Ok(Some(bytes)) = sec.data_range(gap.start, gap.end - gap.start) else {
+            continue;
+        };
+        gaps.push(Code::decode(gap.start, bytes));
+    }
+    gaps.retain(|code| code.insns.iter().any(is_code));
+    if gaps.is_empty() {
+        return None;
+    }
+    gaps.sort_unstable_by_key(|g| g.range().start);
+    let ranges: Vec<Range<u64>> = gaps.iter().map(Code::range).collect();
+    let in_gaps = |a: u64| {
+        let i = ranges.partition_point(|r| r.end <= a);
+        ranges.get(i).is_some_and(|r| r.contains(&a))
+    };
+    let mut starts: Vec<u64> = Vec::new();
+    for sym in obj.symbols().chain(obj.dynamic_symbols()) {
+        if sym.kind() == object::SymbolKind::Text && in_gaps(sym.address()) {
+            starts.push(sym.address());
+        }
+    }
+    // Code addresses in data (function pointers of a shared library) and
+    // taken by code: functions, unless the code also branches there (a
+    // constant that happens to fall in the code, a label).
+    let mut taken = Vec::new();
+    if let Some(relocations) = obj.dynamic_relocations() {
+        for (_, r) in relocations {
+            let RelocationFlags::Elf { r_type } = r.flags() else {
+                continue;
+            };
+            if r_type == object::elf::R_X86_64_RELATIVE || r_type == object::elf::R_X86_64_IRELATIVE
+            {
+                let a = r.addend() as u64;
+                if in_gaps(a) {
+                    taken.push(a);
+                }
+            }
+        }
+    }
+    let fixed = obj.kind() == object::ObjectKind::Executable;
+    let mut branched = Vec::new();
+    for code in &gaps {
+        code.referenced(fixed, &in_gaps, &mut starts, &mut taken, &mut branched);
+    }
+    branched.sort_unstable();
+    taken.retain(|t| branched.binary_search(t).is_err());
+    starts.extend(taken);
+    starts.sort_unstable();
+    starts.dedup();
+    // Only instruction boundaries of the decoded code.
+    starts.retain(|&s| {
+        let i = ranges.partition_point(|r| r.end <= s);
+        gaps.get(i)
+            .is_some_and(|g| g.insns.binary_search_by_key(&s, Instruction::ip).is_ok())
+    });
+    // The image's own entries, then a CIE and the FDEs made here.
+    let cie = u32::try_from(own.len()).ok()?;
+    let mut out = own;
+    entry(&mut out, X86_64_CIE);
+    let made = out.len();
+    write_fdes(&gaps, &starts, svmas, cie, &mut out);
+    (out.len() > made).then_some(out)
+}
+
+/// The `.debug_frame` that [`code_debug_frame`] makes for x86-64 `code`
+/// loaded at `address` whose functions begin at `starts` (sorted; the
+/// first instruction after padding begins one too): a CIE at offset 0,
+/// then the FDEs.
+pub fn debug_frame_of_code(address: u64, code: &[u8], starts: &[u64]) -> Vec<u8> {
+    let code = Code::decode(address, code);
+    let mut all = starts.to_vec();
+    if let Some(first) = code.insns.iter().find(|i| is_code(i)) {
+        all.push(first.ip());
+    }
+    all.sort_unstable();
+    all.dedup();
+    let mut out = Vec::new();
+    entry(&mut out, X86_64_CIE);
+    write_fdes(&[code], &all, None, 0, &mut out);
+    out
+}
+
+/// Append the FDEs of the functions of `gaps` (which begin at `starts`,
+/// sorted) that hold one of `svmas`, or of all with `None`, each naming
+/// the CIE at offset `cie`.
+fn write_fdes(gaps: &[Code], starts: &[u64], svmas: Option<&[u64]>, cie: u32, out: &mut Vec<u8>) {
+    let mut program = Vec::new();
+    let mut info = InstructionInfoFactory::new();
+    for code in gaps {
+        code.write_fdes(starts, svmas, cie, &mut info, out, &mut program);
+    }
+}
+
+/// The parts of `range` that no range of `covered` (sorted by start)
+/// overlaps.
+fn uncovered(range: &Range<u64>, covered: &[Range<u64>]) -> Vec<Range<u64>> {
+    let mut gaps = Vec::new();
+    let mut at = range.start;
+    let first = covered.partition_point(|c| c.end <= range.start);
+    for c in &covered[first..] {
+        if c.start >= range.end {
+            break;
+        }
+        if c.start > at {
+            gaps.push(at..c.start);
+        }
+        at = at.max(c.end);
+    }
+    if at < range.end {
+        gaps.push(at..range.end);
+    }
+    gaps
+}
+
+/// `nop`s (`xchg ax, ax` too) and `int3`s between functions.
+fn is_padding(i: &Instruction) -> bool {
+    match i.mnemonic() {
+        Mnemonic::Nop | Mnemonic::Int3 => true,
+        Mnemonic::Xchg => {
+            i.op_count() == 2
+                && i.op0_kind() == OpKind::Register
+                && i.op1_kind() == OpKind::Register
+                && i.op0_register() == i.op1_register()
+        }
+        _ => false,
+    }
+}
+
+/// An instruction that is neither padding nor undecodable (data, or
+/// bytes cut off at the end of a run).
+fn is_code(i: &Instruction) -> bool {
+    !is_padding(i) && !i.is_invalid()
+}
+
+/// A run of code without CFI, decoded from its start.
+struct Code {
+    insns: Vec<Instruction>,
+}
+
+impl Code {
+    fn decode(start: u64, bytes: &[u8]) -> Code {
+        let mut decoder = Decoder::with_ip(64, bytes, start, DecoderOptions::NONE);
+        let mut insns = Vec::new();
+        let mut insn = Instruction::default();
+        while decoder.can_decode() {
+            decoder.decode_out(&mut insn);
+            insns.push(insn);
+        }
+        Code { insns }
+    }
+
+    fn range(&self) -> Range<u64> {
+        match (self.insns.first(), self.insns.last()) {
+            (Some(first), Some(last)) => first.ip()..last.next_ip(),
+            _ => 0..0,
+        }
+    }
+
+    /// Push the code addresses this code calls, and its first instruction
+    /// after padding, to `starts`; those it takes (`lea`, and in a program
+    /// loaded at a fixed address constants moved to a register) to `taken`;
+    /// the targets of its conditional jumps to `branched`. Only addresses
+    /// `in_gaps` holds.
+    fn referenced(
+        &self,
+        fixed: bool,
+        in_gaps: &impl Fn(u64) -> bool,
+        starts: &mut Vec<u64>,
+        taken: &mut Vec<u64>,
+        branched: &mut Vec<u64>,
+    ) {
+        if let Some(first) = self.insns.iter().find(|i| is_code(i)) {
+            starts.push(first.ip());
+        }
+        for insn in &self.insns {
+            let (list, t) = match insn.flow_control() {
+                FlowControl::Call if insn.op0_kind() == OpKind::NearBranch64 => {
+                    (&mut *starts, insn.near_branch_target())
+                }
+                FlowControl::ConditionalBranch if insn.op0_kind() == OpKind::NearBranch64 => {
+                    (&mut *branched, insn.near_branch_target())
+                }
+                _ if insn.mnemonic() == Mnemonic::Lea && insn.is_ip_rel_memory_operand() => {
+                    (&mut *taken, insn.ip_rel_memory_address())
+                }
+                _ if fixed && insn.mnemonic() == Mnemonic::Mov && insn.op_count() == 2 => {
+                    match insn.op1_kind() {
+                        OpKind::Immediate32 => (&mut *taken, u64::from(insn.immediate32())),
+                        OpKind::Immediate32to64 => (&mut *taken, insn.immediate32to64() as u64),
+                        _ => continue,
+                    }
+                }
+                _ => continue,
+            };
+            if in_gaps(t) {
+                list.push(t);
+            }
+        }
+    }
+
+    /// Append an FDE for each run of instructions with a known frame in
+    /// each function of this code (functions begin at `starts`, sorted)
+    /// that holds one of `svmas`, or every function with `None`.
+    fn write_fdes(
+        &self,
+        starts: &[u64],
+        svmas: Option<&[u64]>,
+        cie: u32,
+        info: &mut InstructionInfoFactory,
+        out: &mut Vec<u8>,
+        program: &mut Vec<u8>,
+    ) {
+        let range = self.range();
+        let mut first = 0;
+        while first < self.insns.len() {
+            let ip = self.insns[first].ip();
+            // The function runs to the next start.
+            let next = starts.partition_point(|&s| s <= ip);
+            let end = starts.get(next).map_or(range.end, |&s| s.min(range.end));
+            let count = self.insns[first..].partition_point(|i| i.ip() < end).max(1);
+            let insns = &self.insns[first..first + count];
+            first += count;
+            let Some(last) = insns.last() else { break };
+            let wanted = svmas.is_none_or(|svmas| {
+                let i = svmas.partition_point(|&s| s < ip);
+                svmas.get(i).is_some_and(|&s| s < last.next_ip())
+            });
+            if !wanted || !insns.iter().any(is_code) {
+                continue;
+            }
+            if let Some(frames) = follow(insns, info) {
+                write_function(insns, &frames, cie, out, program);
+            }
+        }
+    }
+}
+
+/// What a function has done to its frame at an instruction, before it
+/// runs: the CFA as an offset from `rsp` (`sp`) and, once `rbp` was set
+/// from `rsp`, from `rbp` (`fp`); where the caller's `rbp` is saved (at
+/// CFA − `saved_bp`) while it is not in `rbp`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Frame {
+    sp: Option<i64>,
+    fp: Option<i64>,
+    saved_bp: Option<i64>,
+}
+
+impl Frame {
+    /// At a function's first instruction: the return address just pushed.
+    const ENTRY: Frame = Frame {
+        sp: Some(8),
+        fp: None,
+        saved_bp: None,
+    };
+
+    /// Whether the CFA can be told (above the stack pointer).
+    fn known(&self) -> bool {
+        self.sp.is_some_and(|sp| sp >= 8) || self.fp.is_some_and(|fp| fp >= 8)
+    }
+
+    /// The frame where two paths meet: what they agree on, `None` if that
+    /// does not tell the CFA or they disagree on where the caller's `rbp`
+    /// is. (A frame pointer tells the CFA where the stack pointer differs,
+    /// as after a variable-length array on one path; `rbp` set from `rsp`
+    /// on one path only was no frame pointer.)
+    fn meet(self, other: Frame) -> Option<Frame> {
+        if self.saved_bp != other.saved_bp {
+            return None;
+        }
+        let same = |a: Option<i64>, b: Option<i64>| if a == b { a } else { None };
+        Some(Frame {
+            sp: same(self.sp, other.sp),
+            fp: same(self.fp, other.fp),
+            saved_bp: self.saved_bp,
+        })
+        .filter(Frame::known)
+    }
+
+    /// The frame after `insn`, which `info` describes; `None` once the
+    /// CFA is lost.
+    fn step(self, insn: &Instruction, info: &mut InstructionInfoFactory) -> Option<Frame> {
+        let mut f = self;
+        let op0 = (insn.op_count() > 0 && insn.op0_kind() == OpKind::Register)
+            .then(|| insn.op0_register());
+        let op1 = (insn.op_count() > 1 && insn.op1_kind() == OpKind::Register)
+            .then(|| insn.op1_register());
+        let imm1 = (insn.op_count() > 1)
+            .then(|| match insn.op1_kind() {
+                OpKind::Immediate8to64 | OpKind::Immediate32to64 => Some(insn.immediate(1) as i64),
+                OpKind::Immediate32 | OpKind::Immediate8 => Some(insn.immediate(1) as i64),
+                _ => None,
+            })
+            .flatten();
+        match (insn.mnemonic(), op0, op1) {
+            (Mnemonic::Sub, Some(Register::RSP), None) if imm1.is_some() => {
+                f.sp = f.sp.and_then(|sp| sp.checked_add(imm1?));
+                return Some(f).filter(Frame::known);
+            }
+            (Mnemonic::Add, Some(Register::RSP), None) if imm1.is_some() => {
+                f.sp = f.sp.and_then(|sp| sp.checked_sub(imm1?));
+                return Some(f).filter(Frame::known);
+            }
+            (Mnemonic::Lea, Some(Register::RSP), None) if insn.memory_index() == Register::None => {
+                let d = insn.memory_displacement64() as i64;
+                f.sp = match insn.memory_base() {
+                    Register::RSP => f.sp.and_then(|sp| sp.checked_sub(d)),
+                    Register::RBP => f.fp.and_then(|fp| fp.checked_sub(d)),
+                    _ => None,
+                };
+                return Some(f).filter(Frame::known);
+            }
+            (Mnemonic::Mov, Some(Register::RBP), Some(Register::RSP)) => {
+                f.fp = f.sp;
+                return Some(f).filter(Frame::known);
+            }
+            (Mnemonic::Mov, Some(Register::RSP), Some(Register::RBP)) => {
+                f.sp = f.fp;
+                return Some(f).filter(Frame::known);
+            }
+            (Mnemonic::Leave, _, _) => {
+                // mov rsp, rbp; pop rbp.
+                let sp = f.fp?;
+                if f.saved_bp == Some(sp) {
+                    f.saved_bp = None;
+                }
+                f.sp = sp.checked_sub(8);
+                f.fp = None;
+                return Some(f).filter(Frame::known);
+            }
+            _ => {}
+        }
+        let calls = matches!(
+            insn.flow_control(),
+            FlowControl::Call | FlowControl::IndirectCall
+        );
+        let pushed = if calls {
+            0
+        } else {
+            insn.stack_pointer_increment()
+        };
+        if pushed != 0 {
+            let pushes_bp = insn.mnemonic() == Mnemonic::Push && op0 == Some(Register::RBP);
+            let pops = insn.mnemonic() == Mnemonic::Pop;
+            // The slot a pop reads, as an offset below the CFA.
+            let slot = f.sp;
+            f.sp = f.sp.and_then(|sp| sp.checked_sub(i64::from(pushed)));
+            if pushes_bp && f.saved_bp.is_none() {
+                f.saved_bp = f.sp;
+            }
+            if pops && op0 == Some(Register::RBP) {
+                if f.saved_bp.is_some() && f.saved_bp == slot {
+                    f.saved_bp = None;
+                }
+                f.fp = None;
+            }
+            if pops && op0 == Some(Register::RSP) {
+                f.sp = None;
+            }
+            if insn.mnemonic() == Mnemonic::Push || pops {
+                return Some(f).filter(Frame::known);
+            }
+        }
+        // Anything else that writes rsp or rbp: only instructions that
+        // name either, or move the stack pointer, can.
+        let names = (0..insn.op_count()).any(|i| {
+            insn.op_kind(i) == OpKind::Register
+                && matches!(
+                    insn.op_register(i).full_register(),
+                    Register::RSP | Register::RBP
+                )
+        });
+        if !names && pushed == 0 && !calls && insn.mnemonic() != Mnemonic::Enter {
+            return Some(f).filter(Frame::known);
+        }
+        let (mut writes_sp, mut writes_bp) = (false, false);
+        for used in info.info(insn).used_registers() {
+            let writes = matches!(
+                used.access(),
+                OpAccess::Write
+                    | OpAccess::CondWrite
+                    | OpAccess::ReadWrite
+                    | OpAccess::ReadCondWrite
+            );
+            if !writes {
+                continue;
+            }
+            match used.register().full_register() {
+                Register::RSP => writes_sp = true,
+                Register::RBP => writes_bp = true,
+                _ => {}
+            }
+        }
+        if writes_sp && pushed == 0 && !calls {
+            f.sp = None;
+        }
+        if writes_bp {
+            f.fp = None;
+        }
+        Some(f).filter(Frame::known)
+    }
+}
+
+/// The frame before each of `insns` (one function, in address order),
+/// followed along its branches from its entry; code no path from the
+/// entry reaches (switch cases reached through a jump table, functions
+/// found by no reference) is followed from its first instruction with the
+/// frame at the function's indirect jumps, or as an entry where it has
+/// none. A call may not return (`exit`, `abort`, `__stack_chk_fail`):
+/// where paths meet, the one through the fewest returns of calls gives
+/// the frame. `None` where paths
+/// meet with frames that disagree. Instructions where the frame is lost
+/// are `None` in the result.
+fn follow(insns: &[Instruction], info: &mut InstructionInfoFactory) -> Option<Vec<Option<Frame>>> {
+    let mut seen: Vec<Option<Reach>> = vec![None; insns.len()];
+    let mut at_indirect: Option<Option<Frame>> = None;
+    let entry = Reach {
+        frame: Some(Frame::ENTRY),
+        calls: 0,
+    };
+    let mut work: Vec<(usize, Reach)> = vec![(0, entry)];
+    let mut seeded = 0;
+    loop {
+        while let Some((i, reach)) = work.pop() {
+            let now = match seen[i] {
+                None => reach,
+                Some(had) => had.join(reach)?,
+            };
+            if seen[i] == Some(now) {
+                continue;
+            }
+            seen[i] = Some(now);
+            let frame = now.frame;
+            let insn = &insns[i];
+            // Not code, or not decoded from an instruction's start (or an
+            // AVX-512 instruction, which the decoder is built without):
+            // what follows is lost.
+            let after = match insn.is_invalid() {
+                true => None,
+                false => frame.and_then(|f| f.step(insn, info)),
+            };
+            let target = |t: u64| insns.binary_search_by_key(&t, Instruction::ip).ok();
+            let mut succ = |j: Option<usize>, call: bool| {
+                if let Some(j) = j {
+                    let calls = now.calls.saturating_add(u32::from(call));
+                    work.push((
+                        j,
+                        Reach {
+                            frame: after,
+                            calls,
+                        },
+                    ));
+                }
+            };
+            let next = (i + 1 < insns.len()).then_some(i + 1);
+            match insn.flow_control() {
+                _ if insn.is_invalid() => succ(next, false),
+                FlowControl::Return | FlowControl::Exception => {}
+                FlowControl::UnconditionalBranch => {
+                    // A jump out of the function is a tail call.
+                    if insn.op0_kind() == OpKind::NearBranch64 {
+                        succ(target(insn.near_branch_target()), false);
+                    }
+                }
+                FlowControl::IndirectBranch => {
+                    // A jump table's cases, or a tail call through a
+                    // pointer (at the entry's frame).
+                    if frame != Some(Frame::ENTRY) {
+                        at_indirect = match at_indirect {
+                            None => Some(frame),
+                            Some(f) if f == frame => Some(f),
+                            Some(_) => Some(None),
+                        };
+                    }
+                }
+                FlowControl::ConditionalBranch => {
+                    succ(next, false);
+                    if insn.op0_kind() == OpKind::NearBranch64 {
+                        succ(target(insn.near_branch_target()), false);
+                    }
+                }
+                FlowControl::Call | FlowControl::IndirectCall => succ(next, true),
+                _ => succ(next, false),
+            }
+        }
+        // Code not reached from the entry.
+        while seeded < insns.len() && (seen[seeded].is_some() || is_padding(&insns[seeded])) {
+            seeded += 1;
+        }
+        if seeded >= insns.len() {
+            break;
+        }
+        let frame = match at_indirect {
+            None => Some(Frame::ENTRY),
+            // Jump tables at different frames, or where the frame was
+            // lost: which one is not known.
+            Some(f) => f,
+        };
+        work.push((seeded, Reach { frame, calls: 0 }));
+    }
+    Some(
+        seen.into_iter()
+            .zip(insns)
+            .map(|(s, insn)| s.filter(|_| !insn.is_invalid()).and_then(|s| s.frame))
+            .collect(),
+    )
+}
+
+/// How [`follow`] reached an instruction: with which frame (`None`: lost)
+/// and through the returns of how many calls, on the path with fewest.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Reach {
+    frame: Option<Frame>,
+    calls: u32,
+}
+
+impl Reach {
+    /// The instruction reached both ways; `None` where the frames
+    /// disagree.
+    fn join(self, other: Reach) -> Option<Reach> {
+        // The path through fewer calls, one of which may not have
+        // returned, says more (a loop's way back has more too).
+        if self.calls != other.calls {
+            return Some(if self.calls < other.calls {
+                self
+            } else {
+                other
+            });
+        }
+        let frame = match (self.frame, other.frame) {
+            (Some(a), Some(b)) => Some(a.meet(b)?),
+            // Lost on one path: lost.
+            _ => None,
+        };
+        Some(Reach {
+            frame,
+            calls: self.calls,
+        })
+    }
+}
+
+/// Append FDEs for `insns` (one function) with their `frames`: one per
+/// run of consecutive instructions whose frame is known (padding between
+/// them, which never runs, taken into the run).
+fn write_function(
+    insns: &[Instruction],
+    frames: &[Option<Frame>],
+    cie: u32,
+    out: &mut Vec<u8>,
+    program: &mut Vec<u8>,
+) {
+    let mut i = 0;
+    while i < insns.len() {
+        if frames[i].is_none() || is_padding(&insns[i]) {
+            i += 1;
+            continue;
+        }
+        // The run, up to its last instruction that is not padding.
+        let mut end = i;
+        let mut j = i;
+        while j < insns.len() && (frames[j].is_some() || is_padding(&insns[j])) {
+            if !is_padding(&insns[j]) {
+                end = j + 1;
+            }
+            j += 1;
+        }
+        let start = insns[i].ip();
+        fde_header(program, cie, start, insns[end - 1].next_ip() - start);
+        let mut now = Frame::ENTRY;
+        let mut pc = start;
+        for (insn, frame) in insns[i..end].iter().zip(&frames[i..end]) {
+            let Some(frame) = *frame else { continue };
+            if frame != now {
+                advance(program, insn.ip() - pc);
+                pc = insn.ip();
+                change(program, now, frame);
+                now = frame;
+            }
+        }
+        entry(out, program);
+        i = j;
+    }
+}
+
+/// The CFA instructions from frame `from` to frame `to`.
+fn change(program: &mut Vec<u8>, from: Frame, to: Frame) {
+    // DWARF registers: rbp 6, rsp 7.
+    let cfa = |f: Frame| match (f.sp, f.fp) {
+        (Some(sp), _) if sp >= 8 => Some((7, sp)),
+        (_, Some(fp)) if fp >= 8 => Some((6, fp)),
+        _ => None,
+    };
+    match (cfa(from), cfa(to)) {
+        (Some((r0, _)), Some((r1, off))) if r0 == r1 => {
+            // DW_CFA_def_cfa_offset.
+            program.push(0x0e);
+            push_uleb(program, off as u64);
+        }
+        (_, Some((r1, off))) => {
+            // DW_CFA_def_cfa.
+            program.extend([0x0c, r1]);
+            push_uleb(program, off as u64);
+        }
+        (_, None) => {}
+    }
+    if from.saved_bp != to.saved_bp {
+        match to.saved_bp {
+            Some(at) if at > 0 && at % 8 == 0 => {
+                // DW_CFA_offset rbp: at cfa - at (data alignment -8).
+                program.push(0x80 | 6);
+                push_uleb(program, (at / 8) as u64);
+            }
+            // DW_CFA_same_value rbp.
+            _ => program.extend([0x08, 6]),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gimli::{CfaRule, DebugFrame, RegisterRule, UnwindContext};
+
+    /// Where the CFA is and where the caller's `rbp` is saved, at `address`
+    /// of the CFI made for `code` (at address 0, functions at `starts`):
+    /// (register, offset, rbp's offset from the CFA); `None` without a rule.
+    fn rule_at(code: &[u8], starts: &[u64], address: u64) -> Option<(u16, i64, Option<i64>)> {
+        let out = debug_frame_of_code(0, code, starts);
+        let mut frame = DebugFrame::new(&out, LittleEndian);
+        frame.set_address_size(8);
+        let mut ctx = UnwindContext::new();
+        let row = frame
+            .unwind_info_for_address(
+                &BaseAddresses::default(),
+                &mut ctx,
+                address,
+                DebugFrame::cie_from_offset,
+            )
+            .ok()?;
+        let CfaRule::RegisterAndOffset { register, offset } = *row.cfa() else {
+            panic!("CFA by expression");
+        };
+        let bp = match row.register(gimli::X86_64::RBP) {
+            Some(RegisterRule::Offset(o)) => Some(o),
+            None | Some(RegisterRule::Undefined | RegisterRule::SameValue) => None,
+            other => panic!("rbp: {other:?}"),
+        };
+        Some((register.0, offset, bp))
+    }
+
+    const RSP: u16 = 7;
+    const RBP: u16 = 6;
+
+    /// f1 (0x0): two pushes, a frame, an early return, a loop after
+    /// calls. f2 (0x30): a frame pointer, the stack aligned and grown by a
+    /// register, given back through `lea rsp, [rbp-8]`. f3 (0x50): `rbp`
+    /// set from `rsp` on one path only, as a general register. Assembled
+    /// (GNU as, Intel syntax) from:
+    ///
+    /// ```text
+    /// f1: push rbp; push rbx; sub rsp, 0x18; test edi, edi; je 1f
+    ///     call f2; add rsp, 0x18; pop rbx; pop rbp; ret
+    /// 1:  call f2; mov eax, 1; call f2
+    /// 2:  xor eax, eax; jmp 2b; .p2align 4
+    /// f2: push rbp; mov rbp, rsp; push r12; and rsp, -32; sub rsp, rdi
+    ///     call f1; lea rsp, [rbp-8]; pop r12; pop rbp; ret; .p2align 4
+    /// f3: push rbp; sub rsp, 16; mov rbp, rsp; test edi, edi; jne 3f
+    ///     mov rbp, rdi
+    /// 3:  add rsp, 16; pop rbp; ret
+    /// ```
+    const FUNCTIONS: &[u8] = &[
+        0x55, 0x53, 0x48, 0x83, 0xec, 0x18, 0x85, 0xff, 0x74, 0x0c, 0xe8, 0x21, 0x00, 0x00, 0x00,
+        0x48, 0x83, 0xc4, 0x18, 0x5b, 0x5d, 0xc3, 0xe8, 0x15, 0x00, 0x00, 0x00, 0xb8, 0x01, 0x00,
+        0x00, 0x00, 0xe8, 0x0b, 0x00, 0x00, 0x00, 0x31, 0xc0, 0xeb, 0xfc, 0x0f, 0x1f, 0x80, 0x00,
+        0x00, 0x00, 0x00, 0x55, 0x48, 0x89, 0xe5, 0x41, 0x54, 0x48, 0x83, 0xe4, 0xe0, 0x48, 0x29,
+        0xfc, 0xe8, 0xbe, 0xff, 0xff, 0xff, 0x48, 0x8d, 0x65, 0xf8, 0x41, 0x5c, 0x5d, 0xc3, 0x66,
+        0x0f, 0x1f, 0x44, 0x00, 0x00, 0x55, 0x48, 0x83, 0xec, 0x10, 0x48, 0x89, 0xe5, 0x85, 0xff,
+        0x75, 0x03, 0x48, 0x89, 0xfd, 0x48, 0x83, 0xc4, 0x10, 0x5d, 0xc3,
+    ];
+
+    #[test]
+    fn pushes_frames_and_early_returns_are_followed() {
+        let at = |a| rule_at(FUNCTIONS, &[0, 0x30, 0x50], a);
+        assert_eq!(at(0x0), Some((RSP, 8, None)));
+        assert_eq!(at(0x1), Some((RSP, 16, Some(-16))));
+        assert_eq!(at(0x2), Some((RSP, 24, Some(-16))));
+        // The frame, the return address of the first call, the epilogue.
+        assert_eq!(at(0x6), Some((RSP, 48, Some(-16))));
+        assert_eq!(at(0xf), Some((RSP, 48, Some(-16))));
+        assert_eq!(at(0x13), Some((RSP, 24, Some(-16))));
+        assert_eq!(at(0x15), Some((RSP, 8, None)));
+        // The branch taken before the epilogue, and the loop after it.
+        assert_eq!(at(0x16), Some((RSP, 48, Some(-16))));
+        assert_eq!(at(0x25), Some((RSP, 48, Some(-16))));
+        assert_eq!(at(0x27), Some((RSP, 48, Some(-16))));
+    }
+
+    #[test]
+    fn a_frame_pointer_gives_the_frame_where_the_stack_pointer_is_lost() {
+        let at = |a| rule_at(FUNCTIONS, &[0, 0x30, 0x50], a);
+        assert_eq!(at(0x31), Some((RSP, 16, Some(-16))));
+        assert_eq!(at(0x34), Some((RSP, 16, Some(-16))));
+        assert_eq!(at(0x36), Some((RSP, 24, Some(-16))));
+        // `and rsp`, `sub rsp, rdi`: rbp + 16 from there on.
+        assert_eq!(at(0x3a), Some((RBP, 16, Some(-16))));
+        assert_eq!(at(0x42), Some((RBP, 16, Some(-16))));
+        assert_eq!(at(0x46), Some((RSP, 24, Some(-16))));
+        assert_eq!(at(0x48), Some((RSP, 16, Some(-16))));
+        assert_eq!(at(0x49), Some((RSP, 8, None)));
+    }
+
+    #[test]
+    fn rbp_set_from_rsp_on_one_path_is_no_frame_pointer() {
+        let at = |a| rule_at(FUNCTIONS, &[0, 0x30, 0x50], a);
+        assert_eq!(at(0x50), Some((RSP, 8, None)));
+        assert_eq!(at(0x58), Some((RSP, 32, Some(-16))));
+        assert_eq!(at(0x5c), Some((RSP, 32, Some(-16))));
+        // Where the paths meet, the stack pointer still tells.
+        assert_eq!(at(0x5f), Some((RSP, 32, Some(-16))));
+        assert_eq!(at(0x63), Some((RSP, 16, Some(-16))));
+        assert_eq!(at(0x64), Some((RSP, 8, None)));
+    }
+
+    /// f4 (0x0): an argument pushed for a call that does not return, and
+    /// a branch past it. f5 (0x10): a jump through a register to a case
+    /// at 0x20 that no direct jump reaches. f6 (0x30): `pop rsp`.
+    ///
+    /// ```text
+    /// f4: push rbx; test edi, edi; je 5f; push 0; call f4
+    /// 5:  pop rbx; ret; .p2align 4
+    /// f5: push rbx; sub rsp, 16; mov rax, rdi; jmp rax; .p2align 4
+    ///     add rsp, 16; pop rbx; ret; int3; .p2align 4
+    /// f6: push rbx; mov rbx, rsp; push rbx; pop rsp; pop rbx; ret
+    /// ```
+    const JUMPS: &[u8] = &[
+        0x53, 0x85, 0xff, 0x74, 0x07, 0x6a, 0x00, 0xe8, 0xf4, 0xff, 0xff, 0xff, 0x5b, 0xc3, 0x66,
+        0x90, 0x53, 0x48, 0x83, 0xec, 0x10, 0x48, 0x89, 0xf8, 0xff, 0xe0, 0x66, 0x0f, 0x1f, 0x44,
+        0x00, 0x00, 0x48, 0x83, 0xc4, 0x10, 0x5b, 0xc3, 0xcc, 0x66, 0x0f, 0x1f, 0x84, 0x00, 0x00,
+        0x00, 0x00, 0x00, 0x53, 0x48, 0x89, 0xe3, 0x53, 0x5c, 0x5b, 0xc3,
+    ];
+
+    #[test]
+    fn the_frame_after_a_call_gives_way_to_a_branch_there() {
+        let at = |a| rule_at(JUMPS, &[0, 0x10, 0x30], a);
+        assert_eq!(at(0x7), Some((RSP, 24, None)));
+        // Reached by `je` with one push, and after the call with two.
+        assert_eq!(at(0xc), Some((RSP, 16, None)));
+        assert_eq!(at(0xd), Some((RSP, 8, None)));
+    }
+
+    #[test]
+    fn code_reached_through_a_jump_table_has_the_frame_of_the_jump() {
+        let at = |a| rule_at(JUMPS, &[0, 0x10, 0x30], a);
+        assert_eq!(at(0x18), Some((RSP, 32, None)));
+        assert_eq!(at(0x20), Some((RSP, 32, None)));
+        assert_eq!(at(0x24), Some((RSP, 16, None)));
+        assert_eq!(at(0x25), Some((RSP, 8, None)));
+        // Without starts, a function after one with no indirect jump
+        // begins at an entry frame.
+        assert_eq!(rule_at(JUMPS, &[0], 0x10), Some((RSP, 8, None)));
+    }
+
+    #[test]
+    fn a_stack_pointer_loaded_from_memory_ends_the_rules() {
+        let at = |a| rule_at(JUMPS, &[0, 0x10, 0x30], a);
+        assert_eq!(at(0x34), Some((RSP, 16, None)));
+        assert_eq!(at(0x35), Some((RSP, 24, None)));
+        assert_eq!(at(0x36), None);
+        assert_eq!(at(0x37), None);
+    }
+
+    #[test]
+    fn paths_that_disagree_give_the_function_no_rules() {
+        // push rbx; test edi, edi; je 1f; push rbx; 1: pop rbx; ret
+        let code = [0x53, 0x85, 0xff, 0x74, 0x01, 0x53, 0x5b, 0xc3];
+        assert_eq!(rule_at(&code, &[0], 0x0), None);
+        assert_eq!(rule_at(&code, &[0], 0x6), None);
+    }
+
+    #[test]
+    fn fde_ranges_read_from_headers_are_those_parsed() {
+        let Ok(bytes) = std::fs::read("/proc/self/exe") else {
+            return;
+        };
+        let obj = object::File::parse(&*bytes).unwrap();
+        let Some(sec) = obj.section_by_name(".eh_frame") else {
+            return;
+        };
+        let data = sec.data().unwrap();
+        let bases = BaseAddresses::default().set_eh_frame(sec.address());
+        let mut eh_frame = EhFrame::new(data, LittleEndian);
+        eh_frame.set_address_size(8);
+        let parsed = fde_ranges(&eh_frame, &bases);
+        let read = eh_frame_ranges(&eh_frame, data, sec.address(), &bases, None, false).unwrap();
+        assert!(read.len() > 100, "{}", read.len());
+        assert_eq!(Some(read), parsed);
+        let hdr = obj.section_by_name(".eh_frame_hdr").unwrap();
+        let hdr = Some((hdr.data().unwrap(), hdr.address()));
+        let by_hdr = eh_frame_ranges(&eh_frame, data, sec.address(), &bases, hdr, false).unwrap();
+        assert_eq!(Some(by_hdr), parsed);
+        // Taken to cover up to the next FDE where less than MIN_CODE
+        // follows: the same stretches of MIN_CODE or more uncovered.
+        let approximate =
+            eh_frame_ranges(&eh_frame, data, sec.address(), &bases, hdr, true).unwrap();
+        let long = |ranges: &[Range<u64>]| -> Vec<Range<u64>> {
+            let all = ranges[0].start..ranges[ranges.len() - 1].end + MIN_CODE;
+            uncovered(&all, ranges)
+                .into_iter()
+                .filter(|g| g.end - g.start >= MIN_CODE)
+                .collect()
+        };
+        assert_eq!(long(&approximate), long(&parsed.unwrap()));
+    }
+
+    #[test]
+    fn uncovered_ranges_are_what_no_fde_covers() {
+        assert_eq!(
+            uncovered(&(0x100..0x200), &[0x80..0x110, 0x120..0x130, 0x130..0x1f0]),
+            vec![0x110..0x120, 0x1f0..0x200]
+        );
+        assert_eq!(uncovered(&(0x100..0x200), &[]), vec![0x100..0x200]);
+        assert_eq!(
+            uncovered(&(0x100..0x200), &[0x0..0x180, 0x180..0x300]),
+            vec![]
+        );
+    }
+    #[test]
+    fn every_rule_puts_the_frame_address_above_the_pointer_it_counts_from() {
+        // Found by fuzzing: `lea rsp, [rbp+12]` left 4 bytes between
+        // `rsp` and the CFA while `rbp` still told it.
+        let code = [
+            0xff, 0xff, 0xff, 0xff, 0xff, 0x0a, 0x74, 0x0c, 0xe8, 0x21, 0x00, 0x00, 0xeb, 0xfc,
+            0x0f, 0x1f, 0x80, 0x00, 0x00, 0x00, 0x00, 0x55, 0x48, 0x89, 0xe5, 0x41, 0x54, 0x48,
+            0x83, 0xe4, 0xe0, 0x48, 0x29, 0xfc, 0xe8, 0xbe, 0xff, 0xff, 0xff, 0x48, 0x8d, 0x65,
+            0x0c, 0xe8, 0x21, 0x00, 0x00, 0xeb, 0xfc, 0x0f, 0x1f, 0x80, 0x00, 0x00, 0x00, 0x00,
+            0x55, 0x48, 0x89, 0xe5, 0x41, 0x54, 0x48, 0xe4, 0x48, 0x83, 0x89, 0xfd, 0x48, 0x83,
+            0xc4, 0x10, 0x5d, 0xc3,
+        ];
+        let made = debug_frame_of_code(0x1000, &code, &[0x1000 + 60]);
+        let mut frame = DebugFrame::new(&made, LittleEndian);
+        frame.set_address_size(8);
+        let mut ctx = UnwindContext::new();
+        let mut rows = 0;
+        for address in 0x1000..0x1000 + code.len() as u64 {
+            let Ok(row) = frame.unwind_info_for_address(
+                &BaseAddresses::default(),
+                &mut ctx,
+                address,
+                DebugFrame::cie_from_offset,
+            ) else {
+                continue;
+            };
+            let CfaRule::RegisterAndOffset { offset, .. } = *row.cfa() else {
+                panic!("CFA by expression");
+            };
+            assert!(offset >= 8, "{offset} at {address:#x}");
+            rows += 1;
+        }
+        assert!(rows > 0);
+    }
+}

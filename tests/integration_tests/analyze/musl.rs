@@ -1,0 +1,79 @@
+//! Programs built against musl, whose libc has no unwind tables: the
+//! analyzer unwinds its code by rules made from its instructions
+//! (`lrnprof_image::code_debug_frame`), locally and, embedded by the
+//! recorder, offline (`tests/fixtures/an_musl.c`, built with `musl-gcc`).
+
+use super::*;
+
+/// Build the fixture with `musl-gcc` (dynamic, or static with `-static`)
+/// into `dir/name`; `None` where there is no `musl-gcc` (Debian's
+/// `musl-tools`).
+fn build_musl(dir: &Path, name: &str, flags: &[&str]) -> Option<PathBuf> {
+    let exe = dir.join(name);
+    let out = Command::new("musl-gcc")
+        .args(["-O2", "-g", "-fomit-frame-pointer", "-Wl,--build-id"])
+        .args(flags)
+        .arg("-o")
+        .arg(&exe)
+        .arg(lrnprof_tests::fixture_source("an_musl.c"))
+        .output()
+        .ok()?;
+    assert!(
+        out.status.success(),
+        "musl-gcc: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Some(exe)
+}
+
+/// Samples with `a` directly above `b` in any thread.
+fn any_calls(f: &BTreeMap<Vec<String>, u64>, a: &str, b: &str) -> u64 {
+    calls(f, "", a, b)
+}
+
+#[test]
+fn stacks_through_musl_code_without_unwind_tables_reach_the_root() {
+    require_perf!();
+    let dir = scratch_dir("an-musl");
+    for (name, flags) in [("dynamic", &[][..]), ("static", &["-static"][..])] {
+        let Some(exe) = build_musl(&dir, name, flags) else {
+            skip!("musl-gcc is not installed (Debian: musl-tools)");
+        };
+        let trace = record(&dir, name, &[], &exe, &["800"]);
+        let i = info(&trace, &[]);
+        // Before rules were made for musl's code: 7 % of such samples
+        // reached the root, with invented callers.
+        assert!(root_pct(&i) >= 95.0, "{name}: {i}");
+        let f = folded(&trace, &[]);
+        for phase in ["musl_copy", "musl_sort", "musl_print", "musl_alloc"] {
+            assert!(
+                any_calls(&f, "main", phase) >= 10,
+                "{name}: main -> {phase}: {f:?}"
+            );
+        }
+        // musl's assembly memcpy, and the comparison musl's qsort calls.
+        assert!(any_calls(&f, "musl_copy", "memcpy") >= 10, "{name}: {f:?}");
+        let compared: u64 = f
+            .iter()
+            .filter(|(s, _)| s.last().is_some_and(|l| l == "by_value"))
+            .map(|(_, c)| c)
+            .sum();
+        let under_sort: u64 = f
+            .iter()
+            .filter(|(s, _)| s.last().is_some_and(|l| l == "by_value"))
+            .filter(|(s, _)| s.windows(2).any(|w| w == ["main", "musl_sort"]))
+            .map(|(_, c)| c)
+            .sum();
+        assert!(
+            compared > 0 && under_sort == compared,
+            "{name}: {under_sort} of {compared}: {f:?}"
+        );
+        if name == "static" {
+            // Its symbol table names musl's own functions too.
+            assert_eq!(json_number(&i, "unknown_frames"), 0.0, "{i}");
+        }
+        // The rules travel in the trace.
+        assert_eq!(folded(&trace, &["--offline"]), f, "{name}");
+    }
+    remove_scratch_dir(&dir);
+}
