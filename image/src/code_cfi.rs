@@ -247,12 +247,17 @@ pub fn code_debug_frame<'data, R: ReadRef<'data>>(
         debug_frame.set_address_size(8);
         covered = fde_ranges(&debug_frame, &BaseAddresses::default())?;
     }
-    let code: Vec<_> = obj
+    let mut code: Vec<_> = obj
         .sections()
         .filter(|sec| {
             // The linker writes the PLT's CFI; its entries are no functions.
             sec.kind() == SectionKind::Text && !sec.name().unwrap_or("").starts_with(".plt")
         })
+        .collect();
+    code.sort_by_key(|sec| sec.address());
+    let code_ranges: Vec<Range<u64>> = code
+        .iter()
+        .map(|sec| sec.address()..sec.address().saturating_add(sec.size()))
         .collect();
     if let Some(sec) = obj.section_by_name(".eh_frame") {
         let data = sec.data().ok()?;
@@ -275,13 +280,9 @@ pub fn code_debug_frame<'data, R: ReadRef<'data>>(
         if let Some(mut approximate) = hdr.and_then(|_| ranges(true)) {
             approximate.extend(covered.iter().cloned());
             approximate.sort_by_key(|r| r.start);
-            let longest = code
-                .iter()
-                .flat_map(|sec| {
-                    let range = sec.address()..sec.address().saturating_add(sec.size());
-                    uncovered(&range, &approximate)
-                })
-                .map(|gap| gap.end - gap.start)
+            let longest = uncovered(&code_ranges, &approximate)
+                .into_iter()
+                .map(|(_, gap)| gap.end - gap.start)
                 .max();
             if longest.is_none_or(|l| l < MIN_CODE) {
                 return None;
@@ -299,17 +300,13 @@ pub fn code_debug_frame<'data, R: ReadRef<'data>>(
     }
     let mut uncovered_code = Vec::new();
     let (mut total, mut longest) = (0u64, 0u64);
-    for sec in &code {
-        let range = sec.address()..sec.address().saturating_add(sec.size());
-        // Gaps shorter than a function's alignment are padding between
-        // functions (an image with CFI has thousands).
-        for gap in uncovered(&range, &covered)
-            .into_iter()
-            .filter(|g| g.end - g.start >= 16)
-        {
+    // Gaps shorter than a function's alignment are padding between
+    // functions (an image with CFI has thousands).
+    for (k, gap) in uncovered(&code_ranges, &covered) {
+        if gap.end - gap.start >= 16 {
             total = total.saturating_add(gap.end - gap.start);
             longest = longest.max(gap.end - gap.start);
-            uncovered_code.push((sec.index(), gap));
+            uncovered_code.push((code[k].index(), gap));
         }
     }
     // The C runtime's start-up and exit functions, in every image gcc
@@ -417,23 +414,32 @@ fn write_fdes(gaps: &[Code], starts: &[u64], svmas: Option<&[u64]>, cie: u32, ou
     }
 }
 
-/// The parts of `range` that no range of `covered` (sorted by start)
-/// overlaps.
-fn uncovered(range: &Range<u64>, covered: &[Range<u64>]) -> Vec<Range<u64>> {
+/// The parts of `ranges` (sorted, apart) that no range of `covered`
+/// (sorted by start; one may lie inside another) overlaps, each with the
+/// index of its range in `ranges`.
+fn uncovered(ranges: &[Range<u64>], covered: &[Range<u64>]) -> Vec<(usize, Range<u64>)> {
     let mut gaps = Vec::new();
-    let mut at = range.start;
-    let first = covered.partition_point(|c| c.end <= range.start);
-    for c in &covered[first..] {
-        if c.start >= range.end {
-            break;
+    // The ranges starting before the current one, and the furthest end
+    // among them.
+    let (mut before, mut reach) = (0, 0);
+    for (k, range) in ranges.iter().enumerate() {
+        while covered.get(before).is_some_and(|c| c.start < range.start) {
+            reach = reach.max(covered[before].end);
+            before += 1;
         }
-        if c.start > at {
-            gaps.push(at..c.start);
+        let mut at = range.start.max(reach).min(range.end);
+        for c in &covered[before..] {
+            if c.start >= range.end {
+                break;
+            }
+            if c.start > at {
+                gaps.push((k, at..c.start));
+            }
+            at = at.max(c.end).min(range.end);
         }
-        at = at.max(c.end);
-    }
-    if at < range.end {
-        gaps.push(at..range.end);
+        if at < range.end {
+            gaps.push((k, at..range.end));
+        }
     }
     gaps
 }
@@ -1130,8 +1136,9 @@ mod tests {
             eh_frame_ranges(&eh_frame, data, sec.address(), &bases, hdr, true).unwrap();
         let long = |ranges: &[Range<u64>]| -> Vec<Range<u64>> {
             let all = ranges[0].start..ranges[ranges.len() - 1].end + MIN_CODE;
-            uncovered(&all, ranges)
+            uncovered(std::slice::from_ref(&all), ranges)
                 .into_iter()
+                .map(|(_, g)| g)
                 .filter(|g| g.end - g.start >= MIN_CODE)
                 .collect()
         };
@@ -1140,14 +1147,34 @@ mod tests {
 
     #[test]
     fn uncovered_ranges_are_what_no_fde_covers() {
+        let gaps = |ranges: &[Range<u64>], covered: &[Range<u64>]| -> Vec<(usize, Range<u64>)> {
+            uncovered(ranges, covered)
+        };
+        let whole = 0x100..0x200;
+        let text = std::slice::from_ref(&whole);
         assert_eq!(
-            uncovered(&(0x100..0x200), &[0x80..0x110, 0x120..0x130, 0x130..0x1f0]),
-            vec![0x110..0x120, 0x1f0..0x200]
+            gaps(text, &[0x80..0x110, 0x120..0x130, 0x130..0x1f0]),
+            vec![(0, 0x110..0x120), (0, 0x1f0..0x200)]
         );
-        assert_eq!(uncovered(&(0x100..0x200), &[]), vec![0x100..0x200]);
+        assert_eq!(gaps(text, &[]), vec![(0, 0x100..0x200)]);
+        // An FDE inside another's range.
         assert_eq!(
-            uncovered(&(0x100..0x200), &[0x0..0x180, 0x180..0x300]),
-            vec![]
+            gaps(text, &[0x0..0x180, 0x10..0x20, 0x30..0x40]),
+            vec![(0, 0x180..0x200)]
+        );
+        assert_eq!(gaps(text, &[0x0..0x180, 0x180..0x300]), vec![]);
+        // Several sections; an FDE across the space between two.
+        assert_eq!(
+            gaps(
+                &[0x0..0x10, 0x20..0x40, 0x50..0x60],
+                &[0x8..0x28, 0x30..0x38]
+            ),
+            vec![
+                (0, 0x0..0x8),
+                (1, 0x28..0x30),
+                (1, 0x38..0x40),
+                (2, 0x50..0x60)
+            ]
         );
     }
     #[test]
