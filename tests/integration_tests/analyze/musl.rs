@@ -1,7 +1,9 @@
 //! Programs built against musl, whose libc has no unwind tables: the
 //! analyzer unwinds its code by rules made from its instructions
 //! (`lrnprof_image::code_debug_frame`), locally and, embedded by the
-//! recorder, offline (`tests/fixtures/an_musl.c`, built with `musl-gcc`).
+//! recorder, offline (`tests/fixtures/an_musl.c`, built with `musl-gcc`;
+//! `tests/fixtures/an_musl.rs`, a static Rust program whose bundled musl
+//! lost its `.debug_frame` to `-C strip=debuginfo`).
 
 use super::*;
 
@@ -75,5 +77,45 @@ fn stacks_through_musl_code_without_unwind_tables_reach_the_root() {
         // The rules travel in the trace.
         assert_eq!(folded(&trace, &["--offline"]), f, "{name}");
     }
+    remove_scratch_dir(&dir);
+}
+
+/// Whether rustc has the standard library for `target`.
+fn rust_target_installed(target: &str) -> bool {
+    let sysroot = Command::new(std::env::var("RUSTC").unwrap_or_else(|_| "rustc".into()))
+        .args(["--print", "sysroot"])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| PathBuf::from(String::from_utf8_lossy(&o.stdout).trim()));
+    sysroot.is_some_and(|s| s.join("lib/rustlib").join(target).join("lib").is_dir())
+}
+
+#[test]
+fn a_static_rust_musl_program_stripped_of_debug_info_unwinds_through_musl() {
+    require_perf!();
+    const TARGET: &str = "x86_64-unknown-linux-musl";
+    if !rust_target_installed(TARGET) {
+        skip!("rustc has no {TARGET} standard library (rustup target add {TARGET})");
+    }
+    let dir = scratch_dir("an-musl-rust");
+    let exe = lrnprof_tests::build_rust(
+        "an_musl.rs",
+        &["--target", TARGET, "-O", "-C", "strip=debuginfo"],
+        &dir,
+        "an_musl_rust",
+    );
+    let trace = record(&dir, "rust", &[], &exe, &["600"]);
+    let i = info(&trace, &[]);
+    // Before: 4 % of samples reached the root.
+    assert!(root_pct(&i) >= 95.0, "{i}");
+    let f = folded(&trace, &[]);
+    assert!(any_calls(&f, "an_musl::copy_work", "memcpy") >= 10, "{f:?}");
+    assert!(
+        f.keys()
+            .any(|s| s.iter().any(|n| n == "an_musl::alloc_work")),
+        "{f:?}"
+    );
+    assert_eq!(folded(&trace, &["--offline"]), f);
     remove_scratch_dir(&dir);
 }
