@@ -251,7 +251,10 @@ pub fn code_debug_frame<'data, R: ReadRef<'data>>(
         .sections()
         .filter(|sec| {
             // The linker writes the PLT's CFI; its entries are no functions.
-            sec.kind() == SectionKind::Text && !sec.name().unwrap_or("").starts_with(".plt")
+            sec.kind() == SectionKind::Text
+                && !sec.name().unwrap_or("").starts_with(".plt")
+                // Addresses past the end of the address space: no code.
+                && sec.address().checked_add(sec.size()).is_some()
         })
         .collect();
     code.sort_by_key(|sec| sec.address());
@@ -390,6 +393,12 @@ pub fn code_debug_frame<'data, R: ReadRef<'data>>(
 /// first instruction after padding begins one too): a CIE at offset 0,
 /// then the FDEs.
 pub fn debug_frame_of_code(address: u64, code: &[u8], starts: &[u64]) -> Vec<u8> {
+    let mut out = Vec::new();
+    entry(&mut out, X86_64_CIE);
+    // Code that would run past the end of the address space has no rules.
+    if address.checked_add(code.len() as u64).is_none() {
+        return out;
+    }
     let code = Code::decode(address, code);
     let mut all = starts.to_vec();
     if let Some(first) = code.insns.iter().find(|i| is_code(i)) {
@@ -397,8 +406,6 @@ pub fn debug_frame_of_code(address: u64, code: &[u8], starts: &[u64]) -> Vec<u8>
     }
     all.sort_unstable();
     all.dedup();
-    let mut out = Vec::new();
-    entry(&mut out, X86_64_CIE);
     write_fdes(&[code], &all, None, 0, &mut out);
     out
 }
@@ -1099,6 +1106,14 @@ mod tests {
         assert_eq!(at(0x35), Some((RSP, 24, None)));
         assert_eq!(at(0x36), None);
         assert_eq!(at(0x37), None);
+    }
+
+    #[test]
+    fn code_at_the_end_of_the_address_space_gets_no_rules() {
+        let mut cie_only = Vec::new();
+        entry(&mut cie_only, X86_64_CIE);
+        assert_eq!(debug_frame_of_code(u64::MAX - 8, FUNCTIONS, &[]), cie_only);
+        assert_ne!(debug_frame_of_code(0, FUNCTIONS, &[]), cie_only);
     }
 
     #[test]
