@@ -141,24 +141,11 @@ fn parse_debug_sup(data: &[u8], little_endian: bool) -> Option<(bool, Vec<u8>, V
     let rest = data.get(3..)?;
     let nul = rest.iter().position(|&b| b == 0)?;
     let name = rest[..nul].to_vec();
-    let mut rest = &rest[nul + 1..];
-    // The checksum's length, ULEB128.
-    let mut len: u64 = 0;
-    let mut shift = 0;
-    loop {
-        let (&b, tail) = rest.split_first()?;
-        rest = tail;
-        if shift >= 64 {
-            return None;
-        }
-        len |= u64::from(b & 0x7f) << shift;
-        shift += 7;
-        if b & 0x80 == 0 {
-            break;
-        }
-    }
+    // The checksum's length, ULEB128 (endianness does not matter to it).
+    let mut rest = gimli::EndianSlice::new(&rest[nul + 1..], gimli::LittleEndian);
+    let len = gimli::leb128::read::unsigned(&mut rest).ok()?;
     let len = usize::try_from(len).ok()?;
-    let checksum = rest.get(..len)?.to_vec();
+    let checksum = rest.slice().get(..len)?.to_vec();
     Some((is_supplementary, name, checksum))
 }
 

@@ -102,6 +102,21 @@ pub(crate) fn ok(args: &[&str]) -> Output {
     out
 }
 
+/// Run `tool` (binutils, `dwz`, ...) with `args`; panics with its message
+/// if it fails.
+fn run_tool<S: AsRef<std::ffi::OsStr>>(tool: &str, args: impl IntoIterator<Item = S>) {
+    let args: Vec<std::ffi::OsString> = args.into_iter().map(|a| a.as_ref().into()).collect();
+    let out = Command::new(tool)
+        .args(&args)
+        .output()
+        .unwrap_or_else(|e| panic!("running {tool}: {e}"));
+    assert!(
+        out.status.success(),
+        "{tool} {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 /// Folded output of `trace` with `extra` flags: stack (thread first) -> count.
 fn folded(trace: &Path, extra: &[&str]) -> BTreeMap<Vec<String>, u64> {
     let mut args = vec![trace.to_str().unwrap(), "--format", "folded", "-o", "-"];

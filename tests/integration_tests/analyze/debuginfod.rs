@@ -73,24 +73,15 @@ fn build_id_hex(exe: &Path) -> String {
 /// distributions' debug packages are made, and strip `exe`; its build id
 /// in hex.
 fn split_debug(exe: &Path, debug: &Path) -> String {
-    for args in [
-        vec![
+    run_tool(
+        "objcopy",
+        [
             "--only-keep-debug".as_ref(),
             exe.as_os_str(),
             debug.as_os_str(),
         ],
-        vec!["--strip-all".as_ref(), exe.as_os_str()],
-    ] {
-        let out = Command::new("objcopy")
-            .args(&args)
-            .output()
-            .expect("running objcopy");
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
+    );
+    run_tool("objcopy", ["--strip-all".as_ref(), exe.as_os_str()]);
     build_id_hex(exe)
 }
 
@@ -258,13 +249,12 @@ fn a_containers_own_debug_files_name_its_frames() {
     let tree = root.join("usr/lib/debug/.build-id").join(&id[..2]);
     std::fs::create_dir_all(&tree).unwrap();
     split_debug(&exe, &tree.join(format!("{}.debug", &id[2..])));
-    let trace = record(
-        &dir,
-        "container",
-        &[],
-        Path::new("chroot"),
-        &[root.to_str().unwrap(), "/prog", "400"],
-    );
+    // Record `program` (a path in the root) run in the root.
+    let record_in_root = |name: &str, program: &str| {
+        let args = [root.to_str().unwrap(), program, "400"];
+        record(&dir, name, &[], Path::new("chroot"), &args)
+    };
+    let trace = record_in_root("container", "/prog");
     let f = folded(&trace, &[]);
     assert!(named(&f) >= 100, "{f:?}");
     assert_eq!(folded(&trace, &["--offline"]), f);
@@ -281,23 +271,8 @@ fn a_containers_own_debug_files_name_its_frames() {
         "--add-gnu-debuglink={}",
         root.join("linked.debug").display()
     );
-    let out = Command::new("objcopy")
-        .arg(&link)
-        .arg(&exe)
-        .output()
-        .expect("running objcopy");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let trace = record(
-        &dir,
-        "linked",
-        &[],
-        Path::new("chroot"),
-        &[root.to_str().unwrap(), "/linked", "400"],
-    );
+    run_tool("objcopy", [link.as_ref(), exe.as_os_str()]);
+    let trace = record_in_root("linked", "/linked");
     let f = folded(&trace, &[]);
     assert!(named(&f) >= 100, "by .gnu_debuglink: {f:?}");
     remove_scratch_dir(&dir);

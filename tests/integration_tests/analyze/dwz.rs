@@ -31,20 +31,14 @@ fn dwz_pair(dir: &Path, flags: &[&str]) -> (Vec<PathBuf>, PathBuf) {
         })
         .collect();
     let common = dir.join("common.debug");
-    let out = Command::new("dwz")
-        .args(flags)
-        .arg("-m")
-        .arg(&common)
-        .arg("-M")
-        .arg(&common)
-        .args(&builds)
-        .output()
-        .expect("running dwz");
-    assert!(
-        out.status.success(),
-        "dwz {flags:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let files = [
+        "-m".as_ref(),
+        common.as_os_str(),
+        "-M".as_ref(),
+        common.as_os_str(),
+    ];
+    let args = flags.iter().map(|f| f.as_ref()).chain(files);
+    run_tool("dwz", args.chain(builds.iter().map(|b| b.as_os_str())));
     (builds, common)
 }
 

@@ -5,19 +5,6 @@
 use super::*;
 use object::{Object, ObjectSection, ObjectSymbol, SymbolKind};
 
-/// Run `tool` with `args`; panics with its message if it fails.
-fn run(tool: &str, args: &[&std::ffi::OsStr]) {
-    let out = Command::new(tool)
-        .args(args)
-        .output()
-        .unwrap_or_else(|e| panic!("running {tool} (binutils): {e}"));
-    assert!(
-        out.status.success(),
-        "{tool} {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
 /// Build the fixture into `dir` and give it MiniDebugInfo the way
 /// distributions make it: the symbols of the functions `.dynsym` lacks,
 /// kept in a copy of its debug-only file, xz-compressed into
@@ -47,13 +34,13 @@ fn build_with_mini_debug_info(dir: &Path) -> PathBuf {
     let (full, mini) = (dir.join("mini.full"), dir.join("mini"));
     let os = |p: &Path| p.as_os_str().to_owned();
     let keep_arg = format!("--keep-symbols={}", keep_file.display());
-    run(
+    run_tool(
         "objcopy",
-        &[&os("--only-keep-debug".as_ref()), &os(&exe), &os(&full)],
+        [&os("--only-keep-debug".as_ref()), &os(&exe), &os(&full)],
     );
-    run(
+    run_tool(
         "objcopy",
-        &[
+        [
             "-S".as_ref(),
             "--remove-section".as_ref(),
             ".comment".as_ref(),
@@ -62,9 +49,9 @@ fn build_with_mini_debug_info(dir: &Path) -> PathBuf {
             mini.as_os_str(),
         ],
     );
-    run(
+    run_tool(
         "strip",
-        &[
+        [
             "--strip-all".as_ref(),
             "-R".as_ref(),
             ".comment".as_ref(),
@@ -76,9 +63,9 @@ fn build_with_mini_debug_info(dir: &Path) -> PathBuf {
     let compressed = dir.join("mini.xz");
     std::fs::write(&compressed, xz).unwrap();
     let add = format!(".gnu_debugdata={}", compressed.display());
-    run(
+    run_tool(
         "objcopy",
-        &["--add-section".as_ref(), add.as_ref(), exe.as_os_str()],
+        ["--add-section".as_ref(), add.as_ref(), exe.as_os_str()],
     );
     let bytes = std::fs::read(&exe).unwrap();
     let file = object::File::parse(&*bytes).unwrap();
