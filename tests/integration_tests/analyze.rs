@@ -176,6 +176,18 @@ fn ending_with(f: &BTreeMap<Vec<String>, u64>, tail: &[&str]) -> u64 {
         .sum()
 }
 
+/// Whether the samples in `outer` (called from `main`) name `inner`, a
+/// function inlined into it: at least 100 samples end `main;outer;inner`
+/// and at most one in twenty of them ends in `outer` alone. A few of
+/// `outer`'s own instructions (its entry test, the arithmetic after the
+/// inlined loop) lie outside the inlined range, and a sample there rightly
+/// ends in `outer`; when the inline frames are not found, every sample does.
+fn names_inlined(f: &BTreeMap<Vec<String>, u64>, outer: &str, inner: &str) -> bool {
+    let inlined = ending_with(f, &["main", outer, inner]);
+    let alone = ending_with(f, &["main", outer]);
+    inlined >= 100 && alone * 20 <= inlined
+}
+
 fn total(f: &BTreeMap<Vec<String>, u64>) -> u64 {
     f.values().sum()
 }
