@@ -53,8 +53,12 @@ const MAX_CODE: u64 = 64 << 20;
 
 /// An image gets rules where the FDEs leave at least one stretch of code
 /// this long (padding included), then for all it leaves of 16 bytes or
-/// more.
-const MIN_CODE: u64 = 1024;
+/// more. The C runtime's functions without CFI that gcc links into every
+/// image take 199-206 bytes in one stretch: of 1,622 x86-64 ELF images of
+/// a Debian 12 system, 1,573 leave no longer one. A small program built
+/// with `-fno-asynchronous-unwind-tables` adds its own code to that
+/// stretch.
+const MIN_CODE: u64 = 256;
 
 /// The address ranges of the FDEs of `section`, non-empty ones, sorted by
 /// start; `None` if the section is malformed.
@@ -313,9 +317,9 @@ pub fn code_debug_frame<'data, R: ReadRef<'data>>(
         }
     }
     // The C runtime's start-up and exit functions, in every image gcc
-    // links, have no CFI and take a few hundred bytes apart: not worth
-    // decoding (a decoder's tables take about half a millisecond to set
-    // up, and reading every FDE's length more).
+    // links, have no CFI and take about 200 bytes: not worth decoding (a
+    // decoder's tables take about half a millisecond to set up, and
+    // reading every FDE's length more).
     if longest < MIN_CODE || total > MAX_CODE {
         return None;
     }

@@ -1,9 +1,11 @@
-//! Programs built against musl, whose libc has no unwind tables: the
-//! analyzer unwinds its code by rules made from its instructions
+//! Code without unwind tables: programs built against musl, whose libc
+//! has none, and programs built with `-fno-asynchronous-unwind-tables`.
+//! The analyzer unwinds such code by rules made from its instructions
 //! (`lrnprof_image::code_debug_frame`), locally and, embedded by the
-//! recorder, offline (`tests/fixtures/an_musl.c`, built with `musl-gcc`;
-//! `tests/fixtures/an_musl.rs`, a static Rust program whose bundled musl
-//! lost its `.debug_frame` to `-C strip=debuginfo`).
+//! recorder, offline (`tests/fixtures/an_musl.c`, built with `musl-gcc`
+//! and with gcc without unwind tables; `tests/fixtures/rec_deep.c`, the
+//! same; `tests/fixtures/an_musl.rs`, a static Rust program whose bundled
+//! musl lost its `.debug_frame` to `-C strip=debuginfo`).
 
 use super::*;
 
@@ -116,6 +118,60 @@ fn a_static_rust_musl_program_stripped_of_debug_info_unwinds_through_musl() {
             .any(|s| s.iter().any(|n| n == "an_musl::alloc_work")),
         "{f:?}"
     );
+    assert_eq!(folded(&trace, &["--offline"]), f);
+    remove_scratch_dir(&dir);
+}
+
+/// A small program built without unwind tables: its own code is a few
+/// hundred bytes beside the C runtime's functions that have no CFI in any
+/// image, so an image is given rules from 256 bytes of such code on, not
+/// only from long stretches as in musl's libc.
+#[test]
+#[cfg_attr(
+    not(target_arch = "x86_64"),
+    ignore = "rules are made from x86-64 code only"
+)]
+fn small_programs_built_without_unwind_tables_reach_the_root() {
+    require_perf!();
+    let dir = scratch_dir("an-no-cfi");
+    let no_cfi = [
+        "-O2",
+        "-fomit-frame-pointer",
+        "-fno-asynchronous-unwind-tables",
+        "-fno-unwind-tables",
+        "-pthread",
+    ];
+    // Before: no sample reached `main` (perf's DWARF mode: none either;
+    // samply's: 1 in 400).
+    let phases = build_c(&["an_musl.c"], &no_cfi, &dir, "phases");
+    // With `endbr64` at each function's entry, as distributions that
+    // build with control-flow protection have it.
+    let cet = [&no_cfi[..], &["-fcf-protection=full"]].concat();
+    let phases_cet = build_c(&["an_musl.c"], &cet, &dir, "phases_cet");
+    for (name, exe) in [("phases", &phases), ("phases_cet", &phases_cet)] {
+        let trace = record(&dir, name, &[], exe, &["600"]);
+        let i = info(&trace, &[]);
+        assert!(root_pct(&i) >= 95.0, "{name}: {i}");
+        let f = folded(&trace, &[]);
+        for phase in ["musl_copy", "musl_sort", "musl_print", "musl_alloc"] {
+            assert!(
+                any_calls(&f, "main", phase) >= 10,
+                "{name}: main -> {phase}: {f:?}"
+            );
+        }
+        assert_eq!(folded(&trace, &["--offline"]), f, "{name}");
+    }
+    // 300 frames of recursion, each with a local array (before: 0 % to
+    // the root, 75 % unknown frames).
+    let deep = build_c(&["rec_deep.c"], &no_cfi, &dir, "rec_deep");
+    let trace = record(&dir, "deep", &[], &deep, &["600", "300"]);
+    let f = folded(&trace, &[]);
+    let full: u64 = f
+        .iter()
+        .filter(|(s, _)| s[1] == "_start" && s.iter().filter(|n| *n == "descend").count() >= 300)
+        .map(|(_, c)| c)
+        .sum();
+    assert!(full as f64 >= 0.95 * total(&f) as f64, "{f:?}");
     assert_eq!(folded(&trace, &["--offline"]), f);
     remove_scratch_dir(&dir);
 }
