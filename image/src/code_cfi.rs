@@ -20,8 +20,15 @@
 //!
 //! Where the code does anything not followed (the stack pointer written
 //! from a register without a frame pointer, paths that meet with different
-//! frames), the function or the part of it concerned gets no rule: a
-//! missing rule ends a stack where a wrong one would invent callers.
+//! frames), or shows the frame followed wrong (a `leave` where no frame
+//! pointer was set, a `ret` away from the return address), the function
+//! or the part of it concerned gets no rule: a missing rule ends a stack
+//! where a wrong one would invent callers.
+//!
+//! A call followed by `nop`s and then by code no jump of the function goes
+//! to does not return (`__stack_chk_fail`, `abort`): compilers pad only
+//! before functions, loop heads and code that only jumps reach, so what
+//! follows is not followed from the call.
 //!
 //! Functions start at symbols, at the targets of direct calls, at code
 //! addresses taken by `lea` or (in a program loaded at a fixed address)
@@ -368,11 +375,14 @@ pub fn code_debug_frame<'data, R: ReadRef<'data>>(
         }
     }
     let fixed = obj.kind() == object::ObjectKind::Executable;
-    let mut branched = Vec::new();
+    let mut refs = References::default();
     for code in &gaps {
-        code.referenced(fixed, &in_gaps, &mut starts, &mut taken, &mut branched);
+        code.referenced(fixed, &in_gaps, &mut refs);
     }
+    starts.append(&mut refs.starts);
+    let branched = &mut refs.branched;
     branched.sort_unstable();
+    taken.append(&mut refs.taken);
     taken.retain(|t| branched.binary_search(t).is_err());
     starts.extend(taken);
     starts.sort_unstable();
@@ -499,37 +509,28 @@ impl Code {
         }
     }
 
-    /// Push the code addresses this code calls, and its first instruction
-    /// after padding, to `starts`; those it takes (`lea`, and in a program
-    /// loaded at a fixed address constants moved to a register) to `taken`;
-    /// the targets of its conditional jumps to `branched`. Only addresses
-    /// `in_gaps` holds.
-    fn referenced(
-        &self,
-        fixed: bool,
-        in_gaps: &impl Fn(u64) -> bool,
-        starts: &mut Vec<u64>,
-        taken: &mut Vec<u64>,
-        branched: &mut Vec<u64>,
-    ) {
+    /// Add the addresses this code refers to that `in_gaps` holds to
+    /// `refs` (see [`References`]); `fixed`: the image is loaded at a fixed
+    /// address, so constants moved to a register may be code addresses.
+    fn referenced(&self, fixed: bool, in_gaps: &impl Fn(u64) -> bool, refs: &mut References) {
         if let Some(first) = self.insns.iter().find(|i| is_code(i)) {
-            starts.push(first.ip());
+            refs.starts.push(first.ip());
         }
         for insn in &self.insns {
             let (list, t) = match insn.flow_control() {
                 FlowControl::Call if insn.op0_kind() == OpKind::NearBranch64 => {
-                    (&mut *starts, insn.near_branch_target())
+                    (&mut refs.starts, insn.near_branch_target())
                 }
                 FlowControl::ConditionalBranch if insn.op0_kind() == OpKind::NearBranch64 => {
-                    (&mut *branched, insn.near_branch_target())
+                    (&mut refs.branched, insn.near_branch_target())
                 }
                 _ if insn.mnemonic() == Mnemonic::Lea && insn.is_ip_rel_memory_operand() => {
-                    (&mut *taken, insn.ip_rel_memory_address())
+                    (&mut refs.taken, insn.ip_rel_memory_address())
                 }
                 _ if fixed && insn.mnemonic() == Mnemonic::Mov && insn.op_count() == 2 => {
                     match insn.op1_kind() {
-                        OpKind::Immediate32 => (&mut *taken, u64::from(insn.immediate32())),
-                        OpKind::Immediate32to64 => (&mut *taken, insn.immediate32to64() as u64),
+                        OpKind::Immediate32 => (&mut refs.taken, u64::from(insn.immediate32())),
+                        OpKind::Immediate32to64 => (&mut refs.taken, insn.immediate32to64() as u64),
                         _ => continue,
                     }
                 }
@@ -578,6 +579,18 @@ impl Code {
     }
 }
 
+/// The code addresses that code without CFI refers to.
+#[derive(Default)]
+struct References {
+    /// Targets of direct calls, and where each run of code begins.
+    starts: Vec<u64>,
+    /// Addresses taken by `lea` (and constants, where the image is loaded
+    /// at a fixed address).
+    taken: Vec<u64>,
+    /// Targets of conditional jumps.
+    branched: Vec<u64>,
+}
+
 /// What a function has done to its frame at an instruction, before it
 /// runs: the CFA as an offset from `rsp` (`sp`) and, once `rbp` was set
 /// from `rsp`, from `rbp` (`fp`); where the caller's `rbp` is saved (at
@@ -620,6 +633,23 @@ impl Frame {
         .filter(Frame::known)
     }
 
+    /// Whether running `insn` in this frame shows that the frame is not
+    /// what the function's code has: a `leave` where the function set no
+    /// frame pointer, or a `ret` where the stack pointer is not at the
+    /// return address. Then what was taken for the function's entry is
+    /// none (a piece of another function's epilogue after padding, as the
+    /// return-type cases of libffi's `ffi_call_unix64`, reached through a
+    /// jump table that `rsp` set from a register hides), or a call was
+    /// taken to return that does not. No rules beat wrong ones there: the
+    /// frame pointer that `leave` takes may still be followed.
+    fn contradicted_by(&self, insn: &Instruction) -> bool {
+        match insn.mnemonic() {
+            Mnemonic::Leave => self.fp.is_none(),
+            Mnemonic::Ret => self.sp.is_some_and(|sp| sp != 8),
+            _ => false,
+        }
+    }
+
     /// The frame after `insn`, which `info` describes; `None` once the
     /// CFA is lost.
     fn step(self, insn: &Instruction, info: &mut InstructionInfoFactory) -> Option<Frame> {
@@ -655,6 +685,14 @@ impl Frame {
             }
             (Mnemonic::Mov, Some(Register::RBP), Some(Register::RSP)) => {
                 f.fp = f.sp;
+                return Some(f).filter(Frame::known);
+            }
+            (Mnemonic::Lea, Some(Register::RBP), None)
+                if insn.memory_base() == Register::RSP && insn.memory_index() == Register::None =>
+            {
+                // rbp = rsp + d: the CFA is rbp + (sp - d).
+                let d = insn.memory_displacement64() as i64;
+                f.fp = f.sp.and_then(|sp| sp.checked_sub(d));
                 return Some(f).filter(Frame::known);
             }
             (Mnemonic::Mov, Some(Register::RSP), Some(Register::RBP)) => {
@@ -752,11 +790,42 @@ impl Frame {
 /// none. A call may not return (`exit`, `abort`, `__stack_chk_fail`):
 /// where paths meet, the one through the fewest returns of calls gives
 /// the frame. `None` where paths
-/// meet with frames that disagree. Instructions where the frame is lost
-/// are `None` in the result.
+/// meet with frames that disagree, or where an instruction shows the frame
+/// wrong ([`Frame::contradicted_by`]). Instructions where the frame is
+/// lost are `None` in the result.
 fn follow(insns: &[Instruction], info: &mut InstructionInfoFactory) -> Option<Vec<Option<Frame>>> {
     let mut seen: Vec<Option<Reach>> = vec![None; insns.len()];
     let mut at_indirect: Option<Option<Frame>> = None;
+    // The targets of this function's direct jumps.
+    let mut targets: Vec<u64> = insns
+        .iter()
+        .filter(|i| {
+            matches!(
+                i.flow_control(),
+                FlowControl::ConditionalBranch | FlowControl::UnconditionalBranch
+            ) && i.op0_kind() == OpKind::NearBranch64
+        })
+        .map(Instruction::near_branch_target)
+        .collect();
+    targets.sort_unstable();
+    // Whether the call at `i` returns. Compilers pad code with `nop`s
+    // only before a function, a loop's head and code that only jumps
+    // reach: a call followed by `nop`s, then by code none of the
+    // function's jumps goes to, does not return (`__stack_chk_fail`,
+    // `abort`), and what follows is another function (a static one that
+    // no symbol or call marks) or a jump table's case. (An `int3` after a
+    // call is no such sign: V8 marks calls that do not return there so,
+    // and code that runs follows.)
+    let nop = |i: &Instruction| is_padding(i) && i.mnemonic() != Mnemonic::Int3;
+    let returns = |i: usize| {
+        if !insns.get(i + 1).is_some_and(nop) {
+            return true;
+        }
+        insns[i + 1..]
+            .iter()
+            .find(|n| !nop(n))
+            .is_some_and(|n| targets.binary_search(&n.ip()).is_ok())
+    };
     let entry = Reach {
         frame: Some(Frame::ENTRY),
         calls: 0,
@@ -822,7 +891,11 @@ fn follow(insns: &[Instruction], info: &mut InstructionInfoFactory) -> Option<Ve
                         succ(target(insn.near_branch_target()), false);
                     }
                 }
-                FlowControl::Call | FlowControl::IndirectCall => succ(next, true),
+                FlowControl::Call | FlowControl::IndirectCall => {
+                    if returns(i) {
+                        succ(next, true);
+                    }
+                }
                 _ => succ(next, false),
             }
         }
@@ -841,12 +914,16 @@ fn follow(insns: &[Instruction], info: &mut InstructionInfoFactory) -> Option<Ve
         };
         work.push((seeded, Reach { frame, calls: 0 }));
     }
-    Some(
-        seen.into_iter()
-            .zip(insns)
-            .map(|(s, insn)| s.filter(|_| !insn.is_invalid()).and_then(|s| s.frame))
-            .collect(),
-    )
+    let frames: Vec<Option<Frame>> = seen
+        .into_iter()
+        .zip(insns)
+        .map(|(s, insn)| s.filter(|_| !insn.is_invalid()).and_then(|s| s.frame))
+        .collect();
+    let contradicted = frames
+        .iter()
+        .zip(insns)
+        .any(|(f, insn)| f.is_some_and(|f| f.contradicted_by(insn)));
+    (!contradicted).then_some(frames)
 }
 
 /// How [`follow`] reached an instruction: with which frame (`None`: lost)
@@ -1126,6 +1203,77 @@ mod tests {
         let code = [0x53, 0x85, 0xff, 0x74, 0x01, 0x53, 0x5b, 0xc3];
         assert_eq!(rule_at(&code, &[0], 0x0), None);
         assert_eq!(rule_at(&code, &[0], 0x6), None);
+    }
+
+    /// f1 (0x0): a call that does not return (`nop`s follow it), then g
+    /// (0x20), which no symbol or call marks. f2 (0x30): a call, `nop`s,
+    /// then a loop's head. f3 (0x50): `rbp` set from `rsp` with an offset
+    /// and `rsp` given back from it. f4 (0x70): a piece of an epilogue
+    /// (as libffi's return-type cases): `leave` with no frame pointer set.
+    /// Assembled (GNU as, Intel syntax) from:
+    ///
+    /// ```text
+    /// f1: push rbx; sub rsp, 0x20; test edi, edi; je 1f
+    ///     add rsp, 0x20; pop rbx; ret
+    /// 1:  call f1; .p2align 4
+    /// g:  push r12; push rbp; mov eax, edi; pop rbp; pop r12; ret
+    ///     .p2align 4
+    /// f2: push rbx; call f1; .p2align 4
+    /// 2:  sub edi, 1; jne 2b; pop rbx; ret; .p2align 4
+    /// f3: push rbp; sub rsp, 0x20; lea rbp, [rsp + 0x10]; and rsp, -32
+    ///     call f1; mov rsp, rbp; add rsp, 0x10; pop rbp; ret; .p2align 4
+    /// f4: movsxd rax, eax; mov [r8], rax; leave; ret
+    /// ```
+    const PADDED: &[u8] = &[
+        0x53, 0x48, 0x83, 0xec, 0x20, 0x85, 0xff, 0x74, 0x06, 0x48, 0x83, 0xc4, 0x20, 0x5b, 0xc3,
+        0xe8, 0xec, 0xff, 0xff, 0xff, 0x66, 0x66, 0x2e, 0x0f, 0x1f, 0x84, 0x00, 0x00, 0x00, 0x00,
+        0x00, 0x90, 0x41, 0x54, 0x55, 0x89, 0xf8, 0x5d, 0x41, 0x5c, 0xc3, 0x0f, 0x1f, 0x80, 0x00,
+        0x00, 0x00, 0x00, 0x53, 0xe8, 0xca, 0xff, 0xff, 0xff, 0x66, 0x2e, 0x0f, 0x1f, 0x84, 0x00,
+        0x00, 0x00, 0x00, 0x00, 0x83, 0xef, 0x01, 0x75, 0xfb, 0x5b, 0xc3, 0x66, 0x0f, 0x1f, 0x84,
+        0x00, 0x00, 0x00, 0x00, 0x00, 0x55, 0x48, 0x83, 0xec, 0x20, 0x48, 0x8d, 0x6c, 0x24, 0x10,
+        0x48, 0x83, 0xe4, 0xe0, 0xe8, 0x9d, 0xff, 0xff, 0xff, 0x48, 0x89, 0xec, 0x48, 0x83, 0xc4,
+        0x10, 0x5d, 0xc3, 0x0f, 0x1f, 0x40, 0x00, 0x48, 0x63, 0xc0, 0x49, 0x89, 0x00, 0xc9, 0xc3,
+    ];
+    const PADDED_STARTS: &[u64] = &[0, 0x30, 0x50, 0x70];
+
+    #[test]
+    fn code_after_a_call_and_padding_begins_another_function() {
+        let at = |a| rule_at(PADDED, PADDED_STARTS, a);
+        assert_eq!(at(0xf), Some((RSP, 48, None)));
+        // g, at an entry's frame, not at f1's after the call.
+        assert_eq!(at(0x20), Some((RSP, 8, None)));
+        assert_eq!(at(0x22), Some((RSP, 16, None)));
+        assert_eq!(at(0x23), Some((RSP, 24, Some(-24))));
+        assert_eq!(at(0x28), Some((RSP, 8, None)));
+    }
+
+    #[test]
+    fn a_loop_head_after_a_call_and_padding_keeps_the_frame() {
+        let at = |a| rule_at(PADDED, PADDED_STARTS, a);
+        assert_eq!(at(0x40), Some((RSP, 16, None)));
+        assert_eq!(at(0x45), Some((RSP, 16, None)));
+        assert_eq!(at(0x46), Some((RSP, 8, None)));
+    }
+
+    #[test]
+    fn rbp_set_from_rsp_with_an_offset_tells_the_frame() {
+        let at = |a| rule_at(PADDED, PADDED_STARTS, a);
+        assert_eq!(at(0x5a), Some((RSP, 48, Some(-16))));
+        // The stack aligned: the CFA from rbp (rsp + 0x10 at CFA - 48).
+        assert_eq!(at(0x5e), Some((RBP, 32, Some(-16))));
+        assert_eq!(at(0x63), Some((RBP, 32, Some(-16))));
+        assert_eq!(at(0x66), Some((RSP, 32, Some(-16))));
+        assert_eq!(at(0x6b), Some((RSP, 8, None)));
+    }
+
+    #[test]
+    fn leave_without_a_frame_pointer_gives_the_function_no_rules() {
+        let at = |a| rule_at(PADDED, PADDED_STARTS, a);
+        assert_eq!(at(0x70), None);
+        assert_eq!(at(0x76), None);
+        // A `ret` where the stack pointer is not at the return address:
+        // push rbx; ret
+        assert_eq!(rule_at(&[0x53, 0xc3], &[0], 0), None);
     }
 
     #[test]
