@@ -35,6 +35,17 @@ fn any_calls(f: &BTreeMap<Vec<String>, u64>, a: &str, b: &str) -> u64 {
     calls(f, "", a, b)
 }
 
+/// Each phase of `an_musl.c` called from `main` in the profile of build
+/// `name`.
+fn assert_phases_under_main(f: &BTreeMap<Vec<String>, u64>, name: &str) {
+    for phase in ["musl_copy", "musl_sort", "musl_print", "musl_alloc"] {
+        assert!(
+            any_calls(f, "main", phase) >= 10,
+            "{name}: main -> {phase}: {f:?}"
+        );
+    }
+}
+
 #[test]
 fn stacks_through_musl_code_without_unwind_tables_reach_the_root() {
     require_perf!();
@@ -49,12 +60,7 @@ fn stacks_through_musl_code_without_unwind_tables_reach_the_root() {
         // reached the root, with invented callers.
         assert!(root_pct(&i) >= 95.0, "{name}: {i}");
         let f = folded(&trace, &[]);
-        for phase in ["musl_copy", "musl_sort", "musl_print", "musl_alloc"] {
-            assert!(
-                any_calls(&f, "main", phase) >= 10,
-                "{name}: main -> {phase}: {f:?}"
-            );
-        }
+        assert_phases_under_main(&f, name);
         // musl's assembly memcpy, and the comparison musl's qsort calls.
         assert!(any_calls(&f, "musl_copy", "memcpy") >= 10, "{name}: {f:?}");
         let compared: u64 = f
@@ -153,12 +159,7 @@ fn small_programs_built_without_unwind_tables_reach_the_root() {
         let i = info(&trace, &[]);
         assert!(root_pct(&i) >= 95.0, "{name}: {i}");
         let f = folded(&trace, &[]);
-        for phase in ["musl_copy", "musl_sort", "musl_print", "musl_alloc"] {
-            assert!(
-                any_calls(&f, "main", phase) >= 10,
-                "{name}: main -> {phase}: {f:?}"
-            );
-        }
+        assert_phases_under_main(&f, name);
         assert_eq!(folded(&trace, &["--offline"]), f, "{name}");
     }
     // 300 frames of recursion, each with a local array (before: 0 % to
