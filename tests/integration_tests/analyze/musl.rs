@@ -35,12 +35,12 @@ fn any_calls(f: &BTreeMap<Vec<String>, u64>, a: &str, b: &str) -> u64 {
     calls(f, "", a, b)
 }
 
-/// Each phase of `an_musl.c` called from `main` in the profile of build
-/// `name`.
-fn assert_phases_under_main(f: &BTreeMap<Vec<String>, u64>, name: &str) {
+/// Each phase of `an_musl.c` called from `main` in at least `min`
+/// samples of the profile of build `name`.
+fn assert_phases_under_main(f: &BTreeMap<Vec<String>, u64>, name: &str, min: u64) {
     for phase in ["musl_copy", "musl_sort", "musl_print", "musl_alloc"] {
         assert!(
-            any_calls(f, "main", phase) >= 10,
+            any_calls(f, "main", phase) >= min,
             "{name}: main -> {phase}: {f:?}"
         );
     }
@@ -60,7 +60,7 @@ fn stacks_through_musl_code_without_unwind_tables_reach_the_root() {
         // reached the root, with invented callers.
         assert!(root_pct(&i) >= 95.0, "{name}: {i}");
         let f = folded(&trace, &[]);
-        assert_phases_under_main(&f, name);
+        assert_phases_under_main(&f, name, 10);
         // musl's assembly memcpy, and the comparison musl's qsort calls.
         assert!(any_calls(&f, "musl_copy", "memcpy") >= 10, "{name}: {f:?}");
         let compared: u64 = f
@@ -159,7 +159,10 @@ fn small_programs_built_without_unwind_tables_reach_the_root() {
         let i = info(&trace, &[]);
         assert!(root_pct(&i) >= 95.0, "{name}: {i}");
         let f = folded(&trace, &[]);
-        assert_phases_under_main(&f, name);
+        // glibc's merge sort of the 400 values takes about 2 % of the
+        // time (9-15 samples of 600 in 600 ms): each phase is reached
+        // under `main`; the root share above says how many.
+        assert_phases_under_main(&f, name, 1);
         assert_eq!(folded(&trace, &["--offline"]), f, "{name}");
     }
     // 300 frames of recursion, each with a local array (before: 0 % to
