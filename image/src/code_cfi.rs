@@ -80,6 +80,63 @@ const MANY_FDES: u32 = 64;
 /// See [`MANY_FDES`].
 const MIN_CODE_MANY_FDES: u64 = 1024;
 
+/// Functions that never return, by name (sorted): a call to one ends its
+/// path, also where no padding follows it (the next function may begin
+/// right after the call).
+const NO_RETURN: &[&str] = &[
+    "_Exit",
+    "_Unwind_Resume",
+    "_ZSt9terminatev",
+    "__assert_fail",
+    "__assert_perror_fail",
+    "__chk_fail",
+    "__cxa_bad_cast",
+    "__cxa_bad_typeid",
+    "__cxa_rethrow",
+    "__cxa_throw",
+    "__cxa_throw_bad_array_new_length",
+    "__fortify_fail",
+    "__libc_fatal",
+    "__longjmp_chk",
+    "__stack_chk_fail",
+    "__stack_chk_fail_local",
+    "_exit",
+    "_longjmp",
+    "abort",
+    "err",
+    "errx",
+    "exit",
+    "longjmp",
+    "pthread_exit",
+    "quick_exit",
+    "siglongjmp",
+    "thrd_exit",
+    "verr",
+    "verrx",
+];
+
+/// The addresses of the functions of [`NO_RETURN`] in `obj`, and of its
+/// PLT stubs for them, sorted.
+fn no_return_addresses<'data, R: ReadRef<'data>>(obj: &object::File<'data, R>) -> Vec<u64> {
+    let named = |name: &str| NO_RETURN.binary_search(&name).is_ok();
+    let mut out: Vec<u64> = obj
+        .symbols()
+        .chain(obj.dynamic_symbols())
+        .filter(|s| s.kind() == object::SymbolKind::Text && s.is_definition())
+        .filter(|s| s.name().is_ok_and(named))
+        .map(|s| s.address())
+        .collect();
+    out.extend(
+        crate::symbols::plt_symbols_of(obj)
+            .into_iter()
+            .filter(|s| s.name.strip_suffix("@plt").is_some_and(named))
+            .map(|s| s.svma),
+    );
+    out.sort_unstable();
+    out.dedup();
+    out
+}
+
 /// The address ranges of the FDEs of `section`, non-empty ones, sorted by
 /// start; `None` if the section is malformed.
 pub fn fde_ranges<'a, S>(section: &S, bases: &BaseAddresses) -> Option<Vec<Range<u64>>>
@@ -426,7 +483,8 @@ pub fn code_debug_frame<'data, R: ReadRef<'data>>(
     let mut out = own;
     entry(&mut out, X86_64_CIE);
     let made = out.len();
-    write_fdes(&gaps, &starts, svmas, cie, &mut out);
+    let no_return = no_return_addresses(obj);
+    write_fdes(&gaps, &starts, &no_return, svmas, cie, &mut out);
     (out.len() > made).then_some(out)
 }
 
@@ -435,6 +493,17 @@ pub fn code_debug_frame<'data, R: ReadRef<'data>>(
 /// first instruction after padding begins one too): a CIE at offset 0,
 /// then the FDEs.
 pub fn debug_frame_of_code(address: u64, code: &[u8], starts: &[u64]) -> Vec<u8> {
+    debug_frame_of_code_calling(address, code, starts, &[])
+}
+
+/// [`debug_frame_of_code`], where calls to `no_return` (sorted) do not
+/// return.
+fn debug_frame_of_code_calling(
+    address: u64,
+    code: &[u8],
+    starts: &[u64],
+    no_return: &[u64],
+) -> Vec<u8> {
     let mut out = Vec::new();
     entry(&mut out, X86_64_CIE);
     // Code that would run past the end of the address space has no rules.
@@ -448,18 +517,26 @@ pub fn debug_frame_of_code(address: u64, code: &[u8], starts: &[u64]) -> Vec<u8>
     }
     all.sort_unstable();
     all.dedup();
-    write_fdes(&[code], &all, None, 0, &mut out);
+    write_fdes(&[code], &all, no_return, None, 0, &mut out);
     out
 }
 
 /// Append the FDEs of the functions of `gaps` (which begin at `starts`,
-/// sorted) that hold one of `svmas`, or of all with `None`, each naming
-/// the CIE at offset `cie`.
-fn write_fdes(gaps: &[Code], starts: &[u64], svmas: Option<&[u64]>, cie: u32, out: &mut Vec<u8>) {
+/// sorted; calls to `no_return`, sorted, do not return) that hold one of
+/// `svmas`, or of all with `None`, each naming the CIE at offset `cie`.
+fn write_fdes(
+    gaps: &[Code],
+    starts: &[u64],
+    no_return: &[u64],
+    svmas: Option<&[u64]>,
+    cie: u32,
+    out: &mut Vec<u8>,
+) {
     let mut program = Vec::new();
     let mut info = InstructionInfoFactory::new();
+    let functions = Functions { starts, no_return };
     for code in gaps {
-        code.write_fdes(starts, svmas, cie, &mut info, out, &mut program);
+        code.write_fdes(&functions, svmas, cie, &mut info, out, &mut program);
     }
 }
 
@@ -575,7 +652,7 @@ impl Code {
     /// that holds one of `svmas`, or every function with `None`.
     fn write_fdes(
         &self,
-        starts: &[u64],
+        functions: &Functions,
         svmas: Option<&[u64]>,
         cie: u32,
         info: &mut InstructionInfoFactory,
@@ -587,6 +664,7 @@ impl Code {
         while first < self.insns.len() {
             let ip = self.insns[first].ip();
             // The function runs to the next start.
+            let starts = functions.starts;
             let next = starts.partition_point(|&s| s <= ip);
             let end = starts.get(next).map_or(range.end, |&s| s.min(range.end));
             let count = self.insns[first..].partition_point(|i| i.ip() < end).max(1);
@@ -600,11 +678,18 @@ impl Code {
             if !wanted || !insns.iter().any(is_code) {
                 continue;
             }
-            if let Some(frames) = follow(insns, info) {
+            if let Some(frames) = follow(insns, functions.no_return, info) {
                 write_function(insns, &frames, cie, out, program);
             }
         }
     }
+}
+
+/// Where the functions of code without CFI begin (sorted), and the
+/// functions that do not return (sorted).
+struct Functions<'a> {
+    starts: &'a [u64],
+    no_return: &'a [u64],
 }
 
 /// The code addresses that code without CFI refers to.
@@ -815,13 +900,18 @@ impl Frame {
 /// entry reaches (switch cases reached through a jump table, functions
 /// found by no reference) is followed from its first instruction with the
 /// frame at the function's indirect jumps, or as an entry where it has
-/// none. A call may not return (`exit`, `abort`, `__stack_chk_fail`):
+/// none. Calls to `no_return` (sorted) end their path. A call may not
+/// return (`exit`, `abort`, `__stack_chk_fail`):
 /// where paths meet, the one through the fewest returns of calls gives
 /// the frame. `None` where paths
 /// meet with frames that disagree, or where an instruction shows the frame
 /// wrong ([`Frame::contradicted_by`]). Instructions where the frame is
 /// lost are `None` in the result.
-fn follow(insns: &[Instruction], info: &mut InstructionInfoFactory) -> Option<Vec<Option<Frame>>> {
+fn follow(
+    insns: &[Instruction],
+    no_return: &[u64],
+    info: &mut InstructionInfoFactory,
+) -> Option<Vec<Option<Frame>>> {
     let mut seen: Vec<Option<Reach>> = vec![None; insns.len()];
     let mut at_indirect: Option<Option<Frame>> = None;
     // The targets of this function's direct jumps.
@@ -846,6 +936,12 @@ fn follow(insns: &[Instruction], info: &mut InstructionInfoFactory) -> Option<Ve
     // and code that runs follows.)
     let nop = |i: &Instruction| is_padding(i) && i.mnemonic() != Mnemonic::Int3;
     let returns = |i: usize| {
+        let insn = &insns[i];
+        if insn.op0_kind() == OpKind::NearBranch64
+            && no_return.binary_search(&insn.near_branch_target()).is_ok()
+        {
+            return false;
+        }
         if !insns.get(i + 1).is_some_and(nop) {
             return true;
         }
@@ -1073,8 +1169,12 @@ mod tests {
     /// of the CFI made for `code` (at address 0, functions at `starts`):
     /// (register, offset, rbp's offset from the CFA); `None` without a rule.
     fn rule_at(code: &[u8], starts: &[u64], address: u64) -> Option<(u16, i64, Option<i64>)> {
-        let out = debug_frame_of_code(0, code, starts);
-        let mut frame = DebugFrame::new(&out, LittleEndian);
+        rule_in(&debug_frame_of_code(0, code, starts), address)
+    }
+
+    /// [`rule_at`] in the `.debug_frame` `out`.
+    fn rule_in(out: &[u8], address: u64) -> Option<(u16, i64, Option<i64>)> {
+        let mut frame = DebugFrame::new(out, LittleEndian);
         frame.set_address_size(8);
         let mut ctx = UnwindContext::new();
         let row = frame
@@ -1302,6 +1402,30 @@ mod tests {
         // A `ret` where the stack pointer is not at the return address:
         // push rbx; ret
         assert_eq!(rule_at(&[0x53, 0xc3], &[0], 0), None);
+    }
+
+    #[test]
+    fn a_call_to_a_function_that_does_not_return_ends_its_path() {
+        // f: push rbx; call g
+        // h: push rbp; mov eax, edi; pop rbp; ret   (no padding before it)
+        // g: ud2
+        let code = [
+            0x53, 0xe8, 0x05, 0x00, 0x00, 0x00, 0x55, 0x89, 0xf8, 0x5d, 0xc3, 0x0f, 0x0b,
+        ];
+        let at = |no_return: &[u64], address| {
+            let out = debug_frame_of_code_calling(0, &code, &[0, 0xb], no_return);
+            rule_in(&out, address)
+        };
+        // g does not return: h begins at an entry's frame.
+        assert_eq!(at(&[0xb], 0x1), Some((RSP, 16, None)));
+        assert_eq!(at(&[0xb], 0x6), Some((RSP, 8, None)));
+        assert_eq!(at(&[0xb], 0x9), Some((RSP, 16, Some(-16))));
+        assert_eq!(at(&[0xb], 0xa), Some((RSP, 8, None)));
+        // Taken to return, h's `ret` shows f's frame wrong: no rules.
+        assert_eq!(at(&[], 0x1), None);
+        assert_eq!(at(&[], 0x6), None);
+        // The names are sorted, as their binary search needs.
+        assert!(NO_RETURN.windows(2).all(|w| w[0] < w[1]));
     }
 
     #[test]

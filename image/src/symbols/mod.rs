@@ -214,7 +214,9 @@ fn function_symbols<'data, 'f, R: ReadRef<'data>>(
 }
 
 /// `NAME@plt` symbols of an ELF file (see [`plt_symbols`]).
-fn plt_symbols_of<'data, R: ReadRef<'data>>(obj: &object::File<'data, R>) -> Vec<Symbol> {
+pub(crate) fn plt_symbols_of<'data, R: ReadRef<'data>>(
+    obj: &object::File<'data, R>,
+) -> Vec<Symbol> {
     let range = |name| obj.section_by_name(name).map(|s| (s.address(), s.size()));
     let bytes = |name| {
         obj.section_by_name(name)
