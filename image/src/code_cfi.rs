@@ -313,6 +313,25 @@ pub fn code_debug_frame<'data, R: ReadRef<'data>>(
     {
         return None;
     }
+    let mut code: Vec<_> = obj
+        .sections()
+        .filter(|sec| {
+            // The linker writes the PLT's CFI; its entries are no functions.
+            sec.kind() == SectionKind::Text
+                && !sec.name().unwrap_or("").starts_with(".plt")
+                // Addresses past the end of the address space: no code.
+                && sec.address().checked_add(sec.size()).is_some()
+        })
+        .collect();
+    code.sort_by_key(|sec| sec.address());
+    let code_ranges: Vec<Range<u64>> = code
+        .iter()
+        .map(|sec| sec.address()..sec.address().saturating_add(sec.size()))
+        .collect();
+    // A separate debug file (its code NOBITS): nothing to read further.
+    if code.is_empty() {
+        return None;
+    }
     let own = match obj.section_by_name(".debug_frame") {
         Some(sec) => {
             if sec.compressed_data().ok()?.uncompressed_size > MAX_CODE {
@@ -329,21 +348,6 @@ pub fn code_debug_frame<'data, R: ReadRef<'data>>(
         debug_frame.set_address_size(8);
         covered = fde_ranges(&debug_frame, &BaseAddresses::default())?;
     }
-    let mut code: Vec<_> = obj
-        .sections()
-        .filter(|sec| {
-            // The linker writes the PLT's CFI; its entries are no functions.
-            sec.kind() == SectionKind::Text
-                && !sec.name().unwrap_or("").starts_with(".plt")
-                // Addresses past the end of the address space: no code.
-                && sec.address().checked_add(sec.size()).is_some()
-        })
-        .collect();
-    code.sort_by_key(|sec| sec.address());
-    let code_ranges: Vec<Range<u64>> = code
-        .iter()
-        .map(|sec| sec.address()..sec.address().saturating_add(sec.size()))
-        .collect();
     if let Some(sec) = obj.section_by_name(".eh_frame") {
         let data = sec.data().ok()?;
         let mut bases = BaseAddresses::default().set_eh_frame(sec.address());
@@ -358,15 +362,16 @@ pub fn code_debug_frame<'data, R: ReadRef<'data>>(
         let hdr = obj
             .section_by_name(".eh_frame_hdr")
             .and_then(|h| Some((h.data().ok()?, h.address())));
-        let ranges =
-            |approximate| eh_frame_ranges(&eh_frame, data, sec.address(), &bases, hdr, approximate);
+        let ranges = |hdr, approximate| {
+            eh_frame_ranges(&eh_frame, data, sec.address(), &bases, hdr, approximate)
+        };
         let fdes = hdr.and_then(|(h, _)| Some(u32::from_le_bytes(h.get(8..12)?.try_into().ok()?)));
         if fdes.is_some_and(|n| n > MANY_FDES) {
             min_code = MIN_CODE_MANY_FDES;
         }
         // Most images' FDEs leave no stretch of code that long: found from
         // the header's table alone.
-        if let Some(mut approximate) = hdr.and_then(|_| ranges(Some(min_code))) {
+        if let Some(mut approximate) = hdr.and_then(|_| ranges(hdr, Some(min_code))) {
             approximate.extend(covered.iter().cloned());
             approximate.sort_by_key(|r| r.start);
             let longest = uncovered(&code_ranges, &approximate)
@@ -377,12 +382,13 @@ pub fn code_debug_frame<'data, R: ReadRef<'data>>(
                 return None;
             }
         }
-        let exact = match hdr.and_then(|_| ranges(None)) {
+        // By the header's table, else in the section's order, else parsed.
+        let exact = match hdr
+            .and_then(|_| ranges(hdr, None))
+            .or_else(|| ranges(None, None))
+        {
             Some(r) => r,
-            None => match ranges(None) {
-                Some(r) => r,
-                None => fde_ranges(&eh_frame, &bases)?,
-            },
+            None => fde_ranges(&eh_frame, &bases)?,
         };
         covered.extend(exact);
         covered.sort_by_key(|r| r.start);
@@ -1424,8 +1430,25 @@ mod tests {
         // Taken to return, h's `ret` shows f's frame wrong: no rules.
         assert_eq!(at(&[], 0x1), None);
         assert_eq!(at(&[], 0x6), None);
+    }
+
+    #[test]
+    #[cfg(all(target_os = "linux", target_arch = "x86_64", target_env = "gnu"))]
+    fn functions_that_do_not_return_are_found_by_name() {
         // The names are sorted, as their binary search needs.
         assert!(NO_RETURN.windows(2).all(|w| w[0] < w[1]));
+        // This test program calls `_Unwind_Resume` (unwinding panics)
+        // through its PLT, and `malloc` (which returns).
+        let bytes = std::fs::read("/proc/self/exe").unwrap();
+        let obj = object::File::parse(&*bytes).unwrap();
+        let stubs = crate::symbols::plt_symbols_of(&obj);
+        let stub = |name: &str| stubs.iter().find(|s| s.name == name).map(|s| s.svma);
+        let found = no_return_addresses(&obj);
+        let resume = stub("_Unwind_Resume@plt").expect("no _Unwind_Resume@plt");
+        assert!(found.binary_search(&resume).is_ok(), "{found:x?}");
+        if let Some(malloc) = stub("malloc@plt") {
+            assert!(found.binary_search(&malloc).is_err());
+        }
     }
 
     #[test]
