@@ -2,10 +2,10 @@
 //! the usual debug-file places and data embedded in the trace. A local file
 //! is used only if its build id matches the one recorded.
 
-use super::parse::{parse_bytes, parse_file, ParsedFile};
+use super::parse::{fdes_after_last_cie, parse_bytes, parse_file, ParsedFile};
 use super::{
-    short_name, FileBytes, ImageData, LoadedImage, Section, SectionBytes, Segment, Source, Symbol,
-    Symbols,
+    short_name, FileBytes, ImageData, LoadedImage, MadeRules, Section, SectionBytes, Segment,
+    Source, Symbol, Symbols,
 };
 use crate::blobs::BlobStore;
 use crate::timeline::ImageKey;
@@ -448,6 +448,9 @@ pub(crate) fn load_image(key: &ImageKey, blobs: &BlobStore, opts: &LocateOptions
             unwind_source = Source::NoneInImage;
         }
     }
+    if let Some(made) = data.as_ref().and_then(|d| d.made_rules) {
+        notes.push(made.to_string());
+    }
     LoadedImage {
         key: key.clone(),
         data,
@@ -527,6 +530,7 @@ fn merge_debug(into: &mut ImageData, from: ImageData) {
 fn merge_embedded(into: &mut ImageData, id: &BuildId, blobs: &BlobStore) -> (bool, bool) {
     let mut gave_unwind = false;
     let mut gave_symbols = false;
+    let mut debug_frame = None;
     for (blob_name, svma) in blobs.section_names(id) {
         let Some((_, bytes)) = blobs.section(id, &blob_name) else {
             continue;
@@ -546,12 +550,26 @@ fn merge_embedded(into: &mut ImageData, id: &BuildId, blobs: &BlobStore) -> (boo
         }
         gave_unwind |= role == Some(SectionRole::Unwind);
         gave_symbols |= name == ".debug_info";
+        if name == ".debug_frame" {
+            debug_frame = Some(bytes.clone());
+        }
         let size = bytes.len() as u64;
         into.sections
             .insert(name, Section::plain(svma, size, SectionBytes::whole(bytes)));
     }
     if let Some((_, layout)) = blobs.section(id, LAYOUT_SECTION) {
         let layout = Layout::parse(&layout);
+        // A `.debug_frame` the image did not have: the recorder made it.
+        let has = |name: &str| layout.sections.iter().any(|s| s.name == name);
+        if let Some(bytes) = debug_frame.filter(|_| !has(".debug_frame")) {
+            into.made_rules = Some(if has(".gopclntab") {
+                MadeRules::GoTables
+            } else {
+                MadeRules::Instructions {
+                    functions: fdes_after_last_cie(&bytes),
+                }
+            });
+        }
         if into.segments.is_empty() {
             // Segments without file bytes (`.bss`-only, `__PAGEZERO`) map
             // nothing.

@@ -236,6 +236,35 @@ pub(crate) struct ImageData {
     /// The DWARF sections of the supplementary debug file (`dwz -m`) the
     /// image's DWARF refers to, when it does and the file is here.
     pub sup: Option<Box<ImageData>>,
+    /// Unwind rules the analyzer made for code no unwind table of the
+    /// image describes, if it made any.
+    pub made_rules: Option<MadeRules>,
+}
+
+/// Where the rules of an image's `.debug_frame` that it did not carry
+/// came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum MadeRules {
+    /// A Go binary stripped of its unwind tables: its stack-pointer
+    /// tables (`.gopclntab`).
+    GoTables,
+    /// Code without CFI: its instructions, for this many functions.
+    Instructions { functions: usize },
+}
+
+impl std::fmt::Display for MadeRules {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            MadeRules::GoTables => f.write_str(
+                "no unwind table: unwind rules made from the Go binary's stack-pointer tables (.gopclntab)",
+            ),
+            MadeRules::Instructions { functions } => write!(
+                f,
+                "unwind rules made from the instructions of {functions} function{} that no unwind table describes",
+                if *functions == 1 { "" } else { "s" }
+            ),
+        }
+    }
 }
 
 impl ImageData {

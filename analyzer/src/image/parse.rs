@@ -1,6 +1,6 @@
 //! Reading an image file (ELF or Mach-O) through `object`.
 
-use super::{Deflated, FileBytes, ImageData, Section, SectionBytes, Segment, Symbols};
+use super::{Deflated, FileBytes, ImageData, MadeRules, Section, SectionBytes, Segment, Symbols};
 use lrnprof_image::{canonical_section_name, section_role, SectionRole};
 use object::read::macho::MachHeader as _;
 use object::{Object, ObjectSection, ObjectSegment};
@@ -150,6 +150,7 @@ pub(crate) fn parse_bytes(bytes: Arc<FileBytes>) -> Result<ParsedFile, String> {
     if !data.sections.contains_key(".eh_frame") && !data.sections.contains_key(".debug_frame") {
         if let Some(made) = lrnprof_image::go_debug_frame(&obj, None) {
             let size = made.len() as u64;
+            data.made_rules = Some(MadeRules::GoTables);
             data.sections.insert(
                 ".debug_frame".into(),
                 Section::plain(0, size, SectionBytes::whole(Arc::new(made))),
@@ -161,6 +162,9 @@ pub(crate) fn parse_bytes(bytes: Arc<FileBytes>) -> Result<ParsedFile, String> {
     // `.eh_frame` and `.debug_frame` reads.
     if let Some(made) = lrnprof_image::code_debug_frame(&obj, None) {
         let size = made.len() as u64;
+        data.made_rules = Some(MadeRules::Instructions {
+            functions: fdes_after_last_cie(&made),
+        });
         data.sections.insert(
             ".debug_frame".into(),
             Section::plain(0, size, SectionBytes::whole(Arc::new(made))),
@@ -190,9 +194,65 @@ pub(crate) fn parse_bytes(bytes: Arc<FileBytes>) -> Result<ParsedFile, String> {
     })
 }
 
+/// The FDEs of a `.debug_frame` after its last CIE: those
+/// [`lrnprof_image::code_debug_frame`] made, which follow the image's own
+/// entries under a CIE of their own.
+pub(super) fn fdes_after_last_cie(section: &[u8]) -> usize {
+    let word = |at: usize| {
+        let b = section.get(at..at.checked_add(4)?)?;
+        Some(u32::from_le_bytes(b.try_into().ok()?))
+    };
+    let (mut at, mut fdes) = (0usize, 0);
+    // 32-bit DWARF only: `code_debug_frame` writes no other.
+    while let (Some(length), Some(id)) = (word(at), word(at + 4)) {
+        if length == 0 || length == u32::MAX {
+            break;
+        }
+        if id == u32::MAX {
+            fdes = 0;
+        } else {
+            fdes += 1;
+        }
+        let Some(next) = at.checked_add(4 + length as usize) else {
+            break;
+        };
+        at = next;
+    }
+    fdes
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_fdes_after_the_last_cie_are_counted() {
+        // (length, id) and `length - 4` bytes of body each.
+        let entry = |id: u32, body: usize| {
+            let mut e = ((4 + body) as u32).to_le_bytes().to_vec();
+            e.extend(id.to_le_bytes());
+            e.extend(vec![0u8; body]);
+            e
+        };
+        let (cie, fde) = (u32::MAX, 0);
+        let section: Vec<u8> = [
+            entry(cie, 12),
+            entry(fde, 20),
+            entry(cie, 12),
+            entry(fde, 20),
+            entry(fde, 28),
+        ]
+        .concat();
+        assert_eq!(fdes_after_last_cie(&section), 2);
+        // Cut anywhere, or a length past the end: no panic, entries
+        // counted as far as they can be read.
+        for end in 0..section.len() {
+            assert!(fdes_after_last_cie(&section[..end]) <= 2);
+        }
+        let mut huge = section.clone();
+        huge[..4].copy_from_slice(&(u32::MAX - 1).to_le_bytes());
+        assert_eq!(fdes_after_last_cie(&huge), 0);
+    }
 
     #[test]
     fn section_names_are_normalized() {

@@ -193,6 +193,10 @@ fn stripped_go_binaries_are_named_and_unwound_from_their_pclntab() {
         };
         let i = info(&trace, &[]);
         assert!(i.contains(&format!(r#""unwind_data": "{source}""#)), "{i}");
+        assert!(
+            i.contains("unwind rules made from the Go binary's stack-pointer tables"),
+            "{i}"
+        );
         let out = ok(&[t, "--format", "folded", "-o", "-"]);
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(!stderr.contains("missing"), "{stderr}");

@@ -158,6 +158,15 @@ fn small_programs_built_without_unwind_tables_reach_the_root() {
         let trace = record(&dir, name, &[], exe, &["600"]);
         let i = info(&trace, &[]);
         assert!(root_pct(&i) >= 95.0, "{name}: {i}");
+        // `info` says where the rules came from, with the program here
+        // (all its functions) and from the trace (those it reaches).
+        for extra in [&[][..], &["--offline"]] {
+            let i = info(&trace, extra);
+            assert!(
+                made_rules_noted(&i, exe),
+                "{name} {extra:?}: no note of rules made from instructions: {i}"
+            );
+        }
         let f = folded(&trace, &[]);
         // glibc's merge sort of the 400 values takes about 2 % of the
         // time (9-15 samples of 600 in 600 ms): each phase is reached
@@ -178,4 +187,17 @@ fn small_programs_built_without_unwind_tables_reach_the_root() {
     assert!(full as f64 >= 0.95 * total(&f) as f64, "{f:?}");
     assert_eq!(folded(&trace, &["--offline"]), f);
     remove_scratch_dir(&dir);
+}
+
+/// Whether `info --json` notes, for the image at `path`, unwind rules made
+/// from its instructions.
+fn made_rules_noted(info: &str, path: &Path) -> bool {
+    let image = format!(r#""path": "{}","#, path.display());
+    let Some(at) = info.find(&image) else {
+        return false;
+    };
+    // The image's entry runs to its frame count.
+    let entry = &info[at..];
+    let entry = &entry[..entry.find(r#""frames":"#).unwrap_or(entry.len())];
+    entry.contains("unwind rules made from the instructions of")
 }
