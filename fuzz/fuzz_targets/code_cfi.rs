@@ -1,8 +1,9 @@
 //! Unwind rules made from x86-64 machine code without CFI
-//! (`lrnprof_image::debug_frame_of_code`): any bytes, read as code from a
-//! start given by the first two bytes, must give a `.debug_frame` whose
-//! every FDE parses and whose every row puts the frame address above the
-//! stack or frame pointer.
+//! (`lrnprof_image::debug_frame_of_code`): any bytes, read as code with
+//! two function starts given by the first two bytes (so that jumps from
+//! one function into the other are followed too), must give a
+//! `.debug_frame` whose every FDE parses and whose every row puts the
+//! frame address above the stack or frame pointer.
 #![no_main]
 
 use gimli::{BaseAddresses, CfaRule, DebugFrame, LittleEndian, UnwindContext, UnwindSection};
@@ -13,8 +14,13 @@ fuzz_target!(|data: &[u8]| {
         return;
     };
     let address = 0x1000u64;
-    let start = address + u64::from(u16::from_le_bytes(*head)) % (code.len() as u64 + 1);
-    let made = lrnprof_image::debug_frame_of_code(address, code, &[start]);
+    let start = |n: u16| address + u64::from(n) % (code.len() as u64 + 1);
+    let mut starts = [
+        start(u16::from_le_bytes(*head)),
+        start(u16::from_be_bytes(*head)),
+    ];
+    starts.sort_unstable();
+    let made = lrnprof_image::debug_frame_of_code(address, code, &starts);
     let mut frame = DebugFrame::new(&made, LittleEndian);
     frame.set_address_size(8);
     let bases = BaseAddresses::default();

@@ -442,9 +442,15 @@ pub fn code_debug_frame<'data, R: ReadRef<'data>>(
         ranges.get(i).is_some_and(|r| r.contains(&a))
     };
     let mut starts: Vec<u64> = Vec::new();
+    // The parts of functions that gcc moves out of their way (`f.cold`,
+    // `f.part.0.cold`): entered by jumps from their function, at its frame.
+    let mut fragments: Vec<u64> = Vec::new();
     for sym in obj.symbols().chain(obj.dynamic_symbols()) {
         if sym.kind() == object::SymbolKind::Text && in_gaps(sym.address()) {
             starts.push(sym.address());
+            if sym.name().is_ok_and(is_cold_part) {
+                fragments.push(sym.address());
+            }
         }
     }
     // Code addresses in data (function pointers of a shared library) and
@@ -470,6 +476,11 @@ pub fn code_debug_frame<'data, R: ReadRef<'data>>(
     for code in &gaps {
         code.referenced(fixed, &in_gaps, &mut refs);
     }
+    // A cold part that is also called or taken is entered as a function.
+    refs.starts.sort_unstable();
+    fragments.retain(|f| refs.starts.binary_search(f).is_err());
+    fragments.sort_unstable();
+    fragments.dedup();
     starts.append(&mut refs.starts);
     let branched = &mut refs.branched;
     branched.sort_unstable();
@@ -490,8 +501,20 @@ pub fn code_debug_frame<'data, R: ReadRef<'data>>(
     entry(&mut out, X86_64_CIE);
     let made = out.len();
     let no_return = no_return_addresses(obj);
-    write_fdes(&gaps, &starts, &no_return, svmas, cie, &mut out);
+    let functions = Functions {
+        starts: &starts,
+        no_return: &no_return,
+        fragments: &fragments,
+    };
+    write_fdes(&gaps, &functions, svmas, cie, &mut out);
     (out.len() > made).then_some(out)
+}
+
+/// Whether a symbol names the cold part of a function (`f.cold`,
+/// `f.cold.12`, `f.part.0.cold`), which gcc's hot/cold splitting moves
+/// away from the function and enters by jumps.
+fn is_cold_part(name: &str) -> bool {
+    name.ends_with(".cold") || name.contains(".cold.")
 }
 
 /// The `.debug_frame` that [`code_debug_frame`] makes for x86-64 `code`
@@ -523,27 +546,142 @@ fn debug_frame_of_code_calling(
     }
     all.sort_unstable();
     all.dedup();
-    write_fdes(&[code], &all, no_return, None, 0, &mut out);
+    let functions = Functions {
+        starts: &all,
+        no_return,
+        fragments: &[],
+    };
+    write_fdes(&[code], &functions, None, 0, &mut out);
     out
 }
 
-/// Append the FDEs of the functions of `gaps` (which begin at `starts`,
-/// sorted; calls to `no_return`, sorted, do not return) that hold one of
-/// `svmas`, or of all with `None`, each naming the CIE at offset `cie`.
+/// Append the FDEs of the functions of `gaps` that hold one of `svmas`,
+/// or of all with `None`, each naming the CIE at offset `cie`.
+///
+/// Code that a function enters by a jump from another (a cold part gcc
+/// moved away from its function, a block it shares) runs at the frame of
+/// that jump, not at an entry's: the functions that jump into the wanted
+/// ones are followed first, and the frames at their jumps seed the code
+/// jumped to where its own function does not reach it.
 fn write_fdes(
     gaps: &[Code],
-    starts: &[u64],
-    no_return: &[u64],
+    functions: &Functions,
     svmas: Option<&[u64]>,
     cie: u32,
     out: &mut Vec<u8>,
 ) {
     let mut program = Vec::new();
     let mut info = InstructionInfoFactory::new();
-    let functions = Functions { starts, no_return };
-    for code in gaps {
-        code.write_fdes(&functions, svmas, cie, &mut info, out, &mut program);
+    let parts: Vec<Vec<Function>> = gaps.iter().map(|c| c.functions(functions, svmas)).collect();
+    // Wanted functions' ranges, to find the jumps into them.
+    let mut wanted: Vec<Range<u64>> = gaps
+        .iter()
+        .zip(&parts)
+        .flat_map(|(code, fs)| {
+            fs.iter()
+                .filter(|f| f.wanted)
+                .map(move |f| code.function_range(f))
+        })
+        .collect();
+    wanted.sort_unstable_by_key(|r| r.start);
+    let into_wanted = |t: u64| {
+        let i = wanted.partition_point(|r| r.end <= t);
+        wanted.get(i).is_some_and(|r| r.contains(&t))
+    };
+    // The frame at each jump from one function into another's code, where
+    // it is known and not an entry's (that is a tail call).
+    let mut jumps: Vec<(u64, Option<Frame>)> = Vec::new();
+    // Each wanted function's FDEs as first written (their range in
+    // `written`), and whether seeds may change them.
+    let mut written = Vec::new();
+    let mut firsts: Vec<Vec<(Range<usize>, bool)>> = Vec::with_capacity(gaps.len());
+    for (code, fs) in gaps.iter().zip(&parts) {
+        let mut pieces = Vec::with_capacity(fs.len());
+        for f in fs {
+            let insns = &code.insns[f.first..f.first + f.count];
+            let range = code.function_range(f);
+            let out_of = |i: &Instruction| {
+                matches!(
+                    i.flow_control(),
+                    FlowControl::ConditionalBranch | FlowControl::UnconditionalBranch
+                ) && i.op0_kind() == OpKind::NearBranch64
+                    && !range.contains(&i.near_branch_target())
+            };
+            let jumps_into_wanted = || {
+                insns
+                    .iter()
+                    .any(|i| out_of(i) && into_wanted(i.near_branch_target()))
+            };
+            if !f.wanted && !jumps_into_wanted() {
+                pieces.push((0..0, false));
+                continue;
+            }
+            let mut unreached = false;
+            let frames = follow(insns, functions, &|_| None, &mut info, &mut unreached);
+            // A cold part's frame is not known before its seeds are: its
+            // jumps (back into its function) tell nothing yet.
+            let fragment = functions.fragments.binary_search(&range.start).is_ok();
+            if let Some(frames) = frames.as_ref().filter(|_| !fragment) {
+                for (insn, frame) in insns.iter().zip(frames) {
+                    // Where the frame is lost the jump tells nothing.
+                    if out_of(insn) && frame.is_some_and(|f| f != Frame::ENTRY) {
+                        jumps.push((insn.near_branch_target(), *frame));
+                    }
+                }
+            }
+            let at = written.len();
+            if let Some(frames) = frames.filter(|_| f.wanted) {
+                write_function(insns, &frames, cie, &mut written, &mut program);
+            }
+            // Seeds matter only to a cold part's start and to code its
+            // function does not reach.
+            pieces.push((at..written.len(), unreached || fragment));
+        }
+        firsts.push(pieces);
     }
+    // Jumps that disagree on the frame tell none.
+    jumps.sort_unstable_by_key(|&(t, _)| t);
+    let mut seeds: Vec<(u64, Option<Frame>)> = Vec::new();
+    for (t, frame) in jumps {
+        match seeds.last_mut() {
+            Some((last, f)) if *last == t => {
+                if *f != frame {
+                    *f = None;
+                }
+            }
+            _ => seeds.push((t, frame)),
+        }
+    }
+    let seed = |ip: u64| -> Option<Option<Frame>> {
+        let i = seeds.binary_search_by_key(&ip, |&(t, _)| t).ok()?;
+        Some(seeds[i].1)
+    };
+    for ((code, fs), pieces) in gaps.iter().zip(&parts).zip(firsts) {
+        for (f, (piece, may_change)) in fs.iter().zip(pieces) {
+            if !f.wanted {
+                continue;
+            }
+            let range = code.function_range(f);
+            let first = seeds.partition_point(|&(t, _)| t < range.start);
+            let seeded = may_change && seeds.get(first).is_some_and(|&(t, _)| t < range.end);
+            if !seeded {
+                out.extend_from_slice(&written[piece]);
+                continue;
+            }
+            let insns = &code.insns[f.first..f.first + f.count];
+            if let Some(frames) = follow(insns, functions, &seed, &mut info, &mut false) {
+                write_function(insns, &frames, cie, out, &mut program);
+            }
+        }
+    }
+}
+
+/// One function of a [`Code`]: `count` instructions from `first`, and
+/// whether its FDE is wanted.
+struct Function {
+    first: usize,
+    count: usize,
+    wanted: bool,
 }
 
 /// The parts of `ranges` (sorted, apart) that no range of `covered`
@@ -653,19 +791,12 @@ impl Code {
         }
     }
 
-    /// Append an FDE for each run of instructions with a known frame in
-    /// each function of this code (functions begin at `starts`, sorted)
-    /// that holds one of `svmas`, or every function with `None`.
-    fn write_fdes(
-        &self,
-        functions: &Functions,
-        svmas: Option<&[u64]>,
-        cie: u32,
-        info: &mut InstructionInfoFactory,
-        out: &mut Vec<u8>,
-        program: &mut Vec<u8>,
-    ) {
+    /// The functions of this code (they begin at `functions.starts`), each
+    /// wanted if it holds one of `svmas` or `svmas` is `None`; those
+    /// without code are left out.
+    fn functions(&self, functions: &Functions, svmas: Option<&[u64]>) -> Vec<Function> {
         let range = self.range();
+        let mut all = Vec::new();
         let mut first = 0;
         while first < self.insns.len() {
             let ip = self.insns[first].ip();
@@ -675,19 +806,28 @@ impl Code {
             let end = starts.get(next).map_or(range.end, |&s| s.min(range.end));
             let count = self.insns[first..].partition_point(|i| i.ip() < end).max(1);
             let insns = &self.insns[first..first + count];
-            first += count;
             let Some(last) = insns.last() else { break };
             let wanted = svmas.is_none_or(|svmas| {
                 let i = svmas.partition_point(|&s| s < ip);
                 svmas.get(i).is_some_and(|&s| s < last.next_ip())
             });
-            if !wanted || !insns.iter().any(is_code) {
-                continue;
+            if insns.iter().any(is_code) {
+                all.push(Function {
+                    first,
+                    count,
+                    wanted,
+                });
             }
-            if let Some(frames) = follow(insns, functions.no_return, info) {
-                write_function(insns, &frames, cie, out, program);
-            }
+            first += count;
         }
+        all
+    }
+
+    /// The addresses of function `f`'s instructions.
+    fn function_range(&self, f: &Function) -> Range<u64> {
+        let first = &self.insns[f.first];
+        let last = &self.insns[f.first + f.count - 1];
+        first.ip()..last.next_ip()
     }
 }
 
@@ -696,6 +836,8 @@ impl Code {
 struct Functions<'a> {
     starts: &'a [u64],
     no_return: &'a [u64],
+    /// Starts that are cold parts of functions (sorted), entered by jumps.
+    fragments: &'a [u64],
 }
 
 /// The code addresses that code without CFI refers to.
@@ -915,9 +1057,12 @@ impl Frame {
 /// lost are `None` in the result.
 fn follow(
     insns: &[Instruction],
-    no_return: &[u64],
+    functions: &Functions,
+    seed: &dyn Fn(u64) -> Option<Option<Frame>>,
     info: &mut InstructionInfoFactory,
+    unreached: &mut bool,
 ) -> Option<Vec<Option<Frame>>> {
+    let no_return = functions.no_return;
     let mut seen: Vec<Option<Reach>> = vec![None; insns.len()];
     let mut at_indirect: Option<Option<Frame>> = None;
     // The targets of this function's direct jumps.
@@ -956,8 +1101,14 @@ fn follow(
             .find(|n| !nop(n))
             .is_some_and(|n| targets.binary_search(&n.ip()).is_ok())
     };
+    // A cold part starts at the frame of the jumps into it, where known.
+    let start = insns.first().map_or(0, Instruction::ip);
+    let entry = match functions.fragments.binary_search(&start) {
+        Ok(_) => seed(start).unwrap_or(Some(Frame::ENTRY)),
+        Err(_) => Some(Frame::ENTRY),
+    };
     let entry = Reach {
-        frame: Some(Frame::ENTRY),
+        frame: entry,
         calls: 0,
     };
     let mut work: Vec<(usize, Reach)> = vec![(0, entry)];
@@ -1036,11 +1187,15 @@ fn follow(
         if seeded >= insns.len() {
             break;
         }
-        let frame = match at_indirect {
-            None => Some(Frame::ENTRY),
+        *unreached = true;
+        let frame = match (seed(insns[seeded].ip()), at_indirect) {
+            // Code other functions jump to (a cold part after its function
+            // where no symbol marks it).
+            (Some(f), _) => f,
+            (None, None) => Some(Frame::ENTRY),
             // Jump tables at different frames, or where the frame was
             // lost: which one is not known.
-            Some(f) => f,
+            (None, Some(f)) => f,
         };
         work.push((seeded, Reach { frame, calls: 0 }));
     }
@@ -1408,6 +1563,43 @@ mod tests {
         // A `ret` where the stack pointer is not at the return address:
         // push rbx; ret
         assert_eq!(rule_at(&[0x53, 0xc3], &[0], 0), None);
+    }
+
+    #[test]
+    fn a_cold_part_runs_at_the_frame_of_the_jump_into_it() {
+        // W:    ret; nop x3
+        // cold: mov edi, 1; jmp back          (f's, placed before f)
+        //       nop x2
+        // f:    push rbx; sub rsp, 0x10; test edi, edi; je cold
+        // back: add rsp, 0x10; pop rbx; ret
+        let code = [
+            0xc3, 0x90, 0x90, 0x90, 0xbf, 0x01, 0x00, 0x00, 0x00, 0xe9, 0x0f, 0x00, 0x00, 0x00,
+            0x90, 0x90, 0x53, 0x48, 0x83, 0xec, 0x10, 0x85, 0xff, 0x0f, 0x84, 0xe7, 0xff, 0xff,
+            0xff, 0x48, 0x83, 0xc4, 0x10, 0x5b, 0xc3,
+        ];
+        let at = |starts: &[u64], fragments: &[u64], address| {
+            let mut out = Vec::new();
+            entry(&mut out, X86_64_CIE);
+            let functions = Functions {
+                starts,
+                no_return: &[],
+                fragments,
+            };
+            write_fdes(&[Code::decode(0, &code)], &functions, None, 0, &mut out);
+            rule_in(&out, address)
+        };
+        // f's frame: its return address, rbx and 16 bytes.
+        assert_eq!(at(&[0, 0x10], &[], 0x1d), Some((RSP, 32, None)));
+        // Stripped: the cold part is code W does not reach.
+        assert_eq!(at(&[0, 0x10], &[], 0x04), Some((RSP, 32, None)));
+        assert_eq!(at(&[0, 0x10], &[], 0x09), Some((RSP, 32, None)));
+        // Named by a symbol (`f.cold`).
+        assert_eq!(at(&[0, 0x04, 0x10], &[0x04], 0x04), Some((RSP, 32, None)));
+        assert_eq!(at(&[0, 0x04, 0x10], &[0x04], 0x09), Some((RSP, 32, None)));
+        // Taken for a function of its own: an entry's frame, as before.
+        assert_eq!(at(&[0, 0x04, 0x10], &[], 0x04), Some((RSP, 8, None)));
+        assert!(is_cold_part("f.cold") && is_cold_part("f.part.0.cold.3"));
+        assert!(!is_cold_part("coldstart") && !is_cold_part("f.colder"));
     }
 
     #[test]

@@ -4,10 +4,12 @@
 //! (`lrnprof_image::code_debug_frame`), locally and, embedded by the
 //! recorder, offline (`tests/fixtures/an_musl.c`, built with `musl-gcc`
 //! and with gcc without unwind tables; `tests/fixtures/rec_deep.c`, the
-//! same; `tests/fixtures/an_musl.rs`, a static Rust program whose bundled
-//! musl lost its `.debug_frame` to `-C strip=debuginfo`).
+//! same; `tests/fixtures/an_cold.c`, whose loop gcc moves to a cold part;
+//! `tests/fixtures/an_musl.rs`, a static Rust program whose bundled musl
+//! lost its `.debug_frame` to `-C strip=debuginfo`).
 
 use super::*;
+use object::{Object, ObjectSymbol};
 
 /// Build the fixture with `musl-gcc` (dynamic, or static with `-static`)
 /// into `dir/name`; `None` where there is no `musl-gcc` (Debian's
@@ -186,6 +188,65 @@ fn small_programs_built_without_unwind_tables_reach_the_root() {
         .sum();
     assert!(full as f64 >= 0.95 * total(&f) as f64, "{f:?}");
     assert_eq!(folded(&trace, &["--offline"]), f);
+    remove_scratch_dir(&dir);
+}
+
+#[test]
+fn cold_parts_of_functions_without_unwind_tables_run_at_their_function_s_frame() {
+    require_perf!();
+    let dir = scratch_dir("an-cold");
+    let flags = [
+        "-O2",
+        "-fomit-frame-pointer",
+        "-fno-asynchronous-unwind-tables",
+        "-fno-unwind-tables",
+    ];
+    let exe = build_c(&["an_cold.c"], &flags, &dir, "an_cold");
+    let bytes = std::fs::read(&exe).unwrap();
+    let file = object::File::parse(&*bytes).unwrap();
+    assert!(
+        file.symbols().any(|s| s.name() == Ok("work.cold")),
+        "gcc made no work.cold of tests/fixtures/an_cold.c"
+    );
+    drop(file);
+    // Without symbols the cold part is code no function start reaches.
+    let stripped = dir.join("an_cold_stripped");
+    let out = Command::new("strip")
+        .arg("-s")
+        .arg("-o")
+        .arg(&stripped)
+        .arg(&exe)
+        .output()
+        .expect("binutils' strip");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Before, followed from an entry's frame: every sample ended in
+    // `work.cold`, its caller taken from `work`'s locals.
+    for (name, exe) in [("cold", &exe), ("cold-stripped", &stripped)] {
+        let trace = record(&dir, name, &[], exe, &["500"]);
+        for extra in [&[][..], &["--offline"]] {
+            let f = folded(&trace, extra);
+            // The loop, in the cold part, called from `main` called from
+            // libc's start-up.
+            let whole: u64 = f
+                .iter()
+                .filter(|(s, _)| {
+                    s.len() >= 4 && s[s.len() - 3] == "__libc_start_call_main" && s[1] == "_start"
+                })
+                .map(|(_, c)| c)
+                .sum();
+            assert!(
+                whole as f64 >= 0.9 * total(&f) as f64,
+                "{name} {extra:?}: {f:?}"
+            );
+            if name == "cold" {
+                assert!(any_calls(&f, "main", "work.cold") as f64 >= 0.9 * total(&f) as f64);
+            }
+        }
+    }
     remove_scratch_dir(&dir);
 }
 
