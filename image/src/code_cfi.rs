@@ -1046,15 +1046,19 @@ impl Frame {
 /// The frame before each of `insns` (one function, in address order),
 /// followed along its branches from its entry; code no path from the
 /// entry reaches (switch cases reached through a jump table, functions
-/// found by no reference) is followed from its first instruction with the
-/// frame at the function's indirect jumps, or as an entry where it has
-/// none. Calls to `no_return` (sorted) end their path. A call may not
-/// return (`exit`, `abort`, `__stack_chk_fail`):
-/// where paths meet, the one through the fewest returns of calls gives
-/// the frame. `None` where paths
-/// meet with frames that disagree, or where an instruction shows the frame
-/// wrong ([`Frame::contradicted_by`]). Instructions where the frame is
-/// lost are `None` in the result.
+/// found by no reference, a cold part no symbol marks) is followed from
+/// its first instruction with the frame `seed` gives there (that of other
+/// functions' jumps to it; `Some(None)` where they disagree), else with
+/// the frame at the function's indirect jumps, or as an entry where it
+/// has none; `unreached` is set where there is such code. A function that
+/// is a cold part (its start in `functions.fragments`) starts at the frame
+/// `seed` gives it, as an entry's where it gives none. Calls to
+/// `functions.no_return` end their path. A call may not return (`exit`,
+/// `abort`, `__stack_chk_fail`): where paths meet, the one through the
+/// fewest returns of calls gives the frame. `None` where paths meet with
+/// frames that disagree, or where an instruction shows the frame wrong
+/// ([`Frame::contradicted_by`]). Instructions where the frame is lost are
+/// `None` in the result.
 fn follow(
     insns: &[Instruction],
     functions: &Functions,
