@@ -669,8 +669,13 @@ fn write_fdes(
                 continue;
             }
             let insns = &code.insns[f.first..f.first + f.count];
-            if let Some(frames) = follow(insns, functions, &seed, &mut info, &mut false) {
-                write_function(insns, &frames, cie, out, &mut program);
+            match follow(insns, functions, &seed, &mut info, &mut false) {
+                Some(frames) => write_function(insns, &frames, cie, out, &mut program),
+                // Where a jump's frame makes paths disagree, it is the
+                // jump's frame that is in doubt (a block shared by
+                // functions at different frames, an address taken that is
+                // no function's start): the rules without seeds stand.
+                None => out.extend_from_slice(&written[piece]),
             }
         }
     }
@@ -1604,6 +1609,25 @@ mod tests {
         assert_eq!(at(&[0, 0x04, 0x10], &[], 0x04), Some((RSP, 8, None)));
         assert!(is_cold_part("f.cold") && is_cold_part("f.part.0.cold.3"));
         assert!(!is_cold_part("coldstart") && !is_cold_part("f.colder"));
+    }
+
+    #[test]
+    fn a_jump_whose_frame_makes_paths_disagree_leaves_the_rules_as_they_were() {
+        // W: jmp ret_; nop; (code W does not reach:) push rax; pop rax;
+        //    jmp ret_; ret_: ret; nop x8
+        // G: push rbx; jmp (the code W does not reach)
+        let code = [
+            0xeb, 0x05, 0x90, 0x50, 0x58, 0xeb, 0x00, 0xc3, 0x90, 0x90, 0x90, 0x90, 0x90, 0x90,
+            0x90, 0x90, 0x53, 0xe9, 0xed, 0xff, 0xff, 0xff,
+        ];
+        // G's frame there meets W's at `ret_` with 8 bytes more: the jump is
+        // what is in doubt, so W keeps the rules it has without it.
+        let at = |a| rule_at(&code, &[0, 0x10], a);
+        assert_eq!(at(0x00), Some((RSP, 8, None)));
+        assert_eq!(at(0x03), Some((RSP, 8, None)));
+        assert_eq!(at(0x04), Some((RSP, 16, None)));
+        assert_eq!(at(0x07), Some((RSP, 8, None)));
+        assert_eq!(at(0x11), Some((RSP, 16, None)));
     }
 
     #[test]
