@@ -445,11 +445,15 @@ pub fn code_debug_frame<'data, R: ReadRef<'data>>(
     // The parts of functions that gcc moves out of their way (`f.cold`,
     // `f.part.0.cold`): entered by jumps from their function, at its frame.
     let mut fragments: Vec<u64> = Vec::new();
+    // Starts that symbols name as functions.
+    let mut named: Vec<u64> = Vec::new();
     for sym in obj.symbols().chain(obj.dynamic_symbols()) {
         if sym.kind() == object::SymbolKind::Text && in_gaps(sym.address()) {
             starts.push(sym.address());
             if sym.name().is_ok_and(is_cold_part) {
                 fragments.push(sym.address());
+            } else {
+                named.push(sym.address());
             }
         }
     }
@@ -476,16 +480,31 @@ pub fn code_debug_frame<'data, R: ReadRef<'data>>(
     for code in &gaps {
         code.referenced(fixed, &in_gaps, &mut refs);
     }
-    // A cold part that is also called or taken is entered as a function.
-    refs.starts.sort_unstable();
-    fragments.retain(|f| refs.starts.binary_search(f).is_err());
-    fragments.sort_unstable();
-    fragments.dedup();
+    // What calls enter (the first code of each run without CFI is among
+    // the starts `referenced` finds, but no call's target) and addresses
+    // taken: functions, not pieces of others.
+    let mut firsts: Vec<u64> = gaps
+        .iter()
+        .filter_map(|g| g.insns.iter().find(|i| is_code(i)).map(Instruction::ip))
+        .collect();
+    firsts.sort_unstable();
+    // `referenced` gives each run's first code once, and once more for
+    // each call to it.
+    let mut found = refs.starts.clone();
+    found.sort_unstable();
+    let mut entered = Vec::new();
+    for same in found.chunk_by(|a, b| a == b) {
+        if same.len() > 1 || firsts.binary_search(&same[0]).is_err() {
+            entered.push(same[0]);
+        }
+    }
     starts.append(&mut refs.starts);
     let branched = &mut refs.branched;
     branched.sort_unstable();
     taken.append(&mut refs.taken);
     taken.retain(|t| branched.binary_search(t).is_err());
+    entered.extend(&taken);
+    let fragments = fragments_of(fragments, named, &firsts, entered);
     starts.extend(taken);
     starts.sort_unstable();
     starts.dedup();
@@ -508,6 +527,31 @@ pub fn code_debug_frame<'data, R: ReadRef<'data>>(
     };
     write_fdes(&gaps, &functions, svmas, cie, &mut out);
     (out.len() > made).then_some(out)
+}
+
+/// The starts that are pieces of other functions (sorted): the cold parts
+/// symbols name (`cold`), and the first code of each run without CFI
+/// (`firsts`, sorted) that no symbol names as a function (`named`), where
+/// jumps into it say so (a stripped image's cold parts, which `.text`
+/// begins with); none that a call enters or an address takes (`entered`).
+fn fragments_of(
+    mut cold: Vec<u64>,
+    mut named: Vec<u64>,
+    firsts: &[u64],
+    mut entered: Vec<u64>,
+) -> Vec<u64> {
+    named.sort_unstable();
+    entered.sort_unstable();
+    cold.extend(
+        firsts
+            .iter()
+            .filter(|f| named.binary_search(f).is_err())
+            .copied(),
+    );
+    cold.retain(|f| entered.binary_search(f).is_err());
+    cold.sort_unstable();
+    cold.dedup();
+    cold
 }
 
 /// Whether a symbol names the cold part of a function (`f.cold`,
@@ -639,20 +683,18 @@ fn write_fdes(
         }
         firsts.push(pieces);
     }
-    // Jumps that disagree on the frame tell none.
+    // Jumps that disagree on the frame tell none: the code there is
+    // followed as it was without them.
     jumps.sort_unstable_by_key(|&(t, _)| t);
-    let mut seeds: Vec<(u64, Option<Frame>)> = Vec::new();
-    for (t, frame) in jumps {
-        match seeds.last_mut() {
-            Some((last, f)) if *last == t => {
-                if *f != frame {
-                    *f = None;
-                }
+    let mut seeds: Vec<(u64, Frame)> = Vec::new();
+    for same in jumps.chunk_by(|a, b| a.0 == b.0) {
+        if let (t, Some(frame)) = same[0] {
+            if same.iter().all(|&(_, f)| f == Some(frame)) {
+                seeds.push((t, frame));
             }
-            _ => seeds.push((t, frame)),
         }
     }
-    let seed = |ip: u64| -> Option<Option<Frame>> {
+    let seed = |ip: u64| -> Option<Frame> {
         let i = seeds.binary_search_by_key(&ip, |&(t, _)| t).ok()?;
         Some(seeds[i].1)
     };
@@ -1053,7 +1095,7 @@ impl Frame {
 /// entry reaches (switch cases reached through a jump table, functions
 /// found by no reference, a cold part no symbol marks) is followed from
 /// its first instruction with the frame `seed` gives there (that of other
-/// functions' jumps to it; `Some(None)` where they disagree), else with
+/// functions' jumps to it, where they agree), else with
 /// the frame at the function's indirect jumps, or as an entry where it
 /// has none; `unreached` is set where there is such code. A function that
 /// is a cold part (its start in `functions.fragments`) starts at the frame
@@ -1067,7 +1109,7 @@ impl Frame {
 fn follow(
     insns: &[Instruction],
     functions: &Functions,
-    seed: &dyn Fn(u64) -> Option<Option<Frame>>,
+    seed: &dyn Fn(u64) -> Option<Frame>,
     info: &mut InstructionInfoFactory,
     unreached: &mut bool,
 ) -> Option<Vec<Option<Frame>>> {
@@ -1113,7 +1155,7 @@ fn follow(
     // A cold part starts at the frame of the jumps into it, where known.
     let start = insns.first().map_or(0, Instruction::ip);
     let entry = match functions.fragments.binary_search(&start) {
-        Ok(_) => seed(start).unwrap_or(Some(Frame::ENTRY)),
+        Ok(_) => Some(seed(start).unwrap_or(Frame::ENTRY)),
         Err(_) => Some(Frame::ENTRY),
     };
     let entry = Reach {
@@ -1200,7 +1242,7 @@ fn follow(
         let frame = match (seed(insns[seeded].ip()), at_indirect) {
             // Code other functions jump to (a cold part after its function
             // where no symbol marks it).
-            (Some(f), _) => f,
+            (Some(f), _) => Some(f),
             (None, None) => Some(Frame::ENTRY),
             // Jump tables at different frames, or where the frame was
             // lost: which one is not known.
@@ -1609,6 +1651,21 @@ mod tests {
         assert_eq!(at(&[0, 0x04, 0x10], &[], 0x04), Some((RSP, 8, None)));
         assert!(is_cold_part("f.cold") && is_cold_part("f.part.0.cold.3"));
         assert!(!is_cold_part("coldstart") && !is_cold_part("f.colder"));
+    }
+
+    #[test]
+    fn cold_parts_are_named_or_runs_no_function_begins() {
+        // 0x10 `f.cold`; runs without CFI begin at 0x10 (the cold part),
+        // 0x40 (`g`, named) and 0x80 (nameless); 0x90 `h.cold` is called.
+        let cold = vec![0x90, 0x10];
+        let named = vec![0x40];
+        let firsts = [0x10, 0x40, 0x80];
+        assert_eq!(
+            fragments_of(cold.clone(), named.clone(), &firsts, vec![0x90]),
+            [0x10, 0x80]
+        );
+        // A nameless run that a call enters is a function.
+        assert_eq!(fragments_of(cold, named, &firsts, vec![0x80, 0x90]), [0x10]);
     }
 
     #[test]
