@@ -480,31 +480,17 @@ pub fn code_debug_frame<'data, R: ReadRef<'data>>(
     for code in &gaps {
         code.referenced(fixed, &in_gaps, &mut refs);
     }
-    // What calls enter (the first code of each run without CFI is among
-    // the starts `referenced` finds, but no call's target) and addresses
-    // taken: functions, not pieces of others.
-    let mut firsts: Vec<u64> = gaps
-        .iter()
-        .filter_map(|g| g.insns.iter().find(|i| is_code(i)).map(Instruction::ip))
-        .collect();
-    firsts.sort_unstable();
-    // `referenced` gives each run's first code once, and once more for
-    // each call to it.
-    let mut found = refs.starts.clone();
-    found.sort_unstable();
-    let mut entered = Vec::new();
-    for same in found.chunk_by(|a, b| a == b) {
-        if same.len() > 1 || firsts.binary_search(&same[0]).is_err() {
-            entered.push(same[0]);
-        }
-    }
-    starts.append(&mut refs.starts);
+    // What calls enter and addresses taken are functions, not pieces of
+    // others.
+    let mut entered = refs.calls.clone();
+    starts.extend(&refs.firsts);
+    starts.append(&mut refs.calls);
     let branched = &mut refs.branched;
     branched.sort_unstable();
     taken.append(&mut refs.taken);
     taken.retain(|t| branched.binary_search(t).is_err());
     entered.extend(&taken);
-    let fragments = fragments_of(fragments, named, &firsts, entered);
+    let fragments = fragments_of(fragments, named, &refs.firsts, entered);
     starts.extend(taken);
     starts.sort_unstable();
     starts.dedup();
@@ -531,7 +517,7 @@ pub fn code_debug_frame<'data, R: ReadRef<'data>>(
 
 /// The starts that are pieces of other functions (sorted): the cold parts
 /// symbols name (`cold`), and the first code of each run without CFI
-/// (`firsts`, sorted) that no symbol names as a function (`named`), where
+/// (`firsts`) that no symbol names as a function (`named`), where
 /// jumps into it say so (a stripped image's cold parts, which `.text`
 /// begins with); none that a call enters or an address takes (`entered`).
 fn fragments_of(
@@ -810,12 +796,12 @@ impl Code {
     /// address, so constants moved to a register may be code addresses.
     fn referenced(&self, fixed: bool, in_gaps: &impl Fn(u64) -> bool, refs: &mut References) {
         if let Some(first) = self.insns.iter().find(|i| is_code(i)) {
-            refs.starts.push(first.ip());
+            refs.firsts.push(first.ip());
         }
         for insn in &self.insns {
             let (list, t) = match insn.flow_control() {
                 FlowControl::Call if insn.op0_kind() == OpKind::NearBranch64 => {
-                    (&mut refs.starts, insn.near_branch_target())
+                    (&mut refs.calls, insn.near_branch_target())
                 }
                 FlowControl::ConditionalBranch if insn.op0_kind() == OpKind::NearBranch64 => {
                     (&mut refs.branched, insn.near_branch_target())
@@ -890,8 +876,10 @@ struct Functions<'a> {
 /// The code addresses that code without CFI refers to.
 #[derive(Default)]
 struct References {
-    /// Targets of direct calls, and where each run of code begins.
-    starts: Vec<u64>,
+    /// Where each run of code begins.
+    firsts: Vec<u64>,
+    /// Targets of direct calls.
+    calls: Vec<u64>,
     /// Addresses taken by `lea` (and constants, where the image is loaded
     /// at a fixed address).
     taken: Vec<u64>,
