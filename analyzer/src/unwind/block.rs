@@ -98,7 +98,7 @@ struct ThreadWalks<R> {
 struct BlockUnwinder<'c, 'p, A: UnwindArch> {
     cx: &'c BlockContext<'p>,
     cache: ArchCache,
-    threads: FxHashMap<(Pid, Tid), ThreadWalks<A::Regs>>,
+    threads: FxHashMap<(Pid, Tid), ThreadWalks<A::State>>,
     frames: Vec<u64>,
     out: UnwoundBlock,
 }
@@ -240,7 +240,7 @@ impl<'c, 'p, A: UnwindArch> BlockUnwinder<'c, 'p, A> {
     }
 
     /// The walks of a thread, created on its first sample in the block.
-    fn thread(&mut self, pid: Pid, tid: Tid) -> Option<&mut ThreadWalks<A::Regs>> {
+    fn thread(&mut self, pid: Pid, tid: Tid) -> Option<&mut ThreadWalks<A::State>> {
         if !self.threads.contains_key(&(pid, tid)) {
             let thread = *self.cx.prepared.timeline.thread_index.get(&(pid, tid))?;
             self.threads.insert(
@@ -485,7 +485,7 @@ mod tests {
                 };
                 walks.arena.push(Node {
                     address: FrameAddress::from_instruction_pointer((i * depth + k) as u64 + 1),
-                    regs: k as u64,
+                    state: k as u64,
                     lo: 0,
                     hi: 0,
                     parent,
@@ -532,7 +532,9 @@ mod tests {
         // What is kept is the last samples' frames, whole.
         assert_eq!(walks.recent.len(), MAX_BASES);
         for e in &walks.recent {
-            let regs: Vec<u64> = chain(&walks.arena, e.walked.leaf).map(|n| n.regs).collect();
+            let regs: Vec<u64> = chain(&walks.arena, e.walked.leaf)
+                .map(|n| n.state)
+                .collect();
             assert_eq!(regs, (0..600).collect::<Vec<u64>>());
         }
     }

@@ -356,6 +356,10 @@ fn walk_whole<A: UnwindArch>(
 /// incremental walk serves both.
 pub(crate) trait UnwindArch {
     type Regs: Copy + PartialEq + 'static;
+    /// What of [`Self::Regs`] the unwind rules of this arch read: two
+    /// frames at the same address whose states are equal unwind the same
+    /// way over the same bytes. Kept per walked frame, so small.
+    type State: Copy + PartialEq + 'static;
     type Cache;
     type Unwinder: framehop::Unwinder<UnwindRegs = Self::Regs, Cache = Self::Cache>;
     /// The unwinder of this arch in `u`, if it is of this arch.
@@ -365,8 +369,10 @@ pub(crate) trait UnwindArch {
     /// The instruction pointer and unwind registers of a sample's
     /// registers, if they are of this arch.
     fn start(u: &Self::Unwinder, regs: &Regs) -> Option<(u64, Self::Regs)>;
-    /// The stack pointer in `regs`.
-    fn sp(regs: &Self::Regs) -> u64;
+    /// The state of `regs` that later unwinding depends on.
+    fn state(regs: &Self::Regs) -> Self::State;
+    /// The stack pointer of a state.
+    fn sp(state: &Self::State) -> u64;
     /// The interrupted instruction pointer and registers a signal frame
     /// saved, read through `read`, where `regs` are those a handler
     /// returned to its trampoline with. `None` where not known.
@@ -375,7 +381,7 @@ pub(crate) trait UnwindArch {
         read: &mut dyn FnMut(u64) -> Result<u64, ()>,
     ) -> Option<(u64, Self::Regs)>;
     /// This worker thread's spare walk arenas of this arch.
-    fn spare_arenas() -> &'static std::thread::LocalKey<SpareArenas<Self::Regs>>;
+    fn spare_arenas() -> &'static std::thread::LocalKey<SpareArenas<Self::State>>;
 }
 
 /// Walk arenas a worker keeps between blocks: a block's unwinder starts
@@ -410,8 +416,7 @@ impl<R> SpareArenas<R> {
 }
 
 thread_local! {
-    static X86_64_ARENAS: SpareArenas<framehop::x86_64::UnwindRegsX86_64> =
-        const { SpareArenas::new() };
+    static X86_64_ARENAS: SpareArenas<SpBp> = const { SpareArenas::new() };
     static AARCH64_ARENAS: SpareArenas<framehop::aarch64::UnwindRegsAarch64> =
         const { SpareArenas::new() };
 }
@@ -419,8 +424,21 @@ thread_local! {
 pub(crate) struct X86_64Arch;
 pub(crate) struct Aarch64Arch;
 
+/// The x86-64 state a walked frame keeps. framehop's x86-64 rules read
+/// only the stack and frame pointers (and the instruction pointer, which
+/// is the frame's address): the other registers it carries (restored by
+/// Mach-O compact unwind's register pops) change no later step, so two
+/// frames that agree on these unwind alike. A ninth of the registers'
+/// size: a deep-stack analysis faulted in a third of the walk memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct SpBp {
+    sp: u64,
+    bp: u64,
+}
+
 impl UnwindArch for X86_64Arch {
     type Regs = framehop::x86_64::UnwindRegsX86_64;
+    type State = SpBp;
     type Cache = x86_64::Cache;
     type Unwinder = x86_64::Unwinder;
     fn unwinder(u: &ArchUnwinder) -> Option<&Self::Unwinder> {
@@ -441,8 +459,14 @@ impl UnwindArch for X86_64Arch {
             Regs::Aarch64(_) => None,
         }
     }
-    fn sp(regs: &Self::Regs) -> u64 {
-        regs.sp()
+    fn state(regs: &Self::Regs) -> Self::State {
+        SpBp {
+            sp: regs.sp(),
+            bp: regs.bp(),
+        }
+    }
+    fn sp(state: &Self::State) -> u64 {
+        state.sp
     }
     fn signal_return(
         regs: &Self::Regs,
@@ -453,13 +477,16 @@ impl UnwindArch for X86_64Arch {
         let (bp, sp, ip) = (bp.ok()?, sp.ok()?, ip.ok()?);
         Some((ip, framehop::x86_64::UnwindRegsX86_64::new(ip, sp, bp)))
     }
-    fn spare_arenas() -> &'static std::thread::LocalKey<SpareArenas<Self::Regs>> {
+    fn spare_arenas() -> &'static std::thread::LocalKey<SpareArenas<Self::State>> {
         &X86_64_ARENAS
     }
 }
 
 impl UnwindArch for Aarch64Arch {
     type Regs = framehop::aarch64::UnwindRegsAarch64;
+    /// All of it: the link register, stack and frame pointers (and the
+    /// pointer-authentication mask), each read by some rule.
+    type State = framehop::aarch64::UnwindRegsAarch64;
     type Cache = aarch64::Cache;
     type Unwinder = aarch64::Unwinder;
     fn unwinder(u: &ArchUnwinder) -> Option<&Self::Unwinder> {
@@ -480,8 +507,11 @@ impl UnwindArch for Aarch64Arch {
             Regs::X86_64(_) => None,
         }
     }
-    fn sp(regs: &Self::Regs) -> u64 {
-        regs.sp()
+    fn state(regs: &Self::Regs) -> Self::State {
+        *regs
+    }
+    fn sp(state: &Self::State) -> u64 {
+        state.sp()
     }
     /// Not yet: AArch64 signal frames (the vDSO's `__kernel_rt_sigreturn`)
     /// still end a walk.
@@ -491,7 +521,7 @@ impl UnwindArch for Aarch64Arch {
     ) -> Option<(u64, Self::Regs)> {
         None
     }
-    fn spare_arenas() -> &'static std::thread::LocalKey<SpareArenas<Self::Regs>> {
+    fn spare_arenas() -> &'static std::thread::LocalKey<SpareArenas<Self::State>> {
         &AARCH64_ARENAS
     }
 }
@@ -503,12 +533,13 @@ pub(crate) const NONE: u32 = u32::MAX;
 /// walk running off its end (one large frame).
 const PAST_END_REACH: u64 = 64 * 1024;
 
-/// One frame of a walk: where it is, the registers the unwinder had there,
-/// and the stack bytes that unwinding from it to the end of the walk read.
+/// One frame of a walk: where it is, the state of the registers the
+/// unwinder had there ([`UnwindArch::State`]), and the stack bytes that
+/// unwinding from it to the end of the walk read.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct Node<R> {
+pub(crate) struct Node<S> {
     pub address: FrameAddress,
-    pub regs: R,
+    pub state: S,
     /// Lowest AVMA read from this frame on.
     pub lo: u64,
     /// One past the highest AVMA read from this frame on.
@@ -582,7 +613,7 @@ pub(crate) fn walk<A: UnwindArch>(
     stack: &StackView<'_>,
     little_endian: bool,
     reuse: Option<&Reuse>,
-    arena: &mut Vec<Node<A::Regs>>,
+    arena: &mut Vec<Node<A::State>>,
 ) -> Walked {
     use framehop::Unwinder as _;
     // New frames go straight to the arena, each the parent of the one
@@ -602,9 +633,10 @@ pub(crate) fn walk<A: UnwindArch>(
     let mut words = stack.reader(little_endian);
     let clean = loop {
         if let Some(r) = reuse {
-            let sp = A::sp(&regs);
+            let state = A::state(&regs);
+            let sp = A::sp(&state);
             while let Some(n) = arena.get(other as usize) {
-                if A::sp(&n.regs) >= sp {
+                if A::sp(&n.state) >= sp {
                     break;
                 }
                 other = n.parent;
@@ -612,7 +644,7 @@ pub(crate) fn walk<A: UnwindArch>(
             }
             let (mut at, mut depth) = (other, other_depth);
             while let Some(n) = arena.get(at as usize) {
-                if A::sp(&n.regs) != sp {
+                if A::sp(&n.state) != sp {
                     break;
                 }
                 // Reads at or past the end fail: if both copies end at the
@@ -620,7 +652,7 @@ pub(crate) fn walk<A: UnwindArch>(
                 // would (a stack deeper than the copy, whose walks stop at
                 // its end), else it must have read only unchanged bytes.
                 if n.address == address
-                    && n.regs == regs
+                    && n.state == state
                     && n.lo >= r.unchanged_from
                     && (n.hi <= r.end || r.base_end == r.end)
                 {
@@ -674,7 +706,7 @@ pub(crate) fn walk<A: UnwindArch>(
         let parent = arena.len() as u32 + 1;
         arena.push(Node {
             address: this,
-            regs: this_regs,
+            state: A::state(&this_regs),
             lo,
             hi,
             parent,
