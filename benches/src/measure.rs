@@ -37,7 +37,9 @@ impl Measured {
     }
 }
 
-/// How often `VmHWM` is read, and how long a reap may lag the exit.
+/// How often `VmHWM` is read. The exit itself is waited for through a
+/// pidfd where the kernel has them (Linux 5.3), so wall time ends when the
+/// command does; elsewhere a reap may lag the exit by this much.
 const POLL: Duration = Duration::from_millis(5);
 
 /// Run `cmd` to completion with its standard error going to `stderr_path`
@@ -77,6 +79,7 @@ pub fn wait_measured(
     ok: &dyn Fn(ExitStatus) -> bool,
 ) -> Result<Measured, BenchError> {
     let pid = child.id() as libc::pid_t;
+    let exited = sys::ExitWatch::open(pid);
     let mut peak_rss_kib = 0;
     let mut killed = false;
     let (status, usage) = loop {
@@ -93,7 +96,7 @@ pub fn wait_measured(
             let _ = child.kill();
             killed = true;
         }
-        std::thread::sleep(POLL);
+        exited.wait(POLL);
     };
     let wall_s = start.elapsed().as_secs_f64();
     let status = ExitStatus::from_raw(status);
@@ -145,6 +148,53 @@ pub fn parse_vmhwm_kib(status: &str) -> Option<u64> {
 }
 
 mod sys {
+    use std::time::Duration;
+
+    /// Waits for a child's exit with a bound: through its pidfd, which
+    /// turns readable the moment it exits, or by sleeping where there is
+    /// none. Polling alone put every wall time on a 5 ms grid: a 30 ms
+    /// analysis measured 30 or 35 ms, 2.5 ms too long on average.
+    pub(super) struct ExitWatch(pub(super) Option<std::os::fd::OwnedFd>);
+
+    impl ExitWatch {
+        pub(super) fn open(pid: libc::pid_t) -> ExitWatch {
+            #[cfg(target_os = "linux")]
+            {
+                // Safety: pidfd_open takes a pid and flags and returns a
+                // new file descriptor or -1.
+                let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+                if fd >= 0 {
+                    use std::os::fd::FromRawFd;
+                    // Safety: the descriptor was just opened and is owned
+                    // by nothing else.
+                    return ExitWatch(Some(unsafe {
+                        std::os::fd::OwnedFd::from_raw_fd(fd as i32)
+                    }));
+                }
+            }
+            let _ = pid;
+            ExitWatch(None)
+        }
+
+        /// Return once the child has exited, or after `most`.
+        pub(super) fn wait(&self, most: Duration) {
+            let Some(fd) = &self.0 else {
+                std::thread::sleep(most);
+                return;
+            };
+            use std::os::fd::AsRawFd;
+            let mut p = libc::pollfd {
+                fd: fd.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // Safety: one valid pollfd for the duration of the call. An
+            // interrupted or failed poll only returns early: the caller
+            // looks at the child again either way.
+            unsafe { libc::poll(&mut p, 1, most.as_millis() as libc::c_int) };
+        }
+    }
+
     /// `wait4(pid, WNOHANG)`: `None` while the child runs, else its raw
     /// wait status and resource usage (including its reaped children).
     pub(super) fn wait4_nohang(pid: libc::pid_t) -> std::io::Result<Option<(i32, libc::rusage)>> {
@@ -190,6 +240,29 @@ mod tests {
         assert_eq!(parse_vmhwm_kib(status), Some(1234));
         assert_eq!(parse_vmhwm_kib("Name:\tzombie\nState:\tZ\n"), None);
         assert_eq!(parse_vmhwm_kib("VmHWM:\t 12 MB\n"), None);
+    }
+
+    #[test]
+    #[cfg(target_os = "linux")]
+    // Reaped through `wait4` below, as `wait_measured` reaps.
+    #[allow(clippy::zombie_processes)]
+    fn the_exit_is_seen_when_it_happens() {
+        let mut child = Command::new("sleep").arg("600").spawn().expect("run sleep");
+        let pid = child.id() as libc::pid_t;
+        let watch = sys::ExitWatch::open(pid);
+        assert!(
+            watch.0.is_some(),
+            "pidfd_open failed: {}",
+            std::io::Error::last_os_error()
+        );
+        // A bound of zero returns at once; the child still runs.
+        watch.wait(Duration::ZERO);
+        assert!(sys::wait4_nohang(pid).unwrap().is_none());
+        child.kill().unwrap();
+        // Returns on the exit, not after the bound (a wait that only slept
+        // would hold this test for ten minutes).
+        watch.wait(Duration::from_secs(600));
+        assert!(sys::wait4_nohang(pid).unwrap().is_some());
     }
 
     #[test]
