@@ -515,13 +515,30 @@ impl UnwindArch for Aarch64Arch {
     fn sp(state: &Self::State) -> u64 {
         state.sp()
     }
-    /// Not yet: AArch64 signal frames (the vDSO's `__kernel_rt_sigreturn`)
-    /// still end a walk.
+    /// The vDSO's `__kernel_rt_sigreturn`: the kernel's `rt_sigframe` is at
+    /// the stack pointer the handler returned with, and its
+    /// `uc_mcontext` holds the interrupted `x29`, `x30`, `sp` and `pc`.
+    /// (The trampoline's own CFI goes through the frame record the kernel
+    /// put above the sigframe, to the interrupted function's caller: it
+    /// skips the interrupted function, and a leaf's return address, still
+    /// in `x30`, with it.)
     fn signal_return(
-        _: &Self::Regs,
-        _: &mut dyn FnMut(u64) -> Result<u64, ()>,
+        regs: &Self::Regs,
+        read: &mut dyn FnMut(u64) -> Result<u64, ()>,
     ) -> Option<(u64, Self::Regs)> {
-        None
+        let frame = regs.sp();
+        let [fp, lr, sp, pc] =
+            signal::AARCH64_SIGFRAME_FP_LR_SP_PC.map(|at| read(frame.wrapping_add(at)));
+        let (fp, lr, sp, pc) = (fp.ok()?, lr.ok()?, sp.ok()?, pc.ok()?);
+        Some((
+            pc,
+            framehop::aarch64::UnwindRegsAarch64::new_with_ptr_auth_mask(
+                regs.lr_mask(),
+                lr,
+                sp,
+                fp,
+            ),
+        ))
     }
     fn spare_arenas() -> &'static std::thread::LocalKey<SpareArenas<Self::State>> {
         &AARCH64_ARENAS
@@ -801,6 +818,40 @@ pub(crate) fn continue_with_callchain(frames: &mut Vec<u64>, chain: &[u64]) -> b
 mod tests {
     use super::*;
     use std::collections::HashSet;
+
+    /// From the vDSO's signal trampoline on AArch64, the walk goes on at
+    /// the interrupted `pc` with the registers the kernel saved (the link
+    /// register kept through the pointer-authentication mask in use).
+    #[test]
+    fn an_aarch64_signal_frame_gives_the_interrupted_registers() {
+        use framehop::aarch64::{PtrAuthMask, UnwindRegsAarch64};
+        let frame = 0x7fff_0000u64;
+        let saved = [
+            (544, 0x7fff_1000), // x29
+            (552, 0x0040_1234), // x30
+            (560, 0x7fff_0f00), // sp
+            (568, 0x0040_5678), // pc
+        ];
+        let mask = PtrAuthMask::from_max_known_address(0x00ff_ffff);
+        let regs = UnwindRegsAarch64::new_with_ptr_auth_mask(mask, 0x0050_0000, frame, 0);
+        let mut read = |addr: u64| {
+            saved
+                .iter()
+                .find(|(at, _)| frame + at == addr)
+                .map(|(_, v)| *v)
+                .ok_or(())
+        };
+        let (pc, out) = Aarch64Arch::signal_return(&regs, &mut read).unwrap();
+        assert_eq!(pc, 0x0040_5678);
+        assert_eq!(
+            (out.lr(), out.sp(), out.fp()),
+            (0x0040_1234, 0x7fff_0f00, 0x7fff_1000)
+        );
+        assert_eq!(out.lr_mask(), mask);
+        // A frame whose words cannot be read ends the walk there.
+        let mut none = |_: u64| Err(());
+        assert!(Aarch64Arch::signal_return(&regs, &mut none).is_none());
+    }
 
     /// Addresses share a framehop cache slot (one evicting the other) only
     /// when equal modulo 509 × RULE_CACHES; a return address is looked up

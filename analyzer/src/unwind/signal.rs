@@ -245,6 +245,21 @@ pub(crate) fn returns_into(ranges: &[Range<u64>], ra: u64) -> bool {
 /// `uc_stack` (40 bytes), and those are its entries 10, 15 and 16.
 pub(crate) const X86_64_UCONTEXT_BP_SP_IP: [u64; 3] = [40 + 10 * 8, 40 + 15 * 8, 40 + 16 * 8];
 
+/// Where an AArch64 Linux signal frame (`struct rt_sigframe`, at the stack
+/// pointer once the handler returned) keeps the interrupted `x29`, `x30`,
+/// `sp` and `pc`: after `siginfo` (128 bytes), `ucontext`'s `uc_mcontext`
+/// starts at 304 (after `uc_flags`, `uc_link`, `uc_stack`, `uc_sigmask`
+/// and padding to glibc's 1024-bit sigset, aligned to 16), and in it
+/// `fault_address`, then `regs[0..31]`, `sp`, `pc`. Offsets as the
+/// kernel's uapi headers (`asm/sigcontext.h`, `asm/ucontext.h`) lay them
+/// out, computed with `offsetof` over Debian's arm64 headers.
+pub(crate) const AARCH64_SIGFRAME_FP_LR_SP_PC: [u64; 4] = [
+    304 + 8 + 29 * 8,
+    304 + 8 + 30 * 8,
+    304 + 8 + 31 * 8,
+    304 + 8 + 32 * 8,
+];
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -318,6 +333,13 @@ mod tests {
         for len in 0..eh_frame.len() {
             let _ = signal_fdes(&eh_frame[..len], 0x1000, 0, true);
         }
+    }
+
+    #[test]
+    fn aarch64_signal_frame_offsets_are_the_kernel_s() {
+        // offsetof(struct rt_sigframe, uc.uc_mcontext.regs[29]) and the
+        // rest, printed by a C program over the arm64 uapi headers.
+        assert_eq!(AARCH64_SIGFRAME_FP_LR_SP_PC, [544, 552, 560, 568]);
     }
 
     #[test]
