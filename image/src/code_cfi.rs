@@ -482,9 +482,9 @@ pub fn code_debug_frame<'data, R: ReadRef<'data>>(
     }
     // What calls enter and addresses taken are functions, not pieces of
     // others.
-    let mut entered = refs.calls.clone();
     starts.extend(&refs.firsts);
-    starts.append(&mut refs.calls);
+    starts.extend(&refs.calls);
+    let mut entered = std::mem::take(&mut refs.calls);
     let branched = &mut refs.branched;
     branched.sort_unstable();
     taken.append(&mut refs.taken);

@@ -651,8 +651,10 @@ pub(crate) fn walk<A: UnwindArch>(
     let go_switches = trampolines.go_switches();
     let mut words = stack.reader(little_endian);
     let clean = loop {
+        // The frame's state, to compare with the earlier walk's and to
+        // keep in its node.
+        let state = A::state(&regs);
         if let Some(r) = reuse {
-            let state = A::state(&regs);
             let sp = A::sp(&state);
             while let Some(n) = arena.get(other as usize) {
                 if A::sp(&n.state) >= sp {
@@ -725,7 +727,7 @@ pub(crate) fn walk<A: UnwindArch>(
         let parent = arena.len() as u32 + 1;
         arena.push(Node {
             address: this,
-            state: A::state(&this_regs),
+            state,
             lo,
             hi,
             parent,
