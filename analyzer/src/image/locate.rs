@@ -375,15 +375,25 @@ pub(crate) fn load_image(key: &ImageKey, blobs: &BlobStore, opts: &LocateOptions
     if let (Some(id), Some(d)) = (&key.build_id, data.as_mut()) {
         if let Some(bytes) = blobs.table(id, FRAMES_TABLE) {
             match FrameTable::parse(&bytes) {
-                // Resolved from symbol tables alone (the recording machine
-                // had no DWARF for the image: no file, line or inline frame
-                // anywhere), while DWARF is here (a debug package installed
-                // here, --symbols, --debuginfod): the DWARF names them.
-                Ok(table) if d.has_dwarf() && !has_lines(&table) => notes.push(format!(
-                    "the trace's frame table was resolved without DWARF; this machine's DWARF \
-                     names the image's {} addresses instead",
-                    table.len()
-                )),
+                // Resolved from symbol tables (the recording machine had
+                // no DWARF for the image, or not all of it), while DWARF is
+                // here (a debug package installed here, --symbols,
+                // --debuginfod): the DWARF names them. A table that does
+                // not say (version 1) was, where it has no file, line or
+                // inline frame anywhere; one that did come from DWARF
+                // (a function without line info) is not named again.
+                Ok(table)
+                    if d.has_dwarf()
+                        && !table
+                            .resolved_with_dwarf()
+                            .unwrap_or_else(|| has_lines(&table)) =>
+                {
+                    notes.push(format!(
+                        "the trace's frame table was resolved without DWARF; this machine's DWARF \
+                         names the image's {} addresses instead",
+                        table.len()
+                    ))
+                }
                 Ok(table) => {
                     if !d.has_dwarf() && !table.is_empty() {
                         notes.push(format!(
@@ -673,6 +683,58 @@ mod tests {
     fn own_build_id() -> Option<BuildId> {
         let bytes = std::fs::read(std::env::current_exe().unwrap()).ok()?;
         parse_file(Arc::new(bytes)).ok()?.build_id.map(BuildId)
+    }
+
+    /// A trace's frame table whose names have no file or line (a function
+    /// without line info, or symbol tables alone) gives way to this
+    /// machine's DWARF only where it does not say that it came from DWARF.
+    #[test]
+    fn a_frame_table_from_dwarf_is_not_named_again() {
+        let Some(id) = own_build_id() else {
+            let ci = std::env::var("CI").is_ok_and(|v| v.eq_ignore_ascii_case("true") || v == "1");
+            assert!(!ci, "this test binary has no build id to check against");
+            eprintln!("skipping: this test binary has no build id (under CI=true this fails)");
+            return;
+        };
+        let no_line = vec![lrnprof_image::FrameLine {
+            function: "f".into(),
+            file: None,
+            line: None,
+        }];
+        let table = FrameTable::new([(0x1000, no_line)]);
+        let load = |bytes: Vec<u8>| {
+            let mut blobs = BlobStore::default();
+            blobs.add(lrnprof_format::Blob {
+                build_id: id.clone(),
+                kind: lrnprof_format::BlobKind::Table {
+                    name: FRAMES_TABLE.into(),
+                },
+                compressed: false,
+                offset: 0,
+                total_len: bytes.len() as u64,
+                data: bytes,
+            });
+            blobs.finish();
+            load_image(&key(Some(id.clone())), &blobs, &LocateOptions::default())
+        };
+        let named_again = |image: &LoadedImage| {
+            image
+                .notes
+                .iter()
+                .any(|n| n.contains("resolved without DWARF"))
+        };
+        let from_dwarf = load(table.clone().with_dwarf(true).to_bytes());
+        let data = from_dwarf.data.as_ref().unwrap();
+        assert!(data.has_dwarf(), "this test binary has DWARF");
+        assert!(!named_again(&from_dwarf), "{:?}", from_dwarf.notes);
+        assert_eq!(data.frames.as_deref().map(FrameTable::len), Some(1));
+        // Resolved from symbol tables (version 2), or not saying and
+        // without a line (version 1): this machine's DWARF names them.
+        for bytes in [table.clone().with_dwarf(false).to_bytes(), table.to_bytes()] {
+            let image = load(bytes);
+            assert!(named_again(&image), "{:?}", image.notes);
+            assert!(image.data.as_ref().unwrap().frames.is_none());
+        }
     }
 
     #[test]

@@ -223,7 +223,11 @@ fn build_table(
                 .map(<[FrameLine]>::to_vec)
                 .unwrap_or_default()
         });
-        let built = finish(entries, left_out, debug_file, &kept, None, keeping, None);
+        // The cache keeps only names resolved with every part of the DWARF.
+        let dwarf = source != NameSource::Symbols;
+        let built = finish(
+            entries, left_out, debug_file, dwarf, &kept, None, keeping, None,
+        );
         return Ok(Some((built, 0)));
     }
     if own_dwarf && matches!(first, FileSource::Cached(_)) {
@@ -379,11 +383,13 @@ fn build_table(
     // Names resolved without a unit's `.dwo` or without the supplementary
     // file are not kept: a later recording that finds them resolves them
     // again.
-    let keeping = keeping.filter(|_| split_dwarf_missing.is_none() && alt_missing.is_none());
+    let complete = split_dwarf_missing.is_none() && alt_missing.is_none();
+    let keeping = keeping.filter(|_| complete);
     let mut built = finish(
         entries,
         left_out,
         debug_file,
+        source != NameSource::Symbols && complete,
         &kept,
         Some(&misses),
         keeping,
@@ -427,10 +433,15 @@ struct Keeping<'a> {
 
 /// The built table of `entries`; those that were `resolved` now (sorted;
 /// `None`: none) join what the cache keeps for the image (`kept`).
+/// `dwarf`: the names came from the image's DWARF, every part of it found
+/// (the table says so, and an analyzer with the DWARF need not name the
+/// addresses again); else from its symbol tables, at least in part.
+#[allow(clippy::too_many_arguments)]
 fn finish(
     entries: Vec<(u64, Vec<FrameLine>)>,
     left_out: usize,
     debug_file: Option<PathBuf>,
+    dwarf: bool,
     kept: &FrameTable,
     resolved: Option<&[u64]>,
     keeping: Option<Keeping<'_>>,
@@ -462,6 +473,7 @@ fn finish(
             }
         }
     }
+    let table = table.with_dwarf(dwarf);
     FrameTableBuilt {
         bytes: table.to_bytes(),
         addresses: table.len(),

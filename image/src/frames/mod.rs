@@ -24,8 +24,13 @@ use std::collections::HashMap;
 /// `name` of the frame table's `BlobKind::Table`.
 pub const FRAMES_TABLE: &str = "frames";
 
-/// The table layout this crate writes; readers ignore tables of others.
-const VERSION: u32 = 1;
+/// The table layout that does not say how its names were resolved.
+const VERSION_1: u32 = 1;
+
+/// The table layout that says whether its names came from DWARF. This
+/// crate writes it for tables that know ([`FrameTable::with_dwarf`]),
+/// reads both, and reads tables of other versions as empty.
+const VERSION_2: u32 = 2;
 
 /// For some SVMAs of an image, their function levels, innermost first
 /// (what [`Resolver::lookup`](crate::Resolver::lookup) gave with inline
@@ -34,12 +39,26 @@ const VERSION: u32 = 1;
 pub struct FrameTable {
     /// Sorted by SVMA, each once.
     entries: Vec<(u64, Vec<FrameLine>)>,
+    /// Whether the names came from the image's DWARF (its own or its
+    /// debug file's) rather than its symbol tables alone; `None` where
+    /// the table does not say (version 1).
+    dwarf: Option<bool>,
 }
 
 /// The encoded table: strings interned, addresses as deltas.
 #[derive(Serialize, Deserialize)]
 struct Wire {
     version: u32,
+    strings: Vec<String>,
+    entries: Vec<WireEntry>,
+}
+
+/// Version 2: version 1 with how the names were resolved.
+#[derive(Serialize, Deserialize)]
+struct Wire2 {
+    version: u32,
+    /// Whether the names came from DWARF.
+    dwarf: bool,
     strings: Vec<String>,
     entries: Vec<WireEntry>,
 }
@@ -75,7 +94,25 @@ impl FrameTable {
         let map: HashMap<u64, Vec<FrameLine>> = entries.into_iter().collect();
         let mut entries: Vec<(u64, Vec<FrameLine>)> = map.into_iter().collect();
         entries.sort_by_key(|e| e.0);
-        FrameTable { entries }
+        FrameTable {
+            entries,
+            dwarf: None,
+        }
+    }
+
+    /// This table, saying whether its names came from DWARF (`true`) or
+    /// from the image's symbol tables alone (`false`). Its bytes are then
+    /// version 2.
+    pub fn with_dwarf(mut self, dwarf: bool) -> FrameTable {
+        self.dwarf = Some(dwarf);
+        self
+    }
+
+    /// Whether the names came from DWARF; `None` where the table does not
+    /// say (read from version 1 bytes, or built without
+    /// [`with_dwarf`](Self::with_dwarf)).
+    pub fn resolved_with_dwarf(&self) -> Option<bool> {
+        self.dwarf
     }
 
     /// The levels resolved for `svma`, if the table has it.
@@ -130,14 +167,20 @@ impl FrameTable {
             });
             previous = *svma;
         }
-        let wire = Wire {
-            version: VERSION,
-            strings,
-            entries: wire_entries,
+        let encoded = match self.dwarf {
+            None => options(u64::MAX).serialize(&Wire {
+                version: VERSION_1,
+                strings,
+                entries: wire_entries,
+            }),
+            Some(dwarf) => options(u64::MAX).serialize(&Wire2 {
+                version: VERSION_2,
+                dwarf,
+                strings,
+                entries: wire_entries,
+            }),
         };
-        options(u64::MAX)
-            .serialize(&wire)
-            .expect("encoding to memory cannot fail")
+        encoded.expect("encoding to memory cannot fail")
     }
 
     /// Read a table written by [`to_bytes`](Self::to_bytes). Tables of
@@ -154,12 +197,25 @@ impl FrameTable {
             .allow_trailing_bytes()
             .deserialize(bytes)
             .map_err(|e| bad(e.to_string()))?;
-        if version != VERSION {
-            return Ok(FrameTable::default());
-        }
-        let wire: Wire = options(bytes.len() as u64)
-            .deserialize(bytes)
-            .map_err(|e| bad(e.to_string()))?;
+        let limit = options(bytes.len() as u64);
+        let (wire, dwarf) = match version {
+            VERSION_1 => (
+                limit
+                    .deserialize::<Wire>(bytes)
+                    .map_err(|e| bad(e.to_string()))?,
+                None,
+            ),
+            VERSION_2 => {
+                let w: Wire2 = limit.deserialize(bytes).map_err(|e| bad(e.to_string()))?;
+                let wire = Wire {
+                    version: w.version,
+                    strings: w.strings,
+                    entries: w.entries,
+                };
+                (wire, Some(w.dwarf))
+            }
+            _ => return Ok(FrameTable::default()),
+        };
         let string = |i: u32| {
             wire.strings
                 .get(i as usize)
@@ -187,7 +243,7 @@ impl FrameTable {
             }
             entries.push((svma, lines));
         }
-        Ok(FrameTable { entries })
+        Ok(FrameTable { entries, dwarf })
     }
 }
 
@@ -281,6 +337,43 @@ mod tests {
         // A huge claimed length allocates nothing.
         assert!(FrameTable::parse(&[1, 253, 255, 255, 255, 255, 255, 255, 255, 127]).is_err());
         // Another version reads as empty.
-        assert!(FrameTable::parse(&[2, 9, 9]).unwrap().is_empty());
+        assert!(FrameTable::parse(&[3, 9, 9]).unwrap().is_empty());
+        // Version 2's flag is a bool: another byte is an error.
+        let mut b = example().with_dwarf(true).to_bytes();
+        assert_eq!(b[..2], [2, 1]);
+        b[1] = 2;
+        assert!(FrameTable::parse(&b).is_err());
+    }
+
+    #[rustfmt::skip]
+    #[test]
+    fn version_2_says_how_names_were_resolved() {
+        let t = FrameTable::new([(0x1000, vec![line("main", Some("a.c"), Some(7))])]);
+        assert_eq!(t.resolved_with_dwarf(), None);
+        for dwarf in [false, true] {
+            let bytes = t.clone().with_dwarf(dwarf).to_bytes();
+            assert_eq!(
+                bytes,
+                [
+                    2,                                  // version
+                    u8::from(dwarf),                    // resolved with DWARF
+                    2,                                  // 2 strings
+                    4, b'm', b'a', b'i', b'n',          // 0: "main"
+                    3, b'a', b'.', b'c',                // 1: "a.c"
+                    1,                                  // 1 entry
+                    251, 0x00, 0x10,                    // delta 0x1000
+                    1,                                  // 1 frame
+                    0, 1, 1, 1, 7,                      // main, Some(a.c), Some(7)
+                ]
+            );
+            let back = FrameTable::parse(&bytes).unwrap();
+            assert_eq!(back.resolved_with_dwarf(), Some(dwarf));
+            assert_eq!(back.entries(), t.entries());
+        }
+        // Version 1 bytes (what earlier recorders wrote) still read, and
+        // do not say.
+        let v1 = FrameTable::parse(&t.to_bytes()).unwrap();
+        assert_eq!(v1.resolved_with_dwarf(), None);
+        assert_eq!(v1.entries(), t.entries());
     }
 }
