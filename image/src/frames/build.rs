@@ -632,6 +632,7 @@ mod tests {
         assert_eq!((built.addresses, built.left_out), (1, 0));
         assert_eq!(built.debug_file, None, "the binary's own DWARF is used");
         let table = FrameTable::parse(&built.bytes).unwrap();
+        assert_eq!(table.resolved_with_dwarf(), Some(true));
         let outer = table.entries()[0].1.last().unwrap();
         assert!(outer
             .function
@@ -776,6 +777,11 @@ mod tests {
         assert_eq!(hidden.addresses, offsets.len());
         assert_eq!(hidden.bytes, whole.bytes);
         let table = FrameTable::parse(&hidden.bytes).unwrap();
+        assert_eq!(
+            table.resolved_with_dwarf(),
+            Some(true),
+            "from libc's debug file"
+        );
         let with_lines = table
             .entries()
             .iter()
@@ -825,7 +831,10 @@ mod tests {
         assert_eq!(all.from_cache, half.len());
         assert_eq!(all.bytes, whole.bytes);
         assert_eq!(all.debug_file, whole.debug_file);
-        assert_eq!(cached(&offsets).from_cache, offsets.len());
+        // All from the cache: the same bytes, which say DWARF too.
+        let again = cached(&offsets);
+        assert_eq!(again.from_cache, offsets.len());
+        assert_eq!(again.bytes, whole.bytes);
         std::fs::remove_dir_all(&root).unwrap();
     }
 }
