@@ -8,7 +8,7 @@ use lrnprof_analyzer::{
     SampleFilter, SyscallReportOptions, TopOptions, TopOrder, TopReport, TraceInfo, ValueKind,
 };
 use lrnprof_format::{Pid, Tid};
-use std::io::IsTerminal;
+use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command as Process, ExitCode, Stdio};
 use std::sync::Mutex;
@@ -492,8 +492,11 @@ fn run(cli: Cli) -> Result<()> {
             pool.install(|| write_atomically(&out, |w| format.writer().write(&profile, w)))?;
             let s = &profile.stats;
             let to_stdout = out.as_os_str() == "-";
-            eprintln!(
-                "{} samples, {:.1}% unwound to root, {:.1}% unknown frames, {:.2} s{}",
+            // One write: stderr is unbuffered, and the line written piece
+            // by piece took 18 system calls (and could interleave with
+            // another program's output).
+            let line = format!(
+                "{} samples, {:.1}% unwound to root, {:.1}% unknown frames, {:.2} s{}\n",
                 s.samples,
                 s.root_pct(),
                 s.unknown_pct(),
@@ -504,6 +507,7 @@ fn run(cli: Cli) -> Result<()> {
                     format!(" -> {}", out.display())
                 }
             );
+            let _ = std::io::stderr().write_all(line.as_bytes());
             if args.open && !to_stdout {
                 open_result(&out, format);
             }
