@@ -685,15 +685,24 @@ mod tests {
         parse_file(Arc::new(bytes)).ok()?.build_id.map(BuildId)
     }
 
+    /// [`own_build_id`], or `None` after saying the test is skipped. Like
+    /// the end-to-end tests: under CI a check not made fails.
+    fn own_build_id_or_skip() -> Option<BuildId> {
+        let id = own_build_id();
+        if id.is_none() {
+            let ci = std::env::var("CI").is_ok_and(|v| v.eq_ignore_ascii_case("true") || v == "1");
+            assert!(!ci, "this test binary has no build id to check against");
+            eprintln!("skipping: this test binary has no build id (under CI=true this fails)");
+        }
+        id
+    }
+
     /// A trace's frame table whose names have no file or line (a function
     /// without line info, or symbol tables alone) gives way to this
     /// machine's DWARF only where it does not say that it came from DWARF.
     #[test]
     fn a_frame_table_from_dwarf_is_not_named_again() {
-        let Some(id) = own_build_id() else {
-            let ci = std::env::var("CI").is_ok_and(|v| v.eq_ignore_ascii_case("true") || v == "1");
-            assert!(!ci, "this test binary has no build id to check against");
-            eprintln!("skipping: this test binary has no build id (under CI=true this fails)");
+        let Some(id) = own_build_id_or_skip() else {
             return;
         };
         let no_line = vec![lrnprof_image::FrameLine {
@@ -739,11 +748,7 @@ mod tests {
 
     #[test]
     fn local_file_only_with_matching_build_id() {
-        let Some(id) = own_build_id() else {
-            // Like the end-to-end tests: under CI a check not made fails.
-            let ci = std::env::var("CI").is_ok_and(|v| v.eq_ignore_ascii_case("true") || v == "1");
-            assert!(!ci, "this test binary has no build id to check against");
-            eprintln!("skipping: this test binary has no build id (under CI=true this fails)");
+        let Some(id) = own_build_id_or_skip() else {
             return;
         };
         let blobs = BlobStore::default();
