@@ -52,6 +52,11 @@ pub struct RecordSummary {
     pub frame_addresses_cached: u64,
     /// How the launched command ended; `None` when attached by pid.
     pub target_exit: Option<TargetExit>,
+    /// Whether every system call's stack was recorded (`--syscalls`
+    /// without `--syscall-stack-every`): a program that makes calls by
+    /// the million a second floods the recorder, and the advice on lost
+    /// events names what lightens that.
+    pub syscall_stack_every_call: bool,
 }
 
 impl RecordSummary {
@@ -76,6 +81,7 @@ impl RecordSummary {
             frame_addresses: totals.frames_named.addresses,
             frame_addresses_cached: totals.frames_named.from_cache,
             target_exit,
+            syscall_stack_every_call: false,
         }
     }
 }
@@ -126,10 +132,17 @@ impl fmt::Display for RecordSummary {
             )?;
         }
         if self.lost > 0 {
+            let syscalls = if self.syscall_stack_every_call {
+                "take the stack of one system call in N (--syscall-stack-every 16: counts, \
+                 errors and durations stay exact), trace fewer calls (--syscall-filter) or copy \
+                 less at each (--syscall-stack-size), "
+            } else {
+                ""
+            };
             write!(
                 f,
                 "\nlrnprof-rec: {} samples were lost because the recorder could not keep up: \
-                 lower --freq or --stack-size, or run as root (larger buffers, and the \
+                 {syscalls}lower --freq or --stack-size, or run as root (larger buffers, and the \
                  recorder's threads at a higher priority than the target's)",
                 self.lost
             )?;
@@ -182,12 +195,44 @@ mod tests {
             frame_addresses: 0,
             frame_addresses_cached: 0,
             target_exit: None,
+            syscall_stack_every_call: false,
         };
         assert!(!summary.to_string().contains("code addresses"));
         (summary.frame_addresses, summary.frame_addresses_cached) = (120, 100);
         assert!(summary
             .to_string()
             .ends_with("lrnprof-rec: named 120 code addresses for the trace, 100 of them kept in the frame cache"));
+    }
+
+    /// Lost events get advice; with every syscall's stack recorded, it
+    /// names the syscall options first.
+    #[test]
+    fn lost_events_get_advice_for_what_was_recorded() {
+        let mut summary = RecordSummary {
+            out: "t.lpt".into(),
+            duration: Duration::from_secs(1),
+            stop_reason: StopReason::Duration,
+            samples: 10,
+            lost: 0,
+            threads: 1,
+            images: 2,
+            trace_bytes: 4096,
+            embedded_bytes: 0,
+            frame_addresses: 0,
+            frame_addresses_cached: 0,
+            target_exit: None,
+            syscall_stack_every_call: false,
+        };
+        assert!(!summary.to_string().contains("could not keep up"));
+        summary.lost = 5;
+        let cpu = summary.to_string();
+        assert!(cpu.contains("5 samples were lost"), "{cpu}");
+        assert!(cpu.contains("lower --freq or --stack-size"), "{cpu}");
+        assert!(!cpu.contains("--syscall-stack-every"), "{cpu}");
+        summary.syscall_stack_every_call = true;
+        let syscalls = summary.to_string();
+        assert!(syscalls.contains("--syscall-stack-every 16"), "{syscalls}");
+        assert!(syscalls.contains("--syscall-filter"), "{syscalls}");
     }
 
     #[test]

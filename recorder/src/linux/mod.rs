@@ -419,13 +419,18 @@ pub(crate) fn record(
     let (reason, target_exit) = outcome?;
     tallied?;
     drained?;
-    Ok(RecordSummary::new(
+    let mut summary = RecordSummary::new(
         &options.out,
         &totals,
         deadline.started().elapsed(),
         reason,
         target_exit,
-    ))
+    );
+    summary.syscall_stack_every_call = options
+        .syscalls
+        .as_ref()
+        .is_some_and(|s| s.stack_every <= 1);
+    Ok(summary)
 }
 
 /// The events a recording opens, before the ring buffers are planned.
