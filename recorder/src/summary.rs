@@ -171,18 +171,9 @@ pub(crate) fn human_bytes(n: u64) -> String {
 mod tests {
     use super::*;
 
-    #[test]
-    fn sizes_are_human() {
-        assert_eq!(human_bytes(512), "512 B");
-        assert_eq!(human_bytes(1536), "1.5 KiB");
-        assert_eq!(human_bytes(3 << 20), "3.0 MiB");
-    }
-
-    /// The frame-table line says how much the frame cache had kept, and
-    /// is left out when nothing was named.
-    #[test]
-    fn frame_addresses_are_shown_when_named() {
-        let mut summary = RecordSummary {
+    /// A summary of 10 samples, nothing lost, no frame addresses named.
+    fn summary() -> RecordSummary {
+        RecordSummary {
             out: "t.lpt".into(),
             duration: Duration::from_secs(1),
             stop_reason: StopReason::Duration,
@@ -196,7 +187,21 @@ mod tests {
             frame_addresses_cached: 0,
             target_exit: None,
             syscall_stack_every_call: false,
-        };
+        }
+    }
+
+    #[test]
+    fn sizes_are_human() {
+        assert_eq!(human_bytes(512), "512 B");
+        assert_eq!(human_bytes(1536), "1.5 KiB");
+        assert_eq!(human_bytes(3 << 20), "3.0 MiB");
+    }
+
+    /// The frame-table line says how much the frame cache had kept, and
+    /// is left out when nothing was named.
+    #[test]
+    fn frame_addresses_are_shown_when_named() {
+        let mut summary = summary();
         assert!(!summary.to_string().contains("code addresses"));
         (summary.frame_addresses, summary.frame_addresses_cached) = (120, 100);
         assert!(summary
@@ -208,21 +213,7 @@ mod tests {
     /// names the syscall options first.
     #[test]
     fn lost_events_get_advice_for_what_was_recorded() {
-        let mut summary = RecordSummary {
-            out: "t.lpt".into(),
-            duration: Duration::from_secs(1),
-            stop_reason: StopReason::Duration,
-            samples: 10,
-            lost: 0,
-            threads: 1,
-            images: 2,
-            trace_bytes: 4096,
-            embedded_bytes: 0,
-            frame_addresses: 0,
-            frame_addresses_cached: 0,
-            target_exit: None,
-            syscall_stack_every_call: false,
-        };
+        let mut summary = summary();
         assert!(!summary.to_string().contains("could not keep up"));
         summary.lost = 5;
         let cpu = summary.to_string();

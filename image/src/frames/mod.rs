@@ -198,33 +198,26 @@ impl FrameTable {
             .deserialize(bytes)
             .map_err(|e| bad(e.to_string()))?;
         let limit = options(bytes.len() as u64);
-        let (wire, dwarf) = match version {
-            VERSION_1 => (
-                limit
-                    .deserialize::<Wire>(bytes)
-                    .map_err(|e| bad(e.to_string()))?,
-                None,
-            ),
+        let (strings, wire_entries, dwarf) = match version {
+            VERSION_1 => {
+                let w: Wire = limit.deserialize(bytes).map_err(|e| bad(e.to_string()))?;
+                (w.strings, w.entries, None)
+            }
             VERSION_2 => {
                 let w: Wire2 = limit.deserialize(bytes).map_err(|e| bad(e.to_string()))?;
-                let wire = Wire {
-                    version: w.version,
-                    strings: w.strings,
-                    entries: w.entries,
-                };
-                (wire, Some(w.dwarf))
+                (w.strings, w.entries, Some(w.dwarf))
             }
             _ => return Ok(FrameTable::default()),
         };
         let string = |i: u32| {
-            wire.strings
+            strings
                 .get(i as usize)
                 .cloned()
-                .ok_or_else(|| bad(format!("string {i} of {}", wire.strings.len())))
+                .ok_or_else(|| bad(format!("string {i} of {}", strings.len())))
         };
-        let mut entries = Vec::with_capacity(wire.entries.len());
+        let mut entries = Vec::with_capacity(wire_entries.len());
         let mut svma = 0u64;
-        for (n, e) in wire.entries.iter().enumerate() {
+        for (n, e) in wire_entries.iter().enumerate() {
             svma = match svma.checked_add(e.delta) {
                 Some(next) if n == 0 || e.delta > 0 => next,
                 _ => {
