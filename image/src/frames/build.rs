@@ -270,7 +270,12 @@ fn build_table(
     // functions the debug files of a package share are there.
     let dwarf_file = debug.as_ref().unwrap_or(&image);
     let dwarf_path = debug_file.as_deref().unwrap_or(std::path::Path::new(path));
-    let alt_link = supplementary_link(dwarf_file)
+    // Only DWARF refers to it: a stripped image keeps its
+    // `.gnu_debugaltlink` (Debian's coreutils, most of Fedora), and without
+    // DWARF to read, the file it names is not missed.
+    let alt_link = (source != NameSource::Symbols)
+        .then(|| supplementary_link(dwarf_file))
+        .flatten()
         .map(|(name, id)| (String::from_utf8_lossy(&name).into_owned(), id));
     let alt = alt_link
         .as_ref()

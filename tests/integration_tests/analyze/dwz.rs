@@ -106,6 +106,38 @@ fn dwarf_in_a_dwz_supplementary_file_names_inline_frames() {
             && stderr.contains(common.to_str().unwrap()),
         "{stderr}"
     );
+    // A build stripped of its DWARF keeps its `.gnu_debugaltlink`, as
+    // Debian's coreutils and most of Fedora's binaries do: with no DWARF
+    // to read, the file it names is not missed, and nothing is said.
+    let stripped = dir.join("an_dwz1-stripped");
+    run_tool(
+        "objcopy",
+        [
+            "--strip-debug".as_ref(),
+            exe.as_os_str(),
+            stripped.as_os_str(),
+        ],
+    );
+    {
+        let bytes = std::fs::read(&stripped).unwrap();
+        let file = object::File::parse(&*bytes).unwrap();
+        assert!(
+            file.gnu_debugaltlink().unwrap().is_some()
+                && file.section_by_name(".debug_info").is_none(),
+            "objcopy --strip-debug kept DWARF or dropped the link"
+        );
+    }
+    let (trace, out) = record_output(&dir, "stripped", &[], &stripped, &["400"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success() && !stderr.contains("supplementary debug file"),
+        "{stderr}"
+    );
+    let f = folded(&trace, &[]);
+    assert!(
+        ending_with(&f, &["main", "dwz_outer"]) >= 100,
+        "stripped: {f:?}"
+    );
 
     // DWARF 5's own form (`dwz --dwarf-5`): `.debug_sup` in both files,
     // the supplementary one without a build id.
