@@ -8,7 +8,7 @@ use crate::pipeline::{open, pool, prepare};
 use crate::timeline::chunk_blocks;
 use crate::unwind::ArchCache;
 use crate::write_file::write_atomically;
-use lrnprof_format::{Record, StackSnapshot, TraceWriter, WriterOptions};
+use lrnprof_format::{Record, SampleFlags, StackSnapshot, TraceWriter, WriterOptions};
 use rayon::prelude::*;
 use std::path::Path;
 
@@ -60,7 +60,14 @@ pub fn strip(
                         || ArchCache::new(prepared.arch),
                         |cache, r| match r {
                             Record::Sample(mut s) => {
-                                s.frames = prepared.unwind(cache, &s).frames;
+                                let unwound = prepared.unwind(cache, &s);
+                                s.frames = unwound.frames;
+                                // So that the copy counts it as reaching
+                                // the root, as the original did, whatever
+                                // the outermost frame is named.
+                                if unwound.clean {
+                                    s.flags = s.flags.with(SampleFlags::REACHED_ROOT);
+                                }
                                 s.stack = StackSnapshot::default();
                                 s.kernel_callchain = Vec::new();
                                 Record::Sample(s)

@@ -185,7 +185,9 @@ impl<'c, 'p, A: UnwindArch> BlockUnwinder<'c, 'p, A> {
         if kernel_only(s) {
             // A kernel thread: no user context to unwind.
         } else if sample.presymbolized {
-            // A stripped trace: the frames are the sample's.
+            // A stripped trace: the frames are the sample's, and whether
+            // they reached the root is what `strip` found.
+            sample.clean = s.flags.contains(SampleFlags::REACHED_ROOT);
             prepared.push_frame_keys(
                 s.pid,
                 generation.as_ref(),

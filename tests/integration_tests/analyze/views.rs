@@ -300,6 +300,17 @@ fn top_lists_the_hottest_function_first_also_when_stripped() {
     let table =
         String::from_utf8(ok(&["top", stripped.to_str().unwrap(), "--offline"]).stdout).unwrap();
     assert_eq!(first_function(&table), "work_c", "{table}");
+    // The stripped copy says which samples reached the root, and counts
+    // them as the original does.
+    let roots = |trace: &str| {
+        let info: serde_json::Value =
+            serde_json::from_slice(&ok(&["info", trace, "--json", "--offline"]).stdout).unwrap();
+        let stats = &info["stats"];
+        (stats["root_samples"].clone(), stats["root_by_kind"].clone())
+    };
+    let original = roots(t);
+    assert!(original.0.as_u64().unwrap() > 0, "{original:?}");
+    assert_eq!(roots(stripped.to_str().unwrap()), original);
     remove_scratch_dir(&dir);
 }
 
