@@ -731,4 +731,86 @@ mod tests {
         assert!(info.events.contains("cycle counter"), "{}", info.events);
         std::fs::remove_file(&path).unwrap();
     }
+
+    /// A system call's stack copy is small (1 KiB by default), so its
+    /// samples seldom reach the root: the share of each kind is told
+    /// apart, also where samples of two kinds share a stack.
+    #[test]
+    fn the_share_that_reached_the_root_is_told_per_kind() {
+        let path =
+            std::env::temp_dir().join(format!("lrnprof-an-rootkind-{}.lpt", std::process::id()));
+        let mut header = TraceHeader::example();
+        header.events.syscalls = Some(SyscallSettings {
+            filter: Vec::new(),
+            stack_size: 1024,
+            stack_every: 1,
+        });
+        let with = |time, kind, flags, detail| match sample(time, vec![0x10100, 0x10200]) {
+            Record::Sample(s) => Record::Sample(lrnprof_format::Sample {
+                kind,
+                flags,
+                detail,
+                ..s
+            }),
+            _ => unreachable!(),
+        };
+        let call = SampleDetail::Syscall {
+            nr: 1,
+            args: [0; 6],
+        };
+        let records = vec![
+            map(1, "/nonexistent/liba.so", 1),
+            with(
+                10,
+                SampleKind::CpuTime,
+                SampleFlags::REACHED_ROOT,
+                SampleDetail::None,
+            ),
+            with(
+                20,
+                SampleKind::CpuTime,
+                SampleFlags::REACHED_ROOT,
+                SampleDetail::None,
+            ),
+            with(
+                30,
+                SampleKind::Syscall,
+                SampleFlags::default(),
+                call,
+            ),
+            with(
+                40,
+                SampleKind::Syscall,
+                SampleFlags::default(),
+                call,
+            ),
+            with(50, SampleKind::Syscall, SampleFlags::REACHED_ROOT, call),
+        ];
+        write_trace_with(&path, &header, &records);
+        let options = AnalyzeOptions {
+            offline: true,
+            ..Default::default()
+        };
+        let profile = analyze(&path, &options, &NoProgress).unwrap();
+        let st = &profile.stats;
+        assert_eq!((st.samples, st.root_samples), (5, 3));
+        let kinds = st.root_by_kind;
+        assert_eq!((kinds.cpu.samples, kinds.cpu.root_samples), (2, 2));
+        assert_eq!(
+            (kinds.syscalls.samples, kinds.syscalls.root_samples),
+            (3, 1)
+        );
+        assert_eq!(kinds.allocations.samples + kinds.off_cpu.samples, 0);
+        assert_eq!(
+            st.root_by_kind_text().as_deref(),
+            Some("CPU samples 100.0%, system calls 33.3%")
+        );
+        let text = crate::info::TraceInfo::new(&profile).to_text();
+        assert!(
+            text.contains("(CPU samples 100.0%, system calls 33.3%)")
+                && text.contains("copied up to 1024 bytes"),
+            "{text}"
+        );
+        std::fs::remove_file(&path).unwrap();
+    }
 }

@@ -41,6 +41,9 @@ pub struct TraceInfo {
     pub bytes_per_sample: f64,
     /// Percentage of samples that unwound to their thread's root.
     pub unwound_to_root_pct: f64,
+    /// Most bytes of stack copied at each system call's entry, where the
+    /// trace traced system calls.
+    pub syscall_stack_size: Option<u32>,
     /// Warnings of the analysis.
     pub warnings: Vec<String>,
 }
@@ -229,6 +232,7 @@ impl TraceInfo {
                 stats.trace_bytes as f64 / stats.trace_samples as f64
             },
             unwound_to_root_pct: stats.root_pct(),
+            syscall_stack_size: h.events.syscalls.as_ref().map(|c| c.stack_size),
             stats,
             warnings: profile.warnings.clone(),
         }
@@ -264,12 +268,28 @@ impl TraceInfo {
         if let Some(line) = events_line(&st.events) {
             let _ = writeln!(s, "events:       {line}");
         }
+        let by_kind = st
+            .root_by_kind_text()
+            .map(|k| format!(" ({k})"))
+            .unwrap_or_default();
         let _ = writeln!(
             s,
-            "unwound:      {:.1}% of samples to their thread's root, {:.1}% unknown frames",
+            "unwound:      {:.1}% of samples to their thread's root{by_kind}, {:.1}% unknown \
+             frames",
             st.root_pct(),
             st.unknown_pct()
         );
+        let calls = st.root_by_kind.syscalls;
+        if let Some(bytes) = self
+            .syscall_stack_size
+            .filter(|_| calls.samples > 0 && calls.root_samples * 2 < calls.samples)
+        {
+            let _ = writeln!(
+                s,
+                "              system calls' stacks were copied up to {bytes} bytes: most stop \
+                 short of the root (lrnprof-rec --syscall-stack-size sets it)"
+            );
+        }
         if st.cut_short_samples > 0 {
             let _ = writeln!(
                 s,

@@ -495,8 +495,12 @@ fn run(cli: Cli) -> Result<()> {
             // One write: stderr is unbuffered, and the line written piece
             // by piece took 18 system calls (and could interleave with
             // another program's output).
+            let by_kind = s
+                .root_by_kind_text()
+                .map(|k| format!(" ({k})"))
+                .unwrap_or_default();
             let line = format!(
-                "{} samples, {:.1}% unwound to root, {:.1}% unknown frames, {:.2} s{}\n",
+                "{} samples, {:.1}% unwound to root{by_kind}, {:.1}% unknown frames, {:.2} s{}\n",
                 s.samples,
                 s.root_pct(),
                 s.unknown_pct(),

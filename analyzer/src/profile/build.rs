@@ -4,7 +4,7 @@
 
 use super::{
     hex, primary, Amounts, Function, ImageInfo, Location, LocationLine, ProcessInfo, Profile,
-    SampleAmounts, SequenceEntry, Stack, Stats, ThreadProfile, ValueKind,
+    RootsByKind, SampleAmounts, SequenceEntry, Stack, Stats, ThreadProfile, ValueKind,
 };
 use crate::image::Source;
 use crate::pipeline::{FrameKey, Prepared};
@@ -112,6 +112,9 @@ pub(crate) struct ProfileBuilder {
     /// Per stack: samples whose walk stopped at the end of the copy.
     stack_past_copy: Vec<u64>,
     stack_amounts: Vec<Amounts>,
+    /// Per stack and kind of event ([`RootsByKind::slot`]): samples, and
+    /// of those the clean ones.
+    stack_kinds: Vec<[(u64, u64); RootsByKind::KINDS]>,
     stack_ids: FxHashMap<(u32, u32), u32>,
     sequences: Vec<Vec<SequenceEntry>>,
     /// The value sequences weigh; `None`: no sequences kept.
@@ -158,6 +161,7 @@ impl ProfileBuilder {
             stack_cut_short: Vec::new(),
             stack_past_copy: Vec::new(),
             stack_amounts: Vec::new(),
+            stack_kinds: Vec::new(),
             stack_ids: FxHashMap::default(),
             sequences: vec![Vec::new(); threads],
             sequence_value,
@@ -198,6 +202,7 @@ impl ProfileBuilder {
                 s.thread,
                 s.time,
                 node,
+                RootsByKind::slot(s.amounts.kind()),
                 &s.amounts.expand(),
                 s.clean,
                 s.used_kernel_chain,
@@ -244,6 +249,7 @@ impl ProfileBuilder {
         thread: u32,
         time: lrnprof_format::Timestamp,
         node: u32,
+        kind: usize,
         amounts: &Amounts,
         clean: bool,
         used_kernel_chain: bool,
@@ -260,7 +266,11 @@ impl ProfileBuilder {
             self.stack_cut_short.push((0, 0));
             self.stack_past_copy.push(0);
             self.stack_amounts.push(Amounts::default());
+            self.stack_kinds.push(Default::default());
         }
+        let k = &mut self.stack_kinds[id as usize][kind];
+        k.0 += 1;
+        k.1 += u64::from(clean);
         self.stack_past_copy[id as usize] += u64::from(past_copy);
         if cut_short {
             let c = &mut self.stack_cut_short[id as usize];
@@ -408,11 +418,12 @@ impl ProfileBuilder {
                 }
             })
             .collect();
-        for (((s, clean), cut), past_copy) in stacks
+        for ((((s, clean), cut), past_copy), kinds) in stacks
             .iter_mut()
             .zip(self.stack_clean)
             .zip(self.stack_cut_short)
             .zip(self.stack_past_copy)
+            .zip(self.stack_kinds)
         {
             let outer_is_root = s.locations.last().is_some_and(|&l| {
                 locations[l as usize].lines.last().is_some_and(|ll| {
@@ -420,6 +431,10 @@ impl ProfileBuilder {
                 })
             });
             s.root_samples = if outer_is_root { s.samples } else { clean };
+            for (slot, (samples, clean)) in kinds.into_iter().enumerate() {
+                let root = if outer_is_root { samples } else { clean };
+                stats.root_by_kind.add(slot, samples, root);
+            }
             // The kernel's callchain may have gone on to the root.
             stats.past_copy_samples += if outer_is_root { 0 } else { past_copy };
             // JIT code: in anonymous executable memory, or outside every

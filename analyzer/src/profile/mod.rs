@@ -232,6 +232,74 @@ pub struct Stats {
     pub finished: bool,
     /// Events in the trace per kind (whatever the filter kept).
     pub events: EventCounts,
+    /// Analyzed samples per kind of event, and how many reached the root:
+    /// events of different kinds have stack copies of different sizes
+    /// (a system call's is 1 KiB by default), so the share of all samples
+    /// alone can mislead.
+    pub root_by_kind: RootsByKind,
+}
+
+/// Samples of one kind of event and how many reached their thread's root.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct KindRoots {
+    /// Analyzed samples of the kind.
+    pub samples: u64,
+    /// Of those, the ones that reached the thread's root.
+    pub root_samples: u64,
+}
+
+/// [`KindRoots`] for each kind of event ([`Stats::root_by_kind`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct RootsByKind {
+    /// CPU samples (clock, timer or cycles).
+    pub cpu: KindRoots,
+    /// Sampled allocations.
+    pub allocations: KindRoots,
+    /// System call entries.
+    pub syscalls: KindRoots,
+    /// Off-CPU switch-outs.
+    pub off_cpu: KindRoots,
+}
+
+impl RootsByKind {
+    /// The number of kinds.
+    pub(crate) const KINDS: usize = 4;
+
+    /// Where samples of `kind` are counted, as an index for
+    /// [`add`](Self::add).
+    pub(crate) fn slot(kind: lrnprof_format::SampleKind) -> usize {
+        use lrnprof_format::SampleKind::*;
+        match kind {
+            CpuTime | Cycles | WallTime => 0,
+            Allocation => 1,
+            Syscall => 2,
+            OffCpu => 3,
+        }
+    }
+
+    /// Count `samples` of slot `slot`, `root_samples` of them at the root.
+    pub(crate) fn add(&mut self, slot: usize, samples: u64, root_samples: u64) {
+        let k = match slot {
+            0 => &mut self.cpu,
+            1 => &mut self.allocations,
+            2 => &mut self.syscalls,
+            _ => &mut self.off_cpu,
+        };
+        k.samples += samples;
+        k.root_samples += root_samples;
+    }
+
+    /// Each kind with samples, with its name as `info` says it.
+    pub fn kinds(&self) -> impl Iterator<Item = (&'static str, KindRoots)> {
+        [
+            ("CPU samples", self.cpu),
+            ("allocations", self.allocations),
+            ("system calls", self.syscalls),
+            ("switch-outs", self.off_cpu),
+        ]
+        .into_iter()
+        .filter(|(_, k)| k.samples > 0)
+    }
 }
 
 impl Stats {
@@ -245,6 +313,17 @@ impl Stats {
     /// Percentage of analyzed samples that reached the root.
     pub fn root_pct(&self) -> f64 {
         Self::pct(self.root_samples, self.samples)
+    }
+    /// Where the samples are of more than one kind of event, the share of
+    /// each kind that reached the root: "CPU samples 100.0%, system calls
+    /// 2.3%".
+    pub fn root_by_kind_text(&self) -> Option<String> {
+        let kinds: Vec<String> = self
+            .root_by_kind
+            .kinds()
+            .map(|(name, k)| format!("{name} {:.1}%", Self::pct(k.root_samples, k.samples)))
+            .collect();
+        (kinds.len() > 1).then(|| kinds.join(", "))
     }
     /// Percentage of frames that could not be symbolicated.
     pub fn unknown_pct(&self) -> f64 {

@@ -217,6 +217,11 @@ pub(crate) struct SampleAmounts {
 }
 
 impl SampleAmounts {
+    /// The kind of event the sample is.
+    pub fn kind(&self) -> SampleKind {
+        self.kind
+    }
+
     /// Multiply both by `factor` (a recorded call standing for several).
     pub fn scale(&mut self, factor: f64) {
         self.count *= factor;
