@@ -86,11 +86,26 @@ impl RecordSummary {
     }
 }
 
+/// The name of the signals that stop a recording, as `kill -l` gives
+/// them (the numbers are the same on Linux and macOS).
+fn signal_name(signal: i32) -> Option<&'static str> {
+    Some(match signal {
+        libc::SIGINT => "SIGINT",
+        libc::SIGTERM => "SIGTERM",
+        libc::SIGHUP => "SIGHUP",
+        libc::SIGQUIT => "SIGQUIT",
+        _ => return None,
+    })
+}
+
 impl fmt::Display for RecordSummary {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let why = match self.stop_reason {
             StopReason::TargetExited => "target exited".to_string(),
-            StopReason::Signal(s) => format!("signal {s}"),
+            StopReason::Signal(s) => match signal_name(s) {
+                Some(name) => format!("stopped by {name}"),
+                None => format!("stopped by signal {s}"),
+            },
             StopReason::Duration => "duration reached".to_string(),
             StopReason::Stopped => "stopped".to_string(),
         };
@@ -224,6 +239,23 @@ mod tests {
         let syscalls = summary.to_string();
         assert!(syscalls.contains("--syscall-stack-every 16"), "{syscalls}");
         assert!(syscalls.contains("--syscall-filter"), "{syscalls}");
+    }
+
+    /// A recording stopped by a signal names it.
+    #[test]
+    fn the_stopping_signal_is_named() {
+        let mut summary = summary();
+        let stopped = |s: &RecordSummary| s.to_string().lines().next().unwrap().to_string();
+        summary.stop_reason = StopReason::Signal(libc::SIGINT);
+        assert!(stopped(&summary).contains("(stopped by SIGINT)"));
+        summary.stop_reason = StopReason::Signal(libc::SIGTERM);
+        assert!(stopped(&summary).contains("(stopped by SIGTERM)"));
+        summary.stop_reason = StopReason::Signal(libc::SIGUSR1);
+        let other = stopped(&summary);
+        assert!(
+            other.contains(&format!("(stopped by signal {})", libc::SIGUSR1)),
+            "{other}"
+        );
     }
 
     #[test]
