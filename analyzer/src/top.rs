@@ -53,6 +53,9 @@ pub(crate) struct Costs {
 /// of the value are left out.
 pub(crate) fn costs(profile: &Profile, index: usize, group: &[u32], groups: usize) -> Vec<Costs> {
     let mut out = vec![Costs::default(); groups];
+    // Samples of the value's own kind: a stack that system calls and CPU
+    // samples share counts only its calls in a syscall view.
+    let slot = profile.value_kinds[index].event_slot();
     // The last stack (+1) that counted each group's total: once per stack.
     let mut counted = vec![0u32; groups];
     for (id, stack) in profile.stacks.iter().enumerate() {
@@ -68,7 +71,7 @@ pub(crate) fn costs(profile: &Profile, index: usize, group: &[u32], groups: usiz
         if let Some(leaf) = leaf {
             let c = &mut out[group[leaf.function as usize] as usize];
             c.self_value = c.self_value.saturating_add(value);
-            c.self_samples += stack.samples;
+            c.self_samples += stack.kind_samples[slot];
         }
         for &loc in &stack.locations {
             for line in &profile.locations[loc as usize].lines {
@@ -76,7 +79,7 @@ pub(crate) fn costs(profile: &Profile, index: usize, group: &[u32], groups: usiz
                 if counted[g] != stamp {
                     counted[g] = stamp;
                     out[g].total_value = out[g].total_value.saturating_add(value);
-                    out[g].total_samples += stack.samples;
+                    out[g].total_samples += stack.kind_samples[slot];
                 }
             }
         }
@@ -141,9 +144,10 @@ impl TopReport {
         let Some(index) = value.and_then(|v| profile.value_index(v)) else {
             return report;
         };
+        let slot = profile.value_kinds[index].event_slot();
         for s in profile.stacks.iter().filter(|s| s.values[index] > 0) {
             report.total = report.total.saturating_add(s.values[index]);
-            report.samples += s.samples;
+            report.samples += s.kind_samples[slot];
         }
         report.threads = profile
             .threads
@@ -338,5 +342,30 @@ mod tests {
         assert!(r
             .to_text()
             .contains("CPU samples (samples), 5 samples of 2 threads"));
+    }
+
+    /// Where system calls and CPU samples share a stack, a syscall view
+    /// counts the calls only, and the CPU view the CPU samples only.
+    #[test]
+    fn samples_are_counted_of_the_value_s_own_kind() {
+        let mut p = profile();
+        p.value_kinds
+            .extend([ValueKind::Syscalls, ValueKind::SyscallTime]);
+        for (stack, calls) in p.stacks.iter_mut().zip([2u64, 0, 0]) {
+            stack.samples += calls;
+            stack.kind_samples[2] = calls;
+            stack.values.extend([calls, calls * 500]);
+        }
+        for (thread, calls) in p.threads.iter_mut().zip([2u64, 0]) {
+            thread.values.extend([calls, calls * 500]);
+        }
+        let cpu = TopReport::new(&p, &TopOptions::default());
+        assert_eq!((cpu.samples, cpu.rows[0].samples), (5, 3));
+        p.selected = Some(ValueKind::SyscallTime);
+        let calls = TopReport::new(&p, &TopOptions::default());
+        assert_eq!(calls.total, 1_000);
+        assert_eq!(calls.samples, 2);
+        assert_eq!(calls.rows[0].name, "leaf");
+        assert_eq!(calls.rows[0].samples, 2);
     }
 }

@@ -183,6 +183,7 @@ pub(crate) mod testing {
                     samples: 3,
                     values: vec![3, 3_000_000],
                     root_samples: 3,
+                    kind_samples: [3, 0, 0, 0],
                 },
                 Stack {
                     thread: 0,
@@ -190,6 +191,7 @@ pub(crate) mod testing {
                     samples: 1,
                     values: vec![1, 1_000_000],
                     root_samples: 1,
+                    kind_samples: [1, 0, 0, 0],
                 },
                 Stack {
                     thread: 1,
@@ -197,6 +199,7 @@ pub(crate) mod testing {
                     samples: 1,
                     values: vec![1, 1_000_000],
                     root_samples: 0,
+                    kind_samples: [1, 0, 0, 0],
                 },
             ],
             sequences: vec![

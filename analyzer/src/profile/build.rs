@@ -402,7 +402,8 @@ impl ProfileBuilder {
             .par_iter()
             .zip(self.stack_samples.par_iter())
             .zip(self.stack_amounts.par_iter())
-            .map(|((&(thread, leaf), &samples), amounts)| {
+            .zip(self.stack_kinds.par_iter())
+            .map(|(((&(thread, leaf), &samples), amounts), kinds)| {
                 let mut locations = Vec::new();
                 let mut node = leaf;
                 while let Some(n) = self.nodes.get(node as usize) {
@@ -415,6 +416,7 @@ impl ProfileBuilder {
                     samples,
                     values: amounts.project(&self.value_kinds),
                     root_samples: 0,
+                    kind_samples: kinds.map(|(samples, _)| samples),
                 }
             })
             .collect();

@@ -168,6 +168,11 @@ pub struct Stack {
     pub values: Vec<u64>,
     /// Samples with this stack that reached the thread's root.
     pub root_samples: u64,
+    /// Of `samples`, those of each kind of event: CPU samples,
+    /// allocations, system calls, switch-outs (the order of
+    /// [`RootsByKind`]); [`ValueKind::event_slot`] says which a value
+    /// counts.
+    pub kind_samples: [u64; RootsByKind::KINDS],
 }
 
 /// A run of consecutive samples of one thread with the same stack.
@@ -263,7 +268,7 @@ pub struct RootsByKind {
 
 impl RootsByKind {
     /// The number of kinds.
-    pub(crate) const KINDS: usize = 4;
+    pub const KINDS: usize = 4;
 
     /// Where samples of `kind` are counted, as an index for
     /// [`add`](Self::add).

@@ -55,6 +55,21 @@ impl ValueKind {
     ];
 
     /// The pprof sample type name (`cpu`, `inuse_space`, ...), also the
+    /// Which kind of event the value adds up, as an index into
+    /// [`Stack::kind_samples`](crate::Stack::kind_samples): CPU samples 0,
+    /// allocations 1, system calls 2, switch-outs 3.
+    pub fn event_slot(self) -> usize {
+        match self {
+            ValueKind::Samples | ValueKind::Cpu | ValueKind::Cycles => 0,
+            ValueKind::AllocObjects
+            | ValueKind::AllocSpace
+            | ValueKind::InuseObjects
+            | ValueKind::InuseSpace => 1,
+            ValueKind::Syscalls | ValueKind::SyscallTime => 2,
+            ValueKind::OffCpu => 3,
+        }
+    }
+
     /// name `--value` takes.
     pub fn name(self) -> &'static str {
         match self {
