@@ -772,18 +772,8 @@ mod tests {
                 SampleFlags::REACHED_ROOT,
                 SampleDetail::None,
             ),
-            with(
-                30,
-                SampleKind::Syscall,
-                SampleFlags::default(),
-                call,
-            ),
-            with(
-                40,
-                SampleKind::Syscall,
-                SampleFlags::default(),
-                call,
-            ),
+            with(30, SampleKind::Syscall, SampleFlags::default(), call),
+            with(40, SampleKind::Syscall, SampleFlags::default(), call),
             with(50, SampleKind::Syscall, SampleFlags::REACHED_ROOT, call),
         ];
         write_trace_with(&path, &header, &records);
