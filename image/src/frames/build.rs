@@ -201,7 +201,9 @@ fn build_table(
     let source = match (own_dwarf, &found) {
         (true, _) => NameSource::OwnDwarf,
         (false, Some(_)) => NameSource::DebugFile,
-        (false, None) => NameSource::Symbols,
+        (false, None) => NameSource::Symbols {
+            tables: symbol_tables_key(&image),
+        },
     };
     let keeping = cache.map(|cache| Keeping {
         cache,
@@ -224,7 +226,7 @@ fn build_table(
                 .unwrap_or_default()
         });
         // The cache keeps only names resolved with every part of the DWARF.
-        let dwarf = source != NameSource::Symbols;
+        let dwarf = !source.is_symbols();
         let built = finish(
             entries, left_out, debug_file, dwarf, &kept, None, keeping, None,
         );
@@ -273,7 +275,7 @@ fn build_table(
     // Only DWARF refers to it: a stripped image keeps its
     // `.gnu_debugaltlink` (Debian's coreutils, most of Fedora), and without
     // DWARF to read, the file it names is not missed.
-    let alt_link = (source != NameSource::Symbols)
+    let alt_link = (!source.is_symbols())
         .then(|| supplementary_link(dwarf_file))
         .flatten()
         .map(|(name, id)| (String::from_utf8_lossy(&name).into_owned(), id));
@@ -394,7 +396,7 @@ fn build_table(
         entries,
         left_out,
         debug_file,
-        source != NameSource::Symbols && complete,
+        !source.is_symbols() && complete,
         &kept,
         Some(&misses),
         keeping,
@@ -426,6 +428,25 @@ fn assemble(
         entries.push((svma, lines));
     }
     (entries, 0)
+}
+
+/// Which symbol tables `image` has, as a key: the number of entries of
+/// its symbol table and of its dynamic one, and the size of its
+/// MiniDebugInfo (`.gnu_debugdata`). Copies of one build (same build id)
+/// stripped differently differ in these.
+pub(crate) fn symbol_tables_key<'data, R: ReadRef<'data>>(image: &object::File<'data, R>) -> u64 {
+    let symbols = image.symbols().count() as u64;
+    let dynamic = image.dynamic_symbols().count() as u64;
+    let mini = image
+        .section_by_name(".gnu_debugdata")
+        .map_or(0, |s| s.size());
+    // FNV-1a over the three.
+    [symbols, dynamic, mini]
+        .iter()
+        .flat_map(|n| n.to_le_bytes())
+        .fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+        })
 }
 
 /// Where and under what an image's table is kept.

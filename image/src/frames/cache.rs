@@ -1,8 +1,9 @@
 //! A directory of frame tables kept between recordings: for each image
 //! (by build id) the addresses earlier recordings resolved and what they
-//! resolved to. An image's bytes never change under its build id, so an
+//! resolved to. An image's code never changes under its build id, so an
 //! address found there needs neither the image's DWARF nor its symbol
-//! tables again; a recording whose addresses are all there skips
+//! tables again (its symbol tables can: stripping keeps the build id, so
+//! names from symbols alone are also keyed by which tables the file has); a recording whose addresses are all there skips
 //! inflating, parsing and looking up altogether.
 //!
 //! Entries are frame tables in the trace's own encoding
@@ -64,17 +65,26 @@ pub(crate) enum NameSource {
     OwnDwarf,
     /// A separate debug file's DWARF (with the same build id).
     DebugFile,
-    /// The image's symbol tables alone.
-    Symbols,
+    /// The image's symbol tables alone, `tables` saying which it has
+    /// ([`symbol_tables_key`](super::build::symbol_tables_key)). Stripping
+    /// keeps the build id but drops symbols: a copy stripped with
+    /// `--strip-all` names fewer addresses than the unstripped one, and
+    /// its entry must not stand for the other's.
+    Symbols { tables: u64 },
 }
 
 impl NameSource {
-    fn suffix(self) -> &'static str {
+    fn suffix(self) -> String {
         match self {
-            NameSource::OwnDwarf => "own",
-            NameSource::DebugFile => "debug",
-            NameSource::Symbols => "symbols",
+            NameSource::OwnDwarf => "own".to_string(),
+            NameSource::DebugFile => "debug".to_string(),
+            NameSource::Symbols { tables } => format!("symbols-{tables:016x}"),
         }
+    }
+
+    /// Whether the names come from symbol tables alone.
+    pub(crate) fn is_symbols(self) -> bool {
+        matches!(self, NameSource::Symbols { .. })
     }
 }
 
@@ -109,7 +119,7 @@ impl FrameCache {
     /// The entry file of image `id` named from `source`; `None` when `id`
     /// is too short to key an entry.
     fn entry_path(&self, id: &BuildId, source: NameSource) -> Option<PathBuf> {
-        self.file_path(id, source.suffix())
+        self.file_path(id, &source.suffix())
     }
 
     /// The file of image `id` with `suffix`; `None` when `id` is too short
@@ -423,7 +433,26 @@ mod tests {
         // Another image, or the same named from elsewhere: nothing.
         assert!(cache.load(&id(2), NameSource::OwnDwarf).is_empty());
         assert!(cache.load(&id(1), NameSource::DebugFile).is_empty());
-        assert!(cache.load(&id(1), NameSource::Symbols).is_empty());
+        assert!(cache
+            .load(&id(1), NameSource::Symbols { tables: 1 })
+            .is_empty());
+        // Copies of one build stripped differently do not share entries.
+        cache
+            .store(&id(1), NameSource::Symbols { tables: 1 }, &table(&[8]))
+            .unwrap();
+        assert_eq!(
+            cache.load(&id(1), NameSource::Symbols { tables: 1 }),
+            table(&[8])
+        );
+        assert!(cache
+            .load(&id(1), NameSource::Symbols { tables: 2 })
+            .is_empty());
+        std::fs::remove_file(
+            cache
+                .entry_path(&id(1), NameSource::Symbols { tables: 1 })
+                .unwrap(),
+        )
+        .unwrap();
         // Replaced whole; nothing written aside is left.
         cache
             .store(&id(1), NameSource::OwnDwarf, &table(&[48]))
@@ -448,15 +477,21 @@ mod tests {
         assert!(!kept.unwrap());
         assert!(!cache.dir().exists(), "no entry for an empty build id");
         cache
-            .store(&id(3), NameSource::Symbols, &table(&[16]))
+            .store(&id(3), NameSource::Symbols { tables: 1 }, &table(&[16]))
             .unwrap();
-        let path = cache.entry_path(&id(3), NameSource::Symbols).unwrap();
+        let path = cache
+            .entry_path(&id(3), NameSource::Symbols { tables: 1 })
+            .unwrap();
         let mut bytes = std::fs::read(&path).unwrap();
         bytes.truncate(bytes.len() - 2);
         std::fs::write(&path, &bytes).unwrap();
-        assert!(cache.load(&id(3), NameSource::Symbols).is_empty());
+        assert!(cache
+            .load(&id(3), NameSource::Symbols { tables: 1 })
+            .is_empty());
         std::fs::write(&path, vec![0xff; MAX_ENTRY_BYTES + 1]).unwrap();
-        assert!(cache.load(&id(3), NameSource::Symbols).is_empty());
+        assert!(cache
+            .load(&id(3), NameSource::Symbols { tables: 1 })
+            .is_empty());
         std::fs::remove_dir_all(&root).unwrap();
     }
 

@@ -127,6 +127,25 @@ fn dwarf_in_a_dwz_supplementary_file_names_inline_frames() {
             "objcopy --strip-debug kept DWARF or dropped the link"
         );
     }
+    // A copy of the same build (same build id) stripped of every symbol
+    // is recorded first: its frame table, named from nothing, must not
+    // stand for the copy that keeps its symbol table.
+    let bare_all = dir.join("an_dwz1-strip-all");
+    run_tool(
+        "objcopy",
+        [
+            "--strip-all".as_ref(),
+            exe.as_os_str(),
+            bare_all.as_os_str(),
+        ],
+    );
+    let all = record(&dir, "strip-all", &[], &bare_all, &["100"]);
+    let f = folded(&all, &[]);
+    assert_eq!(
+        ending_with(&f, &["main", "dwz_outer"]),
+        0,
+        "--strip-all: {f:?}"
+    );
     let (trace, out) = record_output(&dir, "stripped", &[], &stripped, &["400"]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
