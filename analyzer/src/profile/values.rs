@@ -54,7 +54,6 @@ impl ValueKind {
         ValueKind::OffCpu,
     ];
 
-    /// The pprof sample type name (`cpu`, `inuse_space`, ...), also the
     /// Which kind of event the value adds up, as an index into
     /// [`Stack::kind_samples`](crate::Stack::kind_samples): CPU samples 0,
     /// allocations 1, system calls 2, switch-outs 3.
@@ -70,6 +69,7 @@ impl ValueKind {
         }
     }
 
+    /// The pprof sample type name (`cpu`, `inuse_space`, ...), also the
     /// name `--value` takes.
     pub fn name(self) -> &'static str {
         match self {
