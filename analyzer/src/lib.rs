@@ -64,8 +64,8 @@ pub use output::{
 pub use pack::{pack, PackOptions, PackReport};
 pub use pipeline::pool;
 pub use profile::{
-    EventCounts, Function, ImageInfo, KindRoots, Location, LocationLine, ProcessInfo, Profile,
-    RootsByKind, SequenceEntry, Stack, Stats, ThreadProfile, ValueKind,
+    EventCounts, EventKind, Function, ImageInfo, KindRoots, Location, LocationLine, ProcessInfo,
+    Profile, RootsByKind, SequenceEntry, Stack, Stats, ThreadProfile, ValueKind,
 };
 pub use strip::{strip, StripReport};
 pub use symbolicate::FrameLine;

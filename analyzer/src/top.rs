@@ -55,7 +55,7 @@ pub(crate) fn costs(profile: &Profile, index: usize, group: &[u32], groups: usiz
     let mut out = vec![Costs::default(); groups];
     // Samples of the value's own kind: a stack that system calls and CPU
     // samples share counts only its calls in a syscall view.
-    let slot = profile.value_kinds[index].event_slot();
+    let slot = profile.value_kinds[index].event_kind().index();
     // The last stack (+1) that counted each group's total: once per stack.
     let mut counted = vec![0u32; groups];
     for (id, stack) in profile.stacks.iter().enumerate() {
@@ -144,7 +144,7 @@ impl TopReport {
         let Some(index) = value.and_then(|v| profile.value_index(v)) else {
             return report;
         };
-        let slot = profile.value_kinds[index].event_slot();
+        let slot = profile.value_kinds[index].event_kind().index();
         for s in profile.stacks.iter().filter(|s| s.values[index] > 0) {
             report.total = report.total.saturating_add(s.values[index]);
             report.samples += s.kind_samples[slot];
@@ -293,6 +293,7 @@ pub(crate) fn write_table<const N: usize>(
 mod tests {
     use super::*;
     use crate::output::testing::{check_expected, profile};
+    use crate::profile::EventKind;
 
     #[test]
     fn self_and_total() {
@@ -353,7 +354,7 @@ mod tests {
             .extend([ValueKind::Syscalls, ValueKind::SyscallTime]);
         for (stack, calls) in p.stacks.iter_mut().zip([2u64, 0, 0]) {
             stack.samples += calls;
-            stack.kind_samples[2] = calls;
+            stack.kind_samples[EventKind::Syscalls.index()] = calls;
             stack.values.extend([calls, calls * 500]);
         }
         for (thread, calls) in p.threads.iter_mut().zip([2u64, 0]) {

@@ -3,8 +3,8 @@
 //! locations, roots, totals and warnings.
 
 use super::{
-    hex, primary, Amounts, Function, ImageInfo, Location, LocationLine, ProcessInfo, Profile,
-    RootsByKind, SampleAmounts, SequenceEntry, Stack, Stats, ThreadProfile, ValueKind,
+    hex, primary, Amounts, EventKind, Function, ImageInfo, Location, LocationLine, ProcessInfo,
+    Profile, SampleAmounts, SequenceEntry, Stack, Stats, ThreadProfile, ValueKind,
 };
 use crate::image::Source;
 use crate::pipeline::{FrameKey, Prepared};
@@ -112,9 +112,9 @@ pub(crate) struct ProfileBuilder {
     /// Per stack: samples whose walk stopped at the end of the copy.
     stack_past_copy: Vec<u64>,
     stack_amounts: Vec<Amounts>,
-    /// Per stack and kind of event ([`RootsByKind::slot`]): samples, and
+    /// Per stack and kind of event ([`EventKind::index`]): samples, and
     /// of those the clean ones.
-    stack_kinds: Vec<[(u64, u64); RootsByKind::KINDS]>,
+    stack_kinds: Vec<[(u64, u64); EventKind::COUNT]>,
     stack_ids: FxHashMap<(u32, u32), u32>,
     sequences: Vec<Vec<SequenceEntry>>,
     /// The value sequences weigh; `None`: no sequences kept.
@@ -202,7 +202,7 @@ impl ProfileBuilder {
                 s.thread,
                 s.time,
                 node,
-                RootsByKind::slot(s.amounts.kind()),
+                EventKind::of_sample(s.amounts.kind()),
                 &s.amounts.expand(),
                 s.clean,
                 s.used_kernel_chain,
@@ -249,7 +249,7 @@ impl ProfileBuilder {
         thread: u32,
         time: lrnprof_format::Timestamp,
         node: u32,
-        kind: usize,
+        kind: EventKind,
         amounts: &Amounts,
         clean: bool,
         used_kernel_chain: bool,
@@ -268,7 +268,7 @@ impl ProfileBuilder {
             self.stack_amounts.push(Amounts::default());
             self.stack_kinds.push(Default::default());
         }
-        let k = &mut self.stack_kinds[id as usize][kind];
+        let k = &mut self.stack_kinds[id as usize][kind.index()];
         k.0 += 1;
         k.1 += u64::from(clean);
         self.stack_past_copy[id as usize] += u64::from(past_copy);
@@ -433,9 +433,9 @@ impl ProfileBuilder {
                 })
             });
             s.root_samples = if outer_is_root { s.samples } else { clean };
-            for (slot, (samples, clean)) in kinds.into_iter().enumerate() {
+            for (kind, (samples, clean)) in EventKind::ALL.into_iter().zip(kinds) {
                 let root = if outer_is_root { samples } else { clean };
-                stats.root_by_kind.add(slot, samples, root);
+                stats.root_by_kind.add(kind, samples, root);
             }
             // The kernel's callchain may have gone on to the root.
             stats.past_copy_samples += if outer_is_root { 0 } else { past_copy };

@@ -168,11 +168,10 @@ pub struct Stack {
     pub values: Vec<u64>,
     /// Samples with this stack that reached the thread's root.
     pub root_samples: u64,
-    /// Of `samples`, those of each kind of event: CPU samples,
-    /// allocations, system calls, switch-outs (the order of
-    /// [`RootsByKind`]); [`ValueKind::event_slot`] says which a value
+    /// Of `samples`, those of each kind of event, by
+    /// [`EventKind::index`]; [`ValueKind::event_kind`] says which a value
     /// counts.
-    pub kind_samples: [u64; RootsByKind::KINDS],
+    pub kind_samples: [u64; EventKind::COUNT],
 }
 
 /// A run of consecutive samples of one thread with the same stack.
@@ -266,29 +265,57 @@ pub struct RootsByKind {
     pub off_cpu: KindRoots,
 }
 
-impl RootsByKind {
-    /// The number of kinds.
-    pub const KINDS: usize = 4;
+/// The kinds of event a trace's samples are, as [`RootsByKind`] and
+/// [`Stack::kind_samples`] count them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EventKind {
+    /// CPU samples (clock, timer or cycles).
+    Cpu,
+    /// Sampled allocations.
+    Allocations,
+    /// System call entries.
+    Syscalls,
+    /// Off-CPU switch-outs.
+    OffCpu,
+}
 
-    /// Where samples of `kind` are counted, as an index for
-    /// [`add`](Self::add).
-    pub(crate) fn slot(kind: lrnprof_format::SampleKind) -> usize {
+impl EventKind {
+    /// The number of kinds.
+    pub const COUNT: usize = 4;
+
+    /// Every kind, in [`index`](Self::index) order.
+    pub const ALL: [EventKind; EventKind::COUNT] = [
+        EventKind::Cpu,
+        EventKind::Allocations,
+        EventKind::Syscalls,
+        EventKind::OffCpu,
+    ];
+
+    /// The kind of a sample of `kind`.
+    pub fn of_sample(kind: lrnprof_format::SampleKind) -> EventKind {
         use lrnprof_format::SampleKind::*;
         match kind {
-            CpuTime | Cycles | WallTime => 0,
-            Allocation => 1,
-            Syscall => 2,
-            OffCpu => 3,
+            CpuTime | Cycles | WallTime => EventKind::Cpu,
+            Allocation => EventKind::Allocations,
+            Syscall => EventKind::Syscalls,
+            OffCpu => EventKind::OffCpu,
         }
     }
 
-    /// Count `samples` of slot `slot`, `root_samples` of them at the root.
-    pub(crate) fn add(&mut self, slot: usize, samples: u64, root_samples: u64) {
-        let k = match slot {
-            0 => &mut self.cpu,
-            1 => &mut self.allocations,
-            2 => &mut self.syscalls,
-            _ => &mut self.off_cpu,
+    /// Its place in per-kind arrays ([`Stack::kind_samples`]).
+    pub fn index(self) -> usize {
+        self as usize
+    }
+}
+
+impl RootsByKind {
+    /// Count `samples` of `kind`, `root_samples` of them at the root.
+    pub(crate) fn add(&mut self, kind: EventKind, samples: u64, root_samples: u64) {
+        let k = match kind {
+            EventKind::Cpu => &mut self.cpu,
+            EventKind::Allocations => &mut self.allocations,
+            EventKind::Syscalls => &mut self.syscalls,
+            EventKind::OffCpu => &mut self.off_cpu,
         };
         k.samples += samples;
         k.root_samples += root_samples;

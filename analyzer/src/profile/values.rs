@@ -54,18 +54,17 @@ impl ValueKind {
         ValueKind::OffCpu,
     ];
 
-    /// Which kind of event the value adds up, as an index into
-    /// [`Stack::kind_samples`](crate::Stack::kind_samples): CPU samples 0,
-    /// allocations 1, system calls 2, switch-outs 3.
-    pub fn event_slot(self) -> usize {
+    /// Which kind of event the value adds up.
+    pub fn event_kind(self) -> super::EventKind {
+        use super::EventKind;
         match self {
-            ValueKind::Samples | ValueKind::Cpu | ValueKind::Cycles => 0,
+            ValueKind::Samples | ValueKind::Cpu | ValueKind::Cycles => EventKind::Cpu,
             ValueKind::AllocObjects
             | ValueKind::AllocSpace
             | ValueKind::InuseObjects
-            | ValueKind::InuseSpace => 1,
-            ValueKind::Syscalls | ValueKind::SyscallTime => 2,
-            ValueKind::OffCpu => 3,
+            | ValueKind::InuseSpace => EventKind::Allocations,
+            ValueKind::Syscalls | ValueKind::SyscallTime => EventKind::Syscalls,
+            ValueKind::OffCpu => EventKind::OffCpu,
         }
     }
 

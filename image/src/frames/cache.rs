@@ -2,9 +2,10 @@
 //! (by build id) the addresses earlier recordings resolved and what they
 //! resolved to. An image's code never changes under its build id, so an
 //! address found there needs neither the image's DWARF nor its symbol
-//! tables again (its symbol tables can: stripping keeps the build id, so
-//! names from symbols alone are also keyed by which tables the file has); a recording whose addresses are all there skips
-//! inflating, parsing and looking up altogether.
+//! tables again (its symbol tables can change: stripping keeps the build
+//! id, so names from symbols alone are also keyed by which tables the
+//! file has); a recording whose addresses are all there skips inflating,
+//! parsing and looking up altogether.
 //!
 //! Entries are frame tables in the trace's own encoding
 //! ([`FrameTable::to_bytes`]), one file per image and source of names
