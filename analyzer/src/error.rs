@@ -25,11 +25,14 @@ pub enum AnalyzeError {
     /// Writing an output file failed.
     #[error("cannot write {path}: {source}")]
     Write {
-        /// The output file (`-` for stdout).
+        /// The output file.
         path: PathBuf,
         /// The i/o error.
         source: std::io::Error,
     },
+    /// Writing to stdout (`-o -`, reports) failed.
+    #[error("cannot write to standard output: {0}")]
+    Stdout(#[source] std::io::Error),
     /// Writing a trace (strip, pack) failed.
     #[error("cannot write trace {path}: {source}")]
     WriteTrace {

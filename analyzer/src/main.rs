@@ -14,6 +14,15 @@ use std::process::{Command as Process, ExitCode, Stdio};
 use std::sync::Mutex;
 use std::time::Instant;
 
+/// `eprintln!` that does not panic: a message that cannot be shown (stderr
+/// on a full disk, a closed pipe) must not stop the analysis or turn a
+/// written result into a failure.
+macro_rules! say {
+    ($($arg:tt)*) => {
+        to_stderr(&format!("{}\n", format_args!($($arg)*)))
+    };
+}
+
 /// Analyze an lrnprof trace: unwind, symbolicate, write pprof, folded, speedscope, a flame
 /// graph SVG or a Firefox Profiler profile; or show the hottest functions (top) or what
 /// changed between two traces (diff).
@@ -301,11 +310,11 @@ impl Progress for TermProgress {
         }
         *last = (stage.to_string(), pct);
         let bar = "#".repeat((pct / 5) as usize);
-        eprint!("\r{stage:<14} [{bar:<20}] {pct:>3}%");
+        to_stderr(&format!("\r{stage:<14} [{bar:<20}] {pct:>3}%"));
     }
     fn finish(&self) {
         if self.enabled {
-            eprint!("\r{:60}\r", "");
+            to_stderr(&format!("\r{:60}\r", ""));
         }
     }
 }
@@ -340,11 +349,7 @@ fn run(cli: Cli) -> Result<()> {
                 By::SelfValue => TopOrder::SelfValue,
                 By::Total => TopOrder::Total,
             };
-            print!(
-                "{}",
-                TopReport::new(&profile, &TopOptions { limit: n, by }).to_text()
-            );
-            Ok(())
+            print_out(&TopReport::new(&profile, &TopOptions { limit: n, by }).to_text())
         }
         Some(Command::Diff {
             base,
@@ -365,15 +370,12 @@ fn run(cli: Cli) -> Result<()> {
             opts.value = Some(kind);
             let new_profile = analyze(&new, &opts, &progress)?;
             warn(&new_profile);
-            print!(
-                "{}",
-                DiffReport::new(&base_profile, &new_profile, kind, n).to_text()
-            );
+            print_out(&DiffReport::new(&base_profile, &new_profile, kind, n).to_text())?;
             let out = output.unwrap_or_else(|| default_output_path(&new, "diff.svg"));
             write_atomically(&out, |w| {
                 write_diff_svg(&base_profile, &new_profile, kind, w)
             })?;
-            eprintln!("differential flame graph -> {}", out.display());
+            say!("differential flame graph -> {}", out.display());
             if open {
                 open_result(&out, OutputFormat::Svg);
             }
@@ -387,11 +389,10 @@ fn run(cli: Cli) -> Result<()> {
             let profile = analyze(&trace, &options(&common), &progress)?;
             let info = TraceInfo::new(&profile);
             if json {
-                println!("{}", serde_json::to_string_pretty(&info)?);
+                print_out(&(serde_json::to_string_pretty(&info)? + "\n"))
             } else {
-                print!("{}", info.to_text());
+                print_out(&info.to_text())
             }
-            Ok(())
         }
         Some(Command::Strip {
             trace,
@@ -400,9 +401,9 @@ fn run(cli: Cli) -> Result<()> {
         }) => {
             let r = strip(&trace, &output, &options(&common), &progress)?;
             for w in &r.warnings {
-                eprintln!("warning: {w}");
+                say!("warning: {w}");
             }
-            eprintln!(
+            say!(
                 "{} samples stripped of {} stack bytes: {} -> {} bytes, {:.2} s -> {}",
                 r.samples,
                 r.stack_bytes,
@@ -439,18 +440,17 @@ fn run(cli: Cli) -> Result<()> {
                 &progress,
             )?;
             for w in &report.warnings {
-                eprintln!("warning: {w}");
+                say!("warning: {w}");
             }
-            if json {
-                println!("{}", serde_json::to_string_pretty(&report.syscalls)?);
+            print_out(&if json {
+                serde_json::to_string_pretty(&report.syscalls)? + "\n"
             } else if csv && sites {
-                print!("{}", report.to_sites_csv());
+                report.to_sites_csv()
             } else if csv {
-                print!("{}", report.to_csv());
+                report.to_csv()
             } else {
-                print!("{}", report.to_text());
-            }
-            Ok(())
+                report.to_text()
+            })
         }
         Some(Command::Pack {
             trace,
@@ -461,12 +461,12 @@ fn run(cli: Cli) -> Result<()> {
             let out = output.unwrap_or_else(|| trace.clone());
             let r = pack(&trace, &out, &PackOptions { debug, any_host })?;
             for e in &r.embedded {
-                eprintln!("embedded {e}");
+                say!("embedded {e}");
             }
             for s in &r.skipped {
-                eprintln!("warning: not embedded: {s}");
+                say!("warning: not embedded: {s}");
             }
-            eprintln!(
+            say!(
                 "{} images and maps embedded, {} bytes added, {:.2} s -> {}",
                 r.embedded.len(),
                 r.bytes,
@@ -511,7 +511,7 @@ fn run(cli: Cli) -> Result<()> {
                     format!(" -> {}", out.display())
                 }
             );
-            let _ = std::io::stderr().write_all(line.as_bytes());
+            to_stderr(&line);
             if args.open && !to_stdout {
                 open_result(&out, format);
             }
@@ -524,9 +524,68 @@ fn run(cli: Cli) -> Result<()> {
     }
 }
 
+/// `lrnprof-analyze pprof T` (as `go tool pprof` and `perf report` are
+/// spelled) makes clap say that "T" cannot be used as a subcommand. When
+/// the first argument names an output format and is no file, say how to
+/// ask for that format instead.
+fn format_used_as_command(e: &clap::Error) -> Option<String> {
+    if matches!(
+        e.kind(),
+        clap::error::ErrorKind::DisplayHelp | clap::error::ErrorKind::DisplayVersion
+    ) {
+        return None;
+    }
+    let first = std::env::args_os().nth(1)?;
+    let name = first.to_str()?;
+    let format = Format::from_str(name, true).ok()?;
+    if Path::new(&first).exists() {
+        return None;
+    }
+    let default = matches!(format, Format::Pprof)
+        .then_some(" (pprof is the default)")
+        .unwrap_or_default();
+    Some(format!(
+        "`{name}` is an output format, not a command: lrnprof-analyze --format {name} TRACE{default}"
+    ))
+}
+
+/// Two positional arguments make clap read the second as a subcommand
+/// ("the subcommand 'b.lpt' cannot be used with '<TRACE>'"): say what
+/// lrnprof-analyze takes instead.
+fn second_trace_hint(e: &clap::Error) -> Option<&'static str> {
+    (e.kind() == clap::error::ErrorKind::ArgumentConflict
+        && e.to_string().contains("cannot be used with '<TRACE>'"))
+    .then_some(
+        "tip: lrnprof-analyze takes one trace, after its options; a command \
+         (top, diff, info, strip, syscalls, pack) comes first, and diff compares two traces",
+    )
+}
+
+/// Writes `text` to stderr in one call, ignoring failure (see `say!`).
+fn to_stderr(text: &str) {
+    let _ = std::io::stderr().write_all(text.as_bytes());
+}
+
+/// Writes a report to stdout; a failure (a full disk, a closed pipe) is an
+/// error, not a panic.
+fn print_out(text: &str) -> Result<()> {
+    write_atomically(Path::new("-"), |w| w.write_all(text.as_bytes()))?;
+    Ok(())
+}
+
+/// Whether `e` comes from writing to a reader that went away, as
+/// `lrnprof-analyze top T | head` does: not worth a message.
+fn is_broken_pipe(e: &anyhow::Error) -> bool {
+    e.chain().any(|cause| {
+        cause
+            .downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+    })
+}
+
 fn warn(profile: &Profile) {
     for w in &profile.warnings {
-        eprintln!("warning: {w}");
+        say!("warning: {w}");
     }
 }
 
@@ -548,11 +607,11 @@ fn open_result(path: &Path, format: OutputFormat) {
             format!(" and drop {shown} on the page"),
         ),
         OutputFormat::Pprof => {
-            eprintln!("to look at it: go tool pprof -http=: {shown}");
+            say!("to look at it: go tool pprof -http=: {shown}");
             return;
         }
         OutputFormat::Folded => {
-            eprintln!("folded stacks are text, nothing to open: {shown}");
+            say!("folded stacks are text, nothing to open: {shown}");
             return;
         }
     };
@@ -574,14 +633,14 @@ fn open_result(path: &Path, format: OutputFormat) {
             .spawn()
             .is_ok();
     if spawned {
-        eprintln!("opening {target} with {opener}{then}");
+        say!("opening {target} with {opener}{then}");
     } else {
         let why = if display {
             format!("no {opener} here")
         } else {
             "no display".to_string()
         };
-        eprintln!("{why}: open {target} in a browser{then}");
+        say!("{why}: open {target} in a browser{then}");
     }
 }
 
@@ -610,12 +669,28 @@ fn keep_freed_memory() {
 fn main() -> ExitCode {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     keep_freed_memory();
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            if let Some(hint) = format_used_as_command(&e) {
+                say!("lrnprof-analyze: error: {hint}");
+                return ExitCode::from(2);
+            }
+            if let Some(tip) = second_trace_hint(&e) {
+                to_stderr(&e.render().to_string());
+                say!("\n{tip}");
+                return ExitCode::from(2);
+            }
+            e.exit()
+        }
+    };
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
+        // The reader has what it wanted; there is no one left to tell.
+        Err(e) if is_broken_pipe(&e) => ExitCode::SUCCESS,
         Err(e) => {
             // Library errors are complete one-line messages: no cause chain.
-            eprintln!("lrnprof-analyze: error: {e}");
+            say!("lrnprof-analyze: error: {e}");
             ExitCode::FAILURE
         }
     }

@@ -34,7 +34,9 @@ pub fn write_atomically(
     if path == Path::new("-") {
         let stdout = std::io::stdout();
         let mut lock = BufWriter::new(stdout.lock());
-        return f(&mut lock).and_then(|_| lock.flush()).map_err(err);
+        return f(&mut lock)
+            .and_then(|_| lock.flush())
+            .map_err(AnalyzeError::Stdout);
     }
     // A device or FIFO (`-o /dev/null`, a named pipe) is written in place:
     // renaming a temporary file over it would replace the device itself.

@@ -789,6 +789,37 @@ fn bad_and_truncated_traces() {
     assert!(cut_total > 0 && cut_total < whole, "{cut_total} of {whole}");
 }
 
+#[test]
+fn misplaced_arguments_get_advice() {
+    let dir = scratch_dir("an-args");
+    let trace = dir.join("t.lpt");
+    std::fs::write(&trace, b"").unwrap();
+    let t = trace.to_str().unwrap();
+    // An output format spelled as a command, as `go tool pprof` is.
+    let out = analyze(&["pprof", t]);
+    let msg = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{msg}");
+    assert_eq!(
+        msg.trim(),
+        "lrnprof-analyze: error: `pprof` is an output format, not a command: \
+         lrnprof-analyze --format pprof TRACE (pprof is the default)"
+    );
+    let out = analyze(&["svg", "-o", "-", t]);
+    let msg = String::from_utf8_lossy(&out.stderr);
+    assert!(msg.contains("lrnprof-analyze --format svg TRACE"), "{msg}");
+    // Two traces, or the command after the trace.
+    for args in [[t, t], [t, "top"]] {
+        let out = analyze(&args);
+        let msg = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{msg}");
+        assert!(
+            msg.contains("tip: lrnprof-analyze takes one trace, after its options"),
+            "{msg}"
+        );
+    }
+    remove_scratch_dir(&dir);
+}
+
 /// Folded output as text (`--format folded -o -`).
 fn folded_text(trace: &Path, extra: &[&str]) -> String {
     let mut args = vec![trace.to_str().unwrap(), "--format", "folded", "-o", "-"];

@@ -333,6 +333,64 @@ fn top_lists_the_hottest_function_first_also_when_stripped() {
 }
 
 #[test]
+fn reports_to_a_full_or_closed_stdout() {
+    require_perf!();
+    let dir = scratch_dir("an-stdout");
+    let trace = record_an_diff(&dir, "stdout", "300", None);
+    let t = trace.to_str().unwrap();
+    let commands: [&[&str]; 4] = [
+        &["top", t],
+        &["info", t],
+        &["info", t, "--json"],
+        &["-f", "folded", "-o", "-", t],
+    ];
+    for args in commands {
+        // A reader that stops reading (`| head`): a quiet success.
+        let mut child = Command::new(lrnprof_analyze())
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        drop(child.stdout.take());
+        let out = child.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{args:?} to a closed pipe: {stderr}");
+        assert!(
+            !stderr.contains("error") && !stderr.contains("panicked"),
+            "{args:?} to a closed pipe: {stderr}"
+        );
+        // A full disk: one line of error, no panic.
+        if cfg!(target_os = "linux") {
+            let full = std::fs::OpenOptions::new()
+                .write(true)
+                .open("/dev/full")
+                .unwrap();
+            let out = Command::new(lrnprof_analyze())
+                .args(args)
+                .stdin(Stdio::null())
+                .stdout(full)
+                .output()
+                .unwrap();
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(
+                out.status.code(),
+                Some(1),
+                "{args:?} to /dev/full: {stderr}"
+            );
+            let last = stderr.trim_end().lines().last().unwrap_or_default();
+            assert!(
+                last.starts_with("lrnprof-analyze: error: cannot write to standard output: "),
+                "{args:?} to /dev/full: {stderr}"
+            );
+            assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
+        }
+    }
+    remove_scratch_dir(&dir);
+}
+
+#[test]
 fn diff_names_the_function_whose_work_doubled() {
     require_perf!();
     let dir = scratch_dir("an-diff");

@@ -76,6 +76,44 @@ fn sigterm_reaches_the_launched_command() {
     remove_scratch_dir(&dir);
 }
 
+#[test]
+fn a_stderr_that_cannot_be_written_does_not_end_the_recording() {
+    require_perf!();
+    let dir = scratch_dir("rec-stderr-lost");
+    let exe = build_threads(&dir);
+    let out = dir.join("t.lpt");
+    // A pipe whose reader has gone (`lrnprof-rec ... 2>&1 | head -1`),
+    // and a full disk: the summary cannot be written either way.
+    let stderrs: Vec<(&str, Stdio)> = if cfg!(target_os = "linux") {
+        let full = std::fs::OpenOptions::new()
+            .write(true)
+            .open("/dev/full")
+            .unwrap();
+        vec![("closed pipe", Stdio::piped()), ("/dev/full", full.into())]
+    } else {
+        vec![("closed pipe", Stdio::piped())]
+    };
+    for (what, stderr) in stderrs {
+        let mut recorder = rec_command(&out)
+            .arg("--")
+            .arg(&exe)
+            .arg("200")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(stderr)
+            .spawn()
+            .unwrap();
+        drop(recorder.stderr.take());
+        let status = recorder.wait().unwrap();
+        // rec_threads exits with 7, which the recorder passes on.
+        assert_eq!(status.code(), Some(7), "stderr {what}: {status}");
+        let (reader, records) = load(&out);
+        assert!(reader.report().finished, "stderr {what}: not finished");
+        assert!(!samples(&records).is_empty(), "stderr {what}: no samples");
+    }
+    remove_scratch_dir(&dir);
+}
+
 /// Run the recorder expecting failure: a one-line error mentioning
 /// `expect`, a non-zero exit, and no trace file.
 fn assert_fails_cleanly(args: &[&OsStr], out: &Path, expect: &str) {

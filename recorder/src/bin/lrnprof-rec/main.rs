@@ -168,7 +168,7 @@ fn main() -> ExitCode {
         Ok(code) => code,
         Err(e) => {
             // Library errors are complete one-line messages; do not repeat their causes.
-            eprintln!("lrnprof-rec: error: {e}");
+            terminal::say(&format!("lrnprof-rec: error: {e}"));
             ExitCode::from(2)
         }
     }
@@ -232,15 +232,15 @@ fn run(args: Args) -> Result<ExitCode> {
     // The status line is cleared before the summary or the error.
     drop(terminal);
     let summary = recorded?;
-    eprintln!("{summary}");
+    terminal::say(&summary.to_string());
     if let Some(cpu) = own_cpu() {
-        eprintln!("{}", cpu_line(cpu, summary.samples));
+        terminal::say(&cpu_line(cpu, summary.samples));
     }
     if summary.samples > 0 {
-        eprintln!(
+        terminal::say(&format!(
             "lrnprof-rec: to see the profile: {}",
             view_command(&summary.out, has_display())
-        );
+        ));
     }
     Ok(match summary.target_exit {
         Some(exit) => ExitCode::from(exit.shell_code().clamp(0, 255) as u8),

@@ -59,6 +59,13 @@ impl Terminal {
     }
 }
 
+/// Writes `line` and a newline to stderr in one call. A failure (stderr on
+/// a full disk, a pipe whose reader has gone) is ignored: `eprintln!` would
+/// panic, and a message nobody can read must not end a recording.
+pub fn say(line: &str) {
+    let _ = std::io::stderr().write_all(format!("{line}\n").as_bytes());
+}
+
 /// Redraw the status line each time a new status arrives, until done.
 fn draw(shared: &Shared) {
     loop {
@@ -93,10 +100,12 @@ impl Reporter for Terminal {
 
     fn warning(&self, warning: &RecordWarning) {
         let mut drawn = lock(&self.shared.screen);
-        if std::mem::take(&mut *drawn) {
-            eprint!("{CLEAR_LINE}");
-        }
-        eprintln!("lrnprof-rec: warning: {warning}");
+        let clear = if std::mem::take(&mut *drawn) {
+            CLEAR_LINE
+        } else {
+            ""
+        };
+        say(&format!("{clear}lrnprof-rec: warning: {warning}"));
     }
 }
 
@@ -106,7 +115,7 @@ impl Drop for Terminal {
             lock(&self.shared.latest).done = true;
             self.shared.changed.notify_one();
             let _ = drawer.join();
-            eprint!("{CLEAR_LINE}");
+            let _ = std::io::stderr().write_all(CLEAR_LINE.as_bytes());
         }
     }
 }
