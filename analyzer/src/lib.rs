@@ -62,7 +62,7 @@ pub use output::{
     SvgWriter,
 };
 pub use pack::{pack, PackOptions, PackReport};
-pub use pipeline::pool;
+pub use pipeline::{pool, MAX_JOBS};
 pub use profile::{
     EventCounts, EventKind, Function, ImageInfo, KindRoots, Location, LocationLine, ProcessInfo,
     Profile, RootsByKind, SequenceEntry, Stack, Stats, ThreadProfile, ValueKind,

@@ -149,7 +149,7 @@ struct CommonArgs {
     /// Directory with image or debug files (searched by name, .build-id layout, NAME.dSYM). Repeatable.
     #[arg(long = "symbols", value_name = "DIR")]
     symbols: Vec<PathBuf>,
-    /// Worker threads (default: one per CPU).
+    /// Worker threads (default: one per CPU; at most 1024).
     #[arg(long, short = 'j', value_name = "N", default_value_t = 0)]
     jobs: usize,
     /// Never read local files: use only data embedded in the trace.
@@ -205,10 +205,10 @@ struct SelectArgs {
     #[arg(long, value_name = "TEXT")]
     cgroup: Option<String>,
     /// Only events at or after this many seconds into the recording.
-    #[arg(long, value_name = "SECS")]
+    #[arg(long, value_name = "SECS", value_parser = parse_secs)]
     from: Option<f64>,
     /// Only events before this many seconds into the recording.
-    #[arg(long, value_name = "SECS")]
+    #[arg(long, value_name = "SECS", value_parser = parse_secs)]
     to: Option<f64>,
 }
 
@@ -259,6 +259,15 @@ enum By {
     #[value(name = "self")]
     SelfValue,
     Total,
+}
+
+/// Seconds into the recording: a finite number, 0 or more (`nan` parsed
+/// as a float and selected every sample).
+fn parse_secs(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(secs) if secs.is_finite() && secs >= 0.0 => Ok(secs),
+        _ => Err("expected seconds into the recording: a number, 0 or more".to_string()),
+    }
 }
 
 fn parse_value(name: &str) -> Result<ValueKind, String> {

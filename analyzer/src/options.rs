@@ -66,7 +66,7 @@ pub struct AnalyzeOptions {
     /// Extra directories searched for images and debug files (by file name,
     /// by `.build-id/xx/rest.debug` layout, and for `NAME.dSYM` bundles).
     pub symbols_dirs: Vec<PathBuf>,
-    /// Worker threads; 0 means one per CPU.
+    /// Worker threads; 0 means one per CPU. At most [`crate::MAX_JOBS`].
     pub jobs: usize,
     /// Which samples to keep.
     pub filter: SampleFilter,

@@ -153,8 +153,20 @@ pub(crate) fn open(
     TraceReader::new(bytes).map_err(error)
 }
 
-/// A worker pool of `jobs` threads (0: one per CPU).
+/// The most worker threads a pool may have. Far more threads than CPUs
+/// gain nothing, and too many cannot even start: each needs a few memory
+/// mappings, and a thread that cannot map its signal stack panics before
+/// it runs, while the pool waits for it forever (`-j 100000` hung so).
+pub const MAX_JOBS: usize = 1024;
+
+/// A worker pool of `jobs` threads (0: one per CPU), at most [`MAX_JOBS`].
 pub fn pool(jobs: usize) -> Result<rayon::ThreadPool, AnalyzeError> {
+    if jobs > MAX_JOBS {
+        return Err(AnalyzeError::ThreadPool {
+            jobs,
+            message: format!("at most {MAX_JOBS} are allowed (--jobs)"),
+        });
+    }
     rayon::ThreadPoolBuilder::new()
         .num_threads(jobs)
         .build()

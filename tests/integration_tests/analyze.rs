@@ -790,7 +790,7 @@ fn bad_and_truncated_traces() {
 }
 
 #[test]
-fn misplaced_arguments_get_advice() {
+fn misplaced_and_meaningless_arguments_get_advice() {
     let dir = scratch_dir("an-args");
     let trace = dir.join("t.lpt");
     std::fs::write(&trace, b"").unwrap();
@@ -817,6 +817,23 @@ fn misplaced_arguments_get_advice() {
             "{msg}"
         );
     }
+    // Values that parse but mean nothing.
+    for bad in ["--from=nan", "--to=-1", "--from=inf"] {
+        let out = analyze(&["top", t, bad]);
+        let msg = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{bad}: {msg}");
+        assert!(
+            msg.contains("expected seconds into the recording: a number, 0 or more"),
+            "{bad}: {msg}"
+        );
+    }
+    // Far more threads than can start: refused, not hung.
+    let out = analyze(&["top", t, "-j", "100000"]);
+    let msg = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        msg.trim(),
+        "lrnprof-analyze: error: cannot start 100000 worker threads: at most 1024 are allowed (--jobs)"
+    );
     remove_scratch_dir(&dir);
 }
 
