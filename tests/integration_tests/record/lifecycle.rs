@@ -159,6 +159,18 @@ fn startup_errors_are_one_line_and_leave_no_file() {
         "cannot write trace file",
     );
     assert_fails_cleanly(&[os("--out"), o], &out, "give --pid PID or a command");
+    assert_fails_cleanly(
+        &[
+            os("--out"),
+            o,
+            os("--duration"),
+            os("1e300"),
+            os("--"),
+            os("true"),
+        ],
+        &out,
+        "--duration 1e300 is too long",
+    );
     remove_scratch_dir(&dir);
 }
 

@@ -187,7 +187,9 @@ fn run(args: Args) -> Result<ExitCode> {
         Some(d) if !(d.is_finite() && d > 0.0) => {
             anyhow::bail!("--duration must be a positive number of seconds, got {d}")
         }
-        Some(d) => Some(Duration::from_secs_f64(d)),
+        Some(d) => Some(Duration::try_from_secs_f64(d).map_err(|_| {
+            anyhow::anyhow!("--duration {d:e} is too long; leave it out to record until the end")
+        })?),
         None => None,
     };
     let launched = matches!(target, TargetSpec::Command(_));
