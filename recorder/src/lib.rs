@@ -136,12 +136,16 @@ pub fn record(
         ));
     }
     if let Some(heap) = &options.heap {
-        if let TargetSpec::Pid(_) = options.target {
-            return Err(RecordError::InvalidOption(
+        let running = match options.target {
+            TargetSpec::Pid(_) => Some("a running process (--pid)"),
+            TargetSpec::System => Some("the processes of a system-wide recording (--all)"),
+            TargetSpec::Command(_) => None,
+        };
+        if let Some(running) = running {
+            return Err(RecordError::InvalidOption(format!(
                 "--heap needs a command to launch: the allocation sampler is loaded when a \
-                 program starts, and a running process (--pid) cannot be made to load it"
-                    .into(),
-            ));
+                 program starts, and {running} cannot be made to load it"
+            )));
         }
         if heap.mean_interval == 0 {
             return Err(RecordError::InvalidOption(

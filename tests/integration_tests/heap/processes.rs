@@ -121,21 +121,28 @@ fn a_static_program_gets_a_clear_message_and_cpu_samples() {
 fn attaching_with_heap_is_refused_in_one_line() {
     let dir = scratch_dir("heap-pid");
     let trace = dir.join("never.lpt");
-    let out = lrnprof_rec_command()
-        .args(["--heap", "--pid", &std::process::id().to_string(), "--out"])
-        .arg(&trace)
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(2));
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(stderr.lines().count(), 1, "{stderr}");
-    assert!(
-        stderr.contains("--heap needs a command to launch"),
-        "{stderr}"
-    );
-    assert!(stderr.contains("--pid"), "{stderr}");
-    assert!(!trace.exists());
+    let pid = std::process::id().to_string();
+    // A running process, and every process of the machine (which
+    // recorded until stopped, and then warned that nothing was sampled).
+    for (target, named) in [(vec!["--pid", &pid], "--pid"), (vec!["--all"], "--all")] {
+        let out = lrnprof_rec_command()
+            .arg("--heap")
+            .args(&target)
+            .arg("--out")
+            .arg(&trace)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{target:?}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(stderr.lines().count(), 1, "{stderr}");
+        assert!(
+            stderr.contains("--heap needs a command to launch"),
+            "{stderr}"
+        );
+        assert!(stderr.contains(named), "{stderr}");
+        assert!(!trace.exists());
+    }
     remove_scratch_dir(&dir);
 }
 
