@@ -37,6 +37,12 @@ const ROOT_FUNCTIONS: &[&str] = &[
     "_pthread_start",
     "pthread_start",
     "start",
+    // Where a kernel thread starts (Linux 6.x on x86-64 enters through
+    // the `_asm` part; other kernels and architectures through
+    // `ret_from_fork`): the outermost frame of a kernel thread's kernel
+    // callchain (`lrnprof-rec --kernel`).
+    "ret_from_fork_asm",
+    "ret_from_fork",
 ];
 
 /// The samples of one block after unwinding, in trace order, as the

@@ -183,7 +183,10 @@ impl AttrSettings {
         if !self.system {
             flags |= flag::INHERIT;
         }
-        let kernel_chain = self.kernel && spec.role == Role::Cpu;
+        // With --kernel, CPU samples and switch-outs keep the kernel part
+        // of their callchain: where the kernel was, and where the thread
+        // blocked in it.
+        let kernel_chain = self.kernel && matches!(spec.role, Role::Cpu | Role::Switch);
         if spec.callchain && !kernel_chain {
             flags |= flag::EXCLUDE_CALLCHAIN_KERNEL;
         }

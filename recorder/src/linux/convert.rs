@@ -753,11 +753,15 @@ impl Converter {
         };
         let regs = match (self.regs.convert)(&s.regs) {
             Some(regs) => regs,
-            // No user registers (the thread was in the kernel with no user
-            // context): nothing to unwind from. A CPU sample is dropped
-            // unless it has kernel frames (a kernel thread); an event still
+            // No user registers: a kernel thread, which has no user
+            // context. A CPU sample or a switch-out is dropped unless it
+            // has kernel frames (--kernel): without them it has nothing to
+            // show, and `--all --off-cpu` filled the profile with every
+            // kernel thread's sleep as a frame `0x0`. Another event still
             // counts, with no stack.
-            None if s.role == Role::Cpu && s.kernel_callchain.is_empty() => return,
+            None if matches!(s.role, Role::Cpu | Role::Switch) && s.kernel_callchain.is_empty() => {
+                return
+            }
             None => (self.regs.convert)(&vec![0; self.regs.mask.count_ones() as usize])
                 .expect("registers of the mask's length convert"),
         };

@@ -103,11 +103,14 @@ pub(crate) fn record(
         options.frequency_hz,
         procfs::read_sysctl("/proc/sys/kernel/perf_event_max_sample_rate"),
     );
+    // --kernel keeps kernel frames in CPU samples and switch-outs: with
+    // neither recorded it has nothing to keep.
+    let kernel_frames = options.kernel && (options.cpu || options.off_cpu.is_some());
     if let TargetSpec::Pid(pid) = options.target {
         if procfs::has_exited(pid) {
             return Err(RecordError::NoSuchProcess { pid });
         }
-        if !(options.kernel && options.cpu) && procfs::is_kernel_thread(pid) {
+        if !kernel_frames && procfs::is_kernel_thread(pid) {
             let name = procfs::thread_name(pid, pid).unwrap_or_default();
             return Err(RecordError::InvalidOption(format!(
                 "pid {pid} ({name}) is a kernel thread, which runs no user code: add --kernel \
@@ -208,7 +211,7 @@ pub(crate) fn record(
         regs_mask: NATIVE_REGS.mask,
         wakeup_bytes: ring.wakeup_bytes(page_size),
         system,
-        kernel: options.kernel && options.cpu,
+        kernel: kernel_frames,
     };
     let mut events = match pid {
         Some(pid) => open_first(pid, settings, &plan.specs, page_size, ring.pages)?,
@@ -512,7 +515,7 @@ fn plan_events(options: &RecordOptions) -> Result<EventPlan, RecordError> {
     }
     if let Some(off) = &options.off_cpu {
         specs.push(EventSpec {
-            callchain: options.kernel_callchain,
+            callchain: options.kernel_callchain || options.kernel,
             ..EventSpec::new(Role::Switch, off.stack_size)
         });
     }

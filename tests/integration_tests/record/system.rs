@@ -3,13 +3,17 @@
 //! itself (not the recorder's children) appear with complete stacks, a
 //! process that execs and a short-lived one are named and sampled, the
 //! recorder leaves itself out; a write(2) loop shows a named kernel frame
-//! offline; an unprivileged user gets one line of advice and no file.
+//! offline; with `--off-cpu --kernel` a sleep shows where the kernel
+//! blocked, and kernel threads' switch-outs are kept only then; an
+//! unprivileged user gets one line of advice and no file.
 
 use super::support::{
     load, perf_event_paranoid, rec_command, recorder_for_nobody, refused_for_nobody, samples, NO_FP,
 };
 use lrnprof_analyzer::{analyze, AnalyzeOptions, NoProgress, OutputFormat, SampleFilter};
-use lrnprof_format::{BlobKind, ImageKind, Pid, ProcessEvent, Record, Target, ThreadEvent};
+use lrnprof_format::{
+    BlobKind, ImageKind, Pid, ProcessEvent, Record, SampleKind, Target, ThreadEvent, TraceReader,
+};
 use lrnprof_tests::{
     build_c, has_program, is_root, remove_scratch_dir, require_perf, scratch_dir, skip, wait_until,
 };
@@ -316,11 +320,7 @@ fn kernel_frames_are_named_offline() {
     assert!(samples(&records)
         .iter()
         .any(|s| !s.kernel_frames.is_empty()));
-    let kallsyms = std::fs::read_to_string("/proc/kallsyms").unwrap();
-    let kernel_names: HashSet<&str> = kallsyms
-        .lines()
-        .filter_map(|l| l.split_ascii_whitespace().nth(2))
-        .collect();
+    let kernel_names = kernel_function_names();
     let all = folded(&trace, SampleFilter::default());
     // A stack through write_loop whose leaf is a named kernel function.
     let named = all.lines().any(|l| {
@@ -332,6 +332,157 @@ fn kernel_frames_are_named_offline() {
                 .is_some_and(|leaf| kernel_names.contains(leaf))
     });
     assert!(named, "no named kernel frame under write_loop:\n{all}");
+    remove_scratch_dir(&dir);
+}
+
+/// The names of the kernel's functions, from `/proc/kallsyms`.
+fn kernel_function_names() -> HashSet<String> {
+    std::fs::read_to_string("/proc/kallsyms")
+        .unwrap()
+        .lines()
+        .filter_map(|l| l.split_ascii_whitespace().nth(2))
+        .map(str::to_string)
+        .collect()
+}
+
+#[test]
+fn off_cpu_with_kernel_shows_where_the_thread_blocked() {
+    require_perf!();
+    if !is_root() {
+        skip!("--kernel needs root here to read kernel addresses (kptr_restrict)");
+    }
+    let dir = scratch_dir("rec-system-off-cpu-kernel");
+    let program = build(&dir);
+    let trace = dir.join("sleep.lpt");
+    let out = rec_command(&trace)
+        .args(["--kernel", "--off-cpu", "--no-cpu", "--"])
+        .arg(&program)
+        .args(["sleep", "50"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let kernel_names = kernel_function_names();
+    let all = folded(&trace, SampleFilter::default());
+    // Each sleep: the user stack to nanosleep, then the kernel's part, down
+    // to the scheduler.
+    let blocked: u64 = all
+        .lines()
+        .filter_map(|l| l.rsplit_once(' '))
+        .filter(|(stack, _)| {
+            stack.contains("main;sleep_loop;")
+                && stack.contains(";schedule")
+                && stack
+                    .rsplit(';')
+                    .next()
+                    .is_some_and(|leaf| kernel_names.contains(leaf))
+        })
+        .filter_map(|(_, n)| n.parse::<u64>().ok())
+        .sum();
+    assert!(
+        blocked >= 25,
+        "{blocked} of 50 sleeps blocked in a named kernel function:\n{all}"
+    );
+    remove_scratch_dir(&dir);
+}
+
+/// Recorders that run until the test stops them: killed should it fail
+/// first, so that they do not record on.
+struct KillOnDrop(Vec<Child>);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        for child in &mut self.0 {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// Switch-outs of kernel threads (no user registers) in `trace` so far,
+/// and how many of them have kernel frames.
+fn kernel_thread_switch_outs(trace: &Path) -> (usize, usize) {
+    let Ok(reader) = TraceReader::open(trace) else {
+        return (0, 0);
+    };
+    let mut found = (0, 0);
+    for r in reader.records().flatten() {
+        if let Record::Sample(s) = r {
+            if s.kind == SampleKind::OffCpu && s.regs.ip() == 0 && s.regs.sp() == 0 {
+                found.0 += 1;
+                found.1 += usize::from(!s.kernel_frames.is_empty());
+            }
+        }
+    }
+    found
+}
+
+#[test]
+fn kernel_threads_switch_outs_are_kept_only_with_kernel() {
+    require_perf!();
+    if let Some(why) = system_refused() {
+        skip!("{why}");
+    }
+    let dir = scratch_dir("rec-system-kthreads");
+    let plain = dir.join("plain.lpt");
+    let kernel = dir.join("kernel.lpt");
+    let off_cpu = |trace: &Path, extra: &[&str]| {
+        rec_command(trace)
+            .args(["--all", "--off-cpu", "--no-cpu"])
+            .args(extra)
+            .stdin(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    // Without --kernel a kernel thread's switch-out has nothing to show
+    // (no user context, no kernel frames): it is left out. To know that
+    // one happened while it recorded, a second recording with --kernel
+    // runs inside the first one's time.
+    let mut running = KillOnDrop(vec![off_cpu(&plain, &[])]);
+    super::support::wait_for_a_readable_sample(&plain);
+    running.0.insert(0, off_cpu(&kernel, &["--kernel"]));
+    wait_until(
+        "a kernel thread's switch-out recorded with --kernel",
+        || kernel_thread_switch_outs(&kernel).0 > 0,
+    );
+    // The one with --kernel first, so the other's time covers it.
+    for recorder in std::mem::take(&mut running.0) {
+        let out = interrupt(recorder);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    assert_eq!(kernel_thread_switch_outs(&plain), (0, 0));
+    let (switches, with_frames) = kernel_thread_switch_outs(&kernel);
+    assert!(
+        switches > 0 && with_frames == switches,
+        "{switches} switch-outs, {with_frames} with kernel frames"
+    );
+    // A kernel thread's kernel callchain is whole: it reaches the root.
+    let (_, records) = load(&kernel);
+    let pid = samples(&records)
+        .iter()
+        .find(|s| s.kind == SampleKind::OffCpu && s.regs.ip() == 0)
+        .map(|s| s.pid)
+        .unwrap();
+    let options = AnalyzeOptions {
+        offline: true,
+        filter: SampleFilter {
+            pid: Some(pid),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let profile = analyze(&kernel, &options, &NoProgress).expect("analyzing the trace");
+    assert!(profile.stats.samples > 0);
+    assert_eq!(
+        profile.stats.root_samples, profile.stats.samples,
+        "pid {pid:?}"
+    );
     remove_scratch_dir(&dir);
 }
 
