@@ -697,18 +697,22 @@ mod tests {
         assert_eq!(a.flags & flag::EXCLUDE_KERNEL, 0);
         assert_eq!(a.flags & flag::EXCLUDE_CALLCHAIN_KERNEL, 0);
         assert_ne!(a.sample_type & sample::CALLCHAIN, 0);
-        // Off-CPU stacks stay user-only.
-        let switch = s.attr(&EventSpec {
+        // Switch-outs keep where in the kernel the thread blocked.
+        let switch_spec = EventSpec {
             callchain: true,
             ..EventSpec::new(Role::Switch, 0)
-        });
-        assert_ne!(switch.flags & flag::EXCLUDE_CALLCHAIN_KERNEL, 0);
+        };
+        let switch = s.attr(&switch_spec);
+        assert_eq!(switch.flags & flag::EXCLUDE_CALLCHAIN_KERNEL, 0);
         let user = AttrSettings {
             system: true,
             ..settings()
-        }
-        .attr(&cpu());
-        assert_ne!(user.flags & flag::EXCLUDE_KERNEL, 0);
+        };
+        assert_ne!(user.attr(&cpu()).flags & flag::EXCLUDE_KERNEL, 0);
+        assert_ne!(
+            user.attr(&switch_spec).flags & flag::EXCLUDE_CALLCHAIN_KERNEL,
+            0
+        );
     }
 
     #[test]
