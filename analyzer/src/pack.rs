@@ -189,7 +189,15 @@ pub fn pack(
                     report.embedded.push(format!("{path} ({id}): {what}"));
                     new_blobs.extend(b);
                 }
-                Err(why) => report.skipped.push(format!("{path} ({id}): {why}")),
+                Err(why) => {
+                    // A file gone since (a deleted binary, a memfd) whose
+                    // parts the recorder embedded: say that they stay.
+                    let kept = match have.iter().any(|(b, _)| b == id) {
+                        true => "; what the recorder embedded of it stays in the trace",
+                        false => "",
+                    };
+                    report.skipped.push(format!("{path} ({id}): {why}{kept}"))
+                }
             },
             ImageKind::Vdso => {
                 let vdso = own_vdso().filter(|b| {

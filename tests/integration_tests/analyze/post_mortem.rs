@@ -69,6 +69,20 @@ fn recorder_embedded_debug_data_suffices() {
     let p = trace.to_str().unwrap();
     let json = String::from_utf8(ok(&[p, "--format", "speedscope", "-o", "-"]).stdout).unwrap();
     assert!(json.contains("an_inline.c"), "no file names: {json}");
+    // Packed now, the program cannot be read: pack says so, and that what
+    // the recorder embedded stays, which the packed trace shows.
+    let packed = dir.join("packed.lpt");
+    let out = ok(&["pack", p, "-o", packed.to_str().unwrap()]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let warning = stderr
+        .lines()
+        .find(|l| l.starts_with("warning: not embedded: ") && l.contains("an_inline"))
+        .unwrap_or_else(|| panic!("no warning about the program: {stderr}"));
+    assert!(
+        warning.ends_with("; what the recorder embedded of it stays in the trace"),
+        "{warning}"
+    );
+    assert_eq!(folded_text(&packed, &[]), before);
 }
 
 #[test]
