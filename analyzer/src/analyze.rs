@@ -42,10 +42,11 @@ pub fn analyze_in(
     progress: &dyn Progress,
 ) -> Result<Profile, AnalyzeError> {
     let reader = open(path, options)?;
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
+    let name = match path.file_name() {
+        _ if path == Path::new("-") => "stdin".to_string(),
+        Some(n) => n.to_string_lossy().into_owned(),
+        None => String::new(),
+    };
     let result = pool.install(|| run(&reader, &name, options, progress));
     progress.finish();
     let profile = result?;

@@ -44,7 +44,7 @@ struct Cli {
 enum Command {
     /// The hottest functions, as a table: self and total share of the value shown, samples.
     Top {
-        /// The trace.
+        /// The trace (`-`: read it from standard input).
         trace: PathBuf,
         /// Show this many functions (0: all).
         #[arg(short = 'n', value_name = "N", default_value_t = 20)]
@@ -80,7 +80,7 @@ enum Command {
     },
     /// Show what a trace holds: processes, threads, images and where their data comes from.
     Info {
-        /// The trace.
+        /// The trace (`-`: read it from standard input).
         trace: PathBuf,
         /// Print JSON instead of text.
         #[arg(long)]
@@ -91,7 +91,7 @@ enum Command {
     /// Write a copy of a trace whose samples keep their unwound frames but no
     /// stack bytes (no raw process memory; smaller; analyzed like any trace).
     Strip {
-        /// The trace.
+        /// The trace (`-`: read it from standard input).
         trace: PathBuf,
         /// The stripped trace to write.
         #[arg(long, short = 'o', value_name = "OUT")]
@@ -103,7 +103,7 @@ enum Command {
     /// --syscalls`, like `strace -c`, with the call site (function and
     /// file:line) of each, their errors, and unusually slow calls.
     Syscalls {
-        /// The trace.
+        /// The trace (`-`: read it from standard input).
         trace: PathBuf,
         /// Print JSON: an array of syscalls with their calls, errors,
         /// total_ns, call sites and slow calls.
@@ -164,7 +164,7 @@ struct CommonArgs {
 
 #[derive(Args, Debug)]
 struct RunArgs {
-    /// The trace to analyze.
+    /// The trace to analyze (`-`: read it from standard input; then give -o).
     #[arg(required = true)]
     trace: Option<PathBuf>,
     /// Output format.
@@ -369,6 +369,7 @@ fn run(cli: Cli) -> Result<()> {
             view,
             common,
         }) => {
+            let (out, defaulted) = output_path(output, &new, "diff.svg")?;
             let mut opts = view.options(&common);
             let base_profile = analyze(&base, &opts, &progress)?;
             warn(&base_profile);
@@ -380,10 +381,10 @@ fn run(cli: Cli) -> Result<()> {
             let new_profile = analyze(&new, &opts, &progress)?;
             warn(&new_profile);
             print_out(&DiffReport::new(&base_profile, &new_profile, kind, n).to_text())?;
-            let out = output.unwrap_or_else(|| default_output_path(&new, "diff.svg"));
-            write_atomically(&out, |w| {
+            let write = write_atomically(&out, |w| {
                 write_diff_svg(&base_profile, &new_profile, kind, w)
-            })?;
+            });
+            explain_default_output(write, defaulted)?;
             say!("differential flame graph -> {}", out.display());
             if open {
                 open_result(&out, OutputFormat::Svg);
@@ -492,13 +493,13 @@ fn run(cli: Cli) -> Result<()> {
             format.configure(&mut opts);
             // One pool for the analysis and the output's writing (pprof
             // compresses on the workers).
+            let (out, defaulted) = output_path(args.output, &trace, format.extension())?;
             let pool = pool(opts.jobs)?;
             let profile = analyze_in(&pool, &trace, &opts, &progress)?;
             warn(&profile);
-            let out = args
-                .output
-                .unwrap_or_else(|| default_output_path(&trace, format.extension()));
-            pool.install(|| write_atomically(&out, |w| format.writer().write(&profile, w)))?;
+            let write =
+                pool.install(|| write_atomically(&out, |w| format.writer().write(&profile, w)));
+            explain_default_output(write, defaulted)?;
             let s = &profile.stats;
             let to_stdout = out.as_os_str() == "-";
             // One write: stderr is unbuffered, and the line written piece
@@ -568,6 +569,32 @@ fn second_trace_hint(e: &clap::Error) -> Option<&'static str> {
         "tip: lrnprof-analyze takes one trace, after its options; a command \
          (top, diff, info, strip, syscalls, pack) comes first, and diff compares two traces",
     )
+}
+
+/// Where an output goes: `given`, else next to the trace (then `true`).
+/// A trace read from standard input has no place next to it.
+fn output_path(given: Option<PathBuf>, trace: &Path, ext: &str) -> Result<(PathBuf, bool)> {
+    match given {
+        Some(out) => Ok((out, false)),
+        None if trace == Path::new("-") => anyhow::bail!(
+            "the trace comes from standard input: say where the output goes with -o FILE (-o - for standard output)"
+        ),
+        None => Ok((default_output_path(trace, ext), true)),
+    }
+}
+
+/// A failure to write the output at its default place (next to the
+/// trace: a read-only directory, `<(...)`) says how to put it elsewhere.
+fn explain_default_output(
+    write: Result<(), lrnprof_analyzer::AnalyzeError>,
+    defaulted: bool,
+) -> Result<()> {
+    match write {
+        Err(e) if defaulted => Err(anyhow::anyhow!(
+            "{e} (the output goes next to the trace unless -o FILE says otherwise)"
+        )),
+        other => Ok(other?),
+    }
 }
 
 /// Writes `text` to stderr in one call, ignoring failure (see `say!`).

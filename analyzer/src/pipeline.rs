@@ -95,7 +95,13 @@ impl AsRef<[u8]> for TraceBytes {
 }
 
 impl TraceBytes {
+    /// The trace at `path`; `-` reads it from standard input.
     fn open(path: &Path) -> std::io::Result<TraceBytes> {
+        if path == Path::new("-") {
+            let mut bytes = Vec::new();
+            std::io::Read::read_to_end(&mut std::io::stdin().lock(), &mut bytes)?;
+            return Ok(TraceBytes::Read(Arc::new(bytes)));
+        }
         let file = std::fs::File::open(path)?;
         // Safety: the map is read-only and lives as long as the reader that
         // uses it. Should another process truncate the file while it is

@@ -390,6 +390,50 @@ fn reports_to_a_full_or_closed_stdout() {
     remove_scratch_dir(&dir);
 }
 
+/// `lrnprof-analyze ARGS` with the file `stdin` as standard input.
+fn with_stdin(args: &[&str], stdin: &Path) -> Output {
+    Command::new(lrnprof_analyze())
+        .args(args)
+        .stdin(std::fs::File::open(stdin).unwrap())
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn a_trace_from_standard_input() {
+    require_perf!();
+    let dir = scratch_dir("an-stdin");
+    let trace = record_an_diff(&dir, "stdin", "300", None);
+    let t = trace.to_str().unwrap();
+    // `-` reads the trace from standard input.
+    let folded = ok(&[t, "-f", "folded", "-o", "-"]).stdout;
+    let piped = with_stdin(&["-", "-f", "folded", "-o", "-"], &trace);
+    assert!(piped.status.success());
+    assert_eq!(piped.stdout, folded);
+    let top = with_stdin(&["top", "-"], &trace);
+    let text = String::from_utf8_lossy(&top.stdout);
+    assert!(text.starts_with("stdin: CPU time"), "{text}");
+    // No place next to it for the output: say so before reading it.
+    let out = with_stdin(&["-"], &trace);
+    let msg = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{msg}");
+    assert!(
+        msg.contains("the trace comes from standard input: say where the output goes with -o"),
+        "{msg}"
+    );
+    // A default place that cannot be written (as for `<(...)`): the error
+    // says how to choose another.
+    let out = with_stdin(&["/proc/self/fd/0", "-f", "folded"], &trace);
+    let msg = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{msg}");
+    assert!(
+        msg.contains("cannot write /proc/self/fd/0.folded")
+            && msg.contains("(the output goes next to the trace unless -o FILE says otherwise)"),
+        "{msg}"
+    );
+    remove_scratch_dir(&dir);
+}
+
 #[test]
 fn diff_names_the_function_whose_work_doubled() {
     require_perf!();
