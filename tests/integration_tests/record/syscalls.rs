@@ -339,6 +339,49 @@ fn a_one_second_sleep_is_one_second_off_cpu_in_its_function() {
     remove_scratch_dir(&dir);
 }
 
+#[test]
+fn a_signal_handlers_return_unwinds_into_the_interrupted_function() {
+    require_tracing!();
+    let dir = scratch_dir("rec-sigreturn");
+    let exe = build(&dir);
+    let out = dir.join("t.lpt");
+    // The signal frame (about 1 KiB with the FPU state) must fit the copy.
+    let args = [
+        "--syscall-filter",
+        "rt_sigreturn",
+        "--syscall-stack-size",
+        "16384",
+    ];
+    assert_success(&launch(&out, &args, &exe, &["signals"]));
+    let profile = analyze(
+        &out,
+        &AnalyzeOptions {
+            value: Some(ValueKind::Syscalls),
+            ..Default::default()
+        },
+        &NoProgress,
+    )
+    .unwrap();
+    let mut folded = Vec::new();
+    OutputFormat::Folded
+        .writer()
+        .write(&profile, &mut folded)
+        .unwrap();
+    let folded = String::from_utf8(folded).unwrap();
+    // Each call is made by the trampoline, at its last instruction, and
+    // the signal interrupted raise() in signal_loop.
+    let through: u64 = folded
+        .lines()
+        .filter_map(|l| l.rsplit_once(' '))
+        .filter(|(stack, _)| {
+            stack.contains(";main;signal_loop;") && stack.ends_with(";__restore_rt")
+        })
+        .map(|(_, n)| n.parse::<u64>().unwrap())
+        .sum();
+    assert_eq!(through, 50, "{folded}");
+    remove_scratch_dir(&dir);
+}
+
 /// The fixture's pid, once it runs (its parent is the recorder).
 fn child_of(parent: u32) -> Option<u32> {
     std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
