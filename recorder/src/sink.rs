@@ -141,25 +141,61 @@ pub(crate) struct SinkTotals {
     pub warnings: Vec<RecordWarning>,
 }
 
-/// The trace file while it is being created: removed on drop unless
-/// [`keep`](Self::keep) was called, so a recording that fails to start
-/// leaves no file behind.
+/// The trace file while recording starts. Until [`keep`](Self::keep) it is
+/// written under a temporary name beside its path, removed on drop: a
+/// recording that fails to start leaves no file, and a file already at the
+/// path (an earlier trace) stays as it was. A device or FIFO at the path
+/// (`--out /dev/null`, a named pipe) is written in place and never
+/// replaced or removed.
 #[derive(Debug)]
 pub(crate) struct OutputFile {
     path: PathBuf,
+    /// The temporary name, renamed to `path` by `keep`; `None` in place.
+    temp: Option<PathBuf>,
     file: Option<File>,
     keep: bool,
 }
 
 impl OutputFile {
-    /// Create (or truncate) the trace file.
+    /// Create the trace file (under its temporary name).
     pub fn create(path: &Path) -> Result<OutputFile, RecordError> {
-        let file = File::create(path).map_err(|source| RecordError::Output {
+        let err = |source| RecordError::Output {
             path: path.to_owned(),
             source,
-        })?;
+        };
+        let existing = std::fs::metadata(path).ok();
+        if existing.as_ref().is_some_and(|m| m.is_dir()) {
+            return Err(err(std::io::Error::new(
+                std::io::ErrorKind::IsADirectory,
+                "it is a directory",
+            )));
+        }
+        if existing.is_some_and(|m| !m.is_file()) {
+            let file = std::fs::OpenOptions::new()
+                .write(true)
+                .open(path)
+                .map_err(err)?;
+            return Ok(OutputFile {
+                path: path.to_owned(),
+                temp: None,
+                file: Some(file),
+                keep: false,
+            });
+        }
+        let Some(name) = path.file_name() else {
+            return Err(err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                "it names no file",
+            )));
+        };
+        let mut temp_name = std::ffi::OsString::from(".");
+        temp_name.push(name);
+        temp_name.push(format!(".{}.tmp", std::process::id()));
+        let temp = path.with_file_name(temp_name);
+        let file = File::create(&temp).map_err(err)?;
         Ok(OutputFile {
             path: path.to_owned(),
+            temp: Some(temp),
             file: Some(file),
             keep: false,
         })
@@ -170,11 +206,18 @@ impl OutputFile {
         &self.path
     }
 
-    /// Recording has started: the file stays even if something fails later
-    /// (it is then readable but not marked finished).
-    pub fn keep(mut self) -> File {
+    /// Recording has started: the file takes its name, and stays even if
+    /// something fails later (it is then readable but not marked
+    /// finished).
+    pub fn keep(mut self) -> Result<File, RecordError> {
+        if let Some(temp) = &self.temp {
+            std::fs::rename(temp, &self.path).map_err(|source| RecordError::Output {
+                path: self.path.clone(),
+                source,
+            })?;
+        }
         self.keep = true;
-        self.file.take().expect("the file is taken only once")
+        Ok(self.file.take().expect("the file is taken only once"))
     }
 }
 
@@ -182,8 +225,29 @@ impl Drop for OutputFile {
     fn drop(&mut self) {
         if !self.keep {
             self.file = None;
-            let _ = std::fs::remove_file(&self.path);
+            if let Some(temp) = &self.temp {
+                let _ = std::fs::remove_file(temp);
+            }
         }
+    }
+}
+
+/// The trace file, counting the bytes written to it: a device or FIFO
+/// has no length to ask for.
+struct Counted {
+    file: File,
+    bytes: u64,
+}
+
+impl std::io::Write for Counted {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.file.write(buf)?;
+        self.bytes += n as u64;
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.file.flush()
     }
 }
 
@@ -233,7 +297,13 @@ impl<R: Send + 'static> Sink<R> {
         capacity: usize,
     ) -> Result<Sink<R>, RecordError> {
         let path = file.path().to_owned();
-        let out = BufWriter::with_capacity(1 << 20, file.keep());
+        let out = BufWriter::with_capacity(
+            1 << 20,
+            Counted {
+                file: file.keep()?,
+                bytes: 0,
+            },
+        );
         let writer = TraceWriter::new(out, header, writer_options())?;
         let stats = Arc::new(LiveStats::default());
         let (tx, rx) = sync_channel(capacity);
@@ -336,7 +406,7 @@ impl Counter {
 /// Count and write `r` with what the converter knows of its stack, and
 /// give the converter back what the writer no longer needs.
 fn write_record<C: Convert>(
-    writer: &mut TraceWriter<BufWriter<File>>,
+    writer: &mut TraceWriter<BufWriter<Counted>>,
     converter: &mut C,
     counter: &mut Counter,
     r: Record,
@@ -360,7 +430,7 @@ fn write_record<C: Convert>(
 }
 
 fn run<C: Convert>(
-    mut writer: TraceWriter<BufWriter<File>>,
+    mut writer: TraceWriter<BufWriter<Counted>>,
     mut converter: C,
     rx: Receiver<Msg<C::Raw>>,
     stats: &LiveStats,
@@ -413,12 +483,9 @@ fn run<C: Convert>(
     let trace_bytes = {
         writer.flush_block()?;
         let out = writer.finish()?;
-        let file = out
-            .into_inner()
-            .map_err(|e| RecordError::Format(e.into_error().into()))?;
-        file.metadata()
-            .map_err(|e| RecordError::Format(e.into()))?
-            .len()
+        out.into_inner()
+            .map_err(|e| RecordError::Format(e.into_error().into()))?
+            .bytes
     };
     counter.publish(stats, trace_bytes);
     Ok(SinkTotals {
@@ -452,6 +519,69 @@ mod tests {
             OutputFile::create(&bad),
             Err(RecordError::Output { .. })
         ));
+        let dir = std::env::temp_dir();
+        let Err(e) = OutputFile::create(&dir) else {
+            panic!("a directory taken as the trace")
+        };
+        assert!(e.to_string().contains("it is a directory"), "{e}");
+    }
+
+    #[test]
+    fn an_earlier_file_stays_until_recording_starts() {
+        let path = temp_path("earlier.lpt");
+        std::fs::write(&path, b"earlier trace").unwrap();
+        // A start that fails: the earlier file is untouched, and the
+        // temporary one gone.
+        drop(OutputFile::create(&path).unwrap());
+        assert_eq!(std::fs::read(&path).unwrap(), b"earlier trace");
+        let dir = path.parent().unwrap();
+        let temp_prefix = format!(".{}.", path.file_name().unwrap().to_string_lossy());
+        let leftovers = std::fs::read_dir(dir)
+            .unwrap()
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().starts_with(&temp_prefix))
+            .count();
+        assert_eq!(leftovers, 0);
+        // A start that succeeds replaces it.
+        let mut file = OutputFile::create(&path).unwrap().keep().unwrap();
+        std::io::Write::write_all(&mut file, b"new").unwrap();
+        drop(file);
+        assert_eq!(std::fs::read(&path).unwrap(), b"new");
+        std::fs::remove_file(&path).unwrap();
+    }
+
+    /// What `--out /dev/null` or a named pipe is: not a regular file. A
+    /// FIFO of the test's own stands for both (a regression must not
+    /// remove the machine's /dev/null).
+    #[test]
+    #[cfg(unix)]
+    fn a_fifo_or_device_is_written_in_place_and_never_removed() {
+        use std::os::unix::ffi::OsStrExt;
+        use std::os::unix::fs::OpenOptionsExt;
+        let fifo = temp_path("fifo.lpt");
+        let c_path = std::ffi::CString::new(fifo.as_os_str().as_bytes()).unwrap();
+        // Safety: mkfifo takes a NUL-terminated path and a mode.
+        assert_eq!(unsafe { libc::mkfifo(c_path.as_ptr(), 0o600) }, 0);
+        // A reader, so that opening the FIFO for writing does not wait.
+        let mut reader = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(&fifo)
+            .unwrap();
+        drop(OutputFile::create(&fifo).unwrap());
+        let is_fifo = |p: &Path| {
+            use std::os::unix::fs::FileTypeExt;
+            std::fs::metadata(p).is_ok_and(|m| m.file_type().is_fifo())
+        };
+        assert!(is_fifo(&fifo), "a failed start removed the FIFO");
+        let mut file = OutputFile::create(&fifo).unwrap().keep().unwrap();
+        std::io::Write::write_all(&mut file, b"trace").unwrap();
+        drop(file);
+        assert!(is_fifo(&fifo), "the FIFO was replaced");
+        let mut got = Vec::new();
+        std::io::Read::read_to_end(&mut reader, &mut got).unwrap();
+        assert_eq!(got, b"trace");
+        std::fs::remove_file(&fifo).unwrap();
     }
 
     fn thread(tid: u32) -> Record {

@@ -171,6 +171,11 @@ fn startup_errors_are_one_line_and_leave_no_file() {
         &out,
         "--duration 1e300 is too long",
     );
+    // A trace already at the path (an earlier recording) stays as it was.
+    std::fs::write(&out, b"earlier").unwrap();
+    let result = rec(&[os("--out"), o, os("--"), os("lrnprof-no-such-command")]);
+    assert!(!result.status.success());
+    assert_eq!(std::fs::read(&out).unwrap(), b"earlier");
     remove_scratch_dir(&dir);
 }
 
