@@ -192,9 +192,10 @@ pub fn pack(
                 Err(why) => {
                     // A file gone since (a deleted binary, a memfd) whose
                     // parts the recorder embedded: say that they stay.
-                    let kept = match have.iter().any(|(b, _)| b == id) {
-                        true => "; what the recorder embedded of it stays in the trace",
-                        false => "",
+                    let kept = if have.iter().any(|(b, _)| b == id) {
+                        "; what the recorder embedded of it stays in the trace"
+                    } else {
+                        ""
                     };
                     report.skipped.push(format!("{path} ({id}): {why}{kept}"))
                 }

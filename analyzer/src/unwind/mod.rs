@@ -706,14 +706,15 @@ pub(crate) fn walk<A: UnwindArch>(
         // pointer past the interrupted function.) It is named as a return
         // address is, by the byte before it, as the recorder's frame table
         // names every code address found on the stack.
-        // A sample in the trampoline itself has the same stack pointer: its
-        // `rt_sigreturn` call (whose saved instruction pointer is just past
-        // the system call instruction, the trampoline's last, so outside
-        // every unwind table), or a CPU sample there.
         let signal = match this {
             FrameAddress::ReturnAddress(ra) if signal::returns_into(traps, ra.get()) => {
                 A::signal_return(&this_regs, &mut read)
             }
+            // A sample in the trampoline itself has the same stack
+            // pointer: its `rt_sigreturn` call (whose saved instruction
+            // pointer is just past the system call instruction, the
+            // trampoline's last, so outside every unwind table), or a CPU
+            // sample there.
             FrameAddress::InstructionPointer(ip) if signal::returns_into(traps, ip) => {
                 A::signal_return(&this_regs, &mut read)
             }
