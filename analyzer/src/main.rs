@@ -369,7 +369,7 @@ fn run(cli: Cli) -> Result<()> {
             view,
             common,
         }) => {
-            let (out, defaulted) = output_path(output, &new, "diff.svg")?;
+            let (out, defaulted) = output_path(output, &[&base, &new], "diff.svg")?;
             let mut opts = view.options(&common);
             let base_profile = analyze(&base, &opts, &progress)?;
             warn(&base_profile);
@@ -493,7 +493,7 @@ fn run(cli: Cli) -> Result<()> {
             format.configure(&mut opts);
             // One pool for the analysis and the output's writing (pprof
             // compresses on the workers).
-            let (out, defaulted) = output_path(args.output, &trace, format.extension())?;
+            let (out, defaulted) = output_path(args.output, &[&trace], format.extension())?;
             let pool = pool(opts.jobs)?;
             let profile = analyze_in(&pool, &trace, &opts, &progress)?;
             warn(&profile);
@@ -571,15 +571,38 @@ fn second_trace_hint(e: &clap::Error) -> Option<&'static str> {
     )
 }
 
-/// Where an output goes: `given`, else next to the trace (then `true`).
-/// A trace read from standard input has no place next to it.
-fn output_path(given: Option<PathBuf>, trace: &Path, ext: &str) -> Result<(PathBuf, bool)> {
+/// Where an output of `traces` goes: `given`, else next to the last of
+/// them (then `true`). A trace read from standard input has no place next
+/// to it, and an output never replaces one of its traces.
+fn output_path(given: Option<PathBuf>, traces: &[&Path], ext: &str) -> Result<(PathBuf, bool)> {
+    let trace = traces.last().expect("an output has a trace");
     match given {
+        Some(out) if traces.iter().any(|t| is_same_file(&out, t)) => anyhow::bail!(
+            "-o {} is a trace being analyzed: writing the output there would replace it; choose another file",
+            out.display()
+        ),
         Some(out) => Ok((out, false)),
-        None if trace == Path::new("-") => anyhow::bail!(
+        None if *trace == Path::new("-") => anyhow::bail!(
             "the trace comes from standard input: say where the output goes with -o FILE (-o - for standard output)"
         ),
         None => Ok((default_output_path(trace, ext), true)),
+    }
+}
+
+/// Whether `a` and `b` name the same existing file (links included).
+fn is_same_file(a: &Path, b: &Path) -> bool {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::MetadataExt;
+        match (std::fs::metadata(a), std::fs::metadata(b)) {
+            (Ok(a), Ok(b)) => a.is_file() && a.dev() == b.dev() && a.ino() == b.ino(),
+            _ => false,
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        a.canonicalize()
+            .is_ok_and(|a| b.canonicalize().is_ok_and(|b| a == b))
     }
 }
 

@@ -827,6 +827,24 @@ fn misplaced_and_meaningless_arguments_get_advice() {
             "{bad}: {msg}"
         );
     }
+    // An output over one of its traces would replace it.
+    let other = dir.join("other.lpt");
+    std::fs::write(&other, b"").unwrap();
+    let o = other.to_str().unwrap();
+    for args in [
+        &[t, "-o", t][..],
+        &["diff", t, o, "-o", t],
+        &["diff", t, o, "-o", o],
+    ] {
+        let out = analyze(args);
+        let msg = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {msg}");
+        assert!(
+            msg.contains("is a trace being analyzed: writing the output there would replace it"),
+            "{args:?}: {msg}"
+        );
+    }
+    assert_eq!(std::fs::read(&trace).unwrap(), b"");
     // Far more threads than can start: refused, not hung.
     let out = analyze(&["top", t, "-j", "100000"]);
     let msg = String::from_utf8_lossy(&out.stderr);
