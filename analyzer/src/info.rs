@@ -333,6 +333,19 @@ impl TraceInfo {
             } else {
                 p.command.join(" ")
             };
+            // One line per process: an argument's newline or tab is shown
+            // escaped (`--json` has it as it is).
+            if command.contains(char::is_control) {
+                let mut escaped = String::with_capacity(command.len() + 8);
+                for c in command.chars() {
+                    if c.is_control() {
+                        escaped.extend(c.escape_default());
+                    } else {
+                        escaped.push(c);
+                    }
+                }
+                command = escaped;
+            }
             if self.system && command.chars().count() > 100 {
                 // One line per process; --json has the whole command.
                 command = command.chars().take(99).chain(['…']).collect();

@@ -700,7 +700,7 @@ impl Converter {
         let end = m.addr.saturating_add(m.len);
         if let Some(r) = self
             .images
-            .record(t, m.pid, m.addr, end, m.pgoff, m.filename, m.build_id)
+            .record(t, m.pid, m.addr, end, m.pgoff, &m.filename, m.build_id)
         {
             self.push_image(r);
         }

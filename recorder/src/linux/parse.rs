@@ -4,6 +4,7 @@
 
 use super::attr::Role;
 pub(crate) use super::layouts::Layouts;
+use std::borrow::Cow;
 
 /// `perf_event_header.type` values.
 pub(crate) mod kind {
@@ -96,7 +97,7 @@ pub(crate) enum PerfRecord<'a> {
     Comm {
         pid: u32,
         tid: u32,
-        name: &'a str,
+        name: Cow<'a, str>,
         exec: bool,
         id: SampleId,
     },
@@ -196,7 +197,7 @@ pub(crate) struct Mmap2Record<'a> {
     pub pgoff: u64,
     pub build_id: Option<&'a [u8]>,
     pub prot: u32,
-    pub filename: &'a str,
+    pub filename: Cow<'a, str>,
     pub id: SampleId,
 }
 
@@ -384,9 +385,12 @@ pub(crate) fn parse_record<'a>(
 }
 
 /// A NUL-padded string; invalid UTF-8 yields an empty name rather than an error.
-fn c_str(bytes: &[u8]) -> &str {
+/// A NUL-terminated name. Bytes that are not UTF-8 (Linux paths and
+/// thread names may hold any) become U+FFFD rather than losing the name:
+/// the image is then read through its mapping, not its path.
+fn c_str(bytes: &[u8]) -> Cow<'_, str> {
     let end = bytes.iter().position(|&b| b == 0).unwrap_or(bytes.len());
-    std::str::from_utf8(&bytes[..end]).unwrap_or("")
+    String::from_utf8_lossy(&bytes[..end])
 }
 
 fn parse_sample_id(layout: &Layout, data: &[u8], kind: u32) -> Result<SampleId, ParseError> {
@@ -846,7 +850,7 @@ pub(crate) mod tests {
         rec.extend(&body);
         assert_eq!(
             parse_record(&single(), kind::COMM, MISC_COMM_EXEC, &rec).unwrap(),
-            PerfRecord::Comm { pid: 10, tid: 12, name: "worker", exec: true, id: SampleId {
+            PerfRecord::Comm { pid: 10, tid: 12, name: "worker".into(), exec: true, id: SampleId {
                 pid: Some(10), tid: Some(11), time: Some(5000), cpu: Some(1) } }
         );
 

@@ -126,10 +126,24 @@ pub(crate) fn root_path(pid: u32, path: &str) -> PathBuf {
     PathBuf::from(format!("/proc/{pid}/root{path}"))
 }
 
+/// Read a `/proc` file as text. A process's files may hold bytes that are
+/// not UTF-8 (its name in `stat`, `status` and `comm`, paths in `maps`):
+/// those become U+FFFD rather than making the read fail, which made a
+/// running process look gone.
+fn read_lossy(path: String) -> std::io::Result<String> {
+    let bytes = std::fs::read(path)?;
+    Ok(match String::from_utf8(bytes) {
+        Ok(text) => text,
+        Err(e) => String::from_utf8_lossy(e.as_bytes()).into_owned(),
+    })
+}
+
 /// Read `/proc/PID/maps` (through a thread still running once the main
 /// one has ended, see [`other_live_thread`]).
 pub(crate) fn read_maps(pid: u32) -> std::io::Result<Vec<MapsEntry>> {
-    let read = |id: u32| std::fs::read_to_string(format!("/proc/{id}/maps"));
+    // A path that is not UTF-8 keeps U+FFFD in place of those bytes, and
+    // its file is read through its mapping instead.
+    let read = |id: u32| read_lossy(format!("/proc/{id}/maps"));
     let text = read(pid)?;
     // Every running process has mappings; kernel threads have none.
     let other = text.is_empty().then(|| other_live_thread(pid)).flatten();
@@ -144,13 +158,13 @@ pub(crate) fn read_maps(pid: u32) -> std::io::Result<Vec<MapsEntry>> {
 /// are then empty or gone, but `/proc/TID` of a running thread serves
 /// them. Asked only once a read of those files gave nothing.
 pub(crate) fn other_live_thread(pid: u32) -> Option<u32> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let stat = read_lossy(format!("/proc/{pid}/stat")).ok()?;
     if parse_stat_state(&stat) != Some('Z') || stat_says_exited(&stat) {
         return None;
     }
     list_tasks(pid).ok()?.into_iter().find(|&tid| {
         tid != pid
-            && std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/stat"))
+            && read_lossy(format!("/proc/{pid}/task/{tid}/stat"))
                 .is_ok_and(|s| !matches!(parse_stat_state(&s), Some('Z' | 'X') | None))
     })
 }
@@ -166,7 +180,7 @@ pub(crate) fn list_tasks(pid: u32) -> std::io::Result<Vec<u32>> {
 
 /// A thread's name, if it is still there.
 pub(crate) fn thread_name(pid: u32, tid: u32) -> Option<String> {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/comm")).ok()?;
+    let s = read_lossy(format!("/proc/{pid}/task/{tid}/comm")).ok()?;
     Some(s.trim_end_matches('\n').to_string())
 }
 
@@ -196,20 +210,20 @@ pub(crate) fn executable(pid: u32) -> Option<String> {
 
 /// A process's parent pid, if known.
 pub(crate) fn parent_pid(pid: u32) -> Option<u32> {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let s = read_lossy(format!("/proc/{pid}/status")).ok()?;
     parse_status_field(&s, "PPid")?.parse().ok()
 }
 
 /// The real uid owning a process, if known.
 pub(crate) fn owner_uid(pid: u32) -> Option<u32> {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let s = read_lossy(format!("/proc/{pid}/status")).ok()?;
     parse_status_field(&s, "Uid")?.parse().ok()
 }
 
 /// Whether the process will not run again: gone, dead, or a zombie with
 /// no thread left (see [`stat_says_exited`]).
 pub(crate) fn has_exited(pid: u32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+    match read_lossy(format!("/proc/{pid}/stat")) {
         Ok(s) => stat_says_exited(&s),
         Err(_) => true,
     }
@@ -249,7 +263,7 @@ pub(crate) fn stat_says_kernel_thread(text: &str) -> bool {
 /// Whether process `pid` is a kernel thread (see
 /// [`stat_says_kernel_thread`]); `false` if unknown.
 pub(crate) fn is_kernel_thread(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| stat_says_kernel_thread(&s))
+    read_lossy(format!("/proc/{pid}/stat")).is_ok_and(|s| stat_says_kernel_thread(&s))
 }
 
 /// Every process's pid, ascending (`/proc/[0-9]*`).
@@ -263,7 +277,7 @@ pub(crate) fn list_pids() -> std::io::Result<Vec<u32>> {
 
 /// A process's cgroup (see [`parse_cgroup`]), if readable.
 pub(crate) fn cgroup(pid: u32) -> Option<String> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
+    let text = read_lossy(format!("/proc/{pid}/cgroup")).ok()?;
     parse_cgroup(&text)
 }
 

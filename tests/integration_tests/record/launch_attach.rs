@@ -273,6 +273,85 @@ fn share_reaching(records: &[Record], pid: Pid, exe: &Path, leaf: &str, caller: 
     reaching as f64 / in_leaf.len() as f64
 }
 
+/// The fixture's stacks in `trace`, analyzed: every sample reaches the
+/// root, through named functions, and its image's path says where the
+/// name had bytes that are not UTF-8.
+fn assert_recorded_whole(trace: &Path, built: &Path) {
+    let (_, records) = load_complete(trace);
+    let map = images(&records)
+        .into_iter()
+        .find(|m| m.path.ends_with("rec\u{FFFD}threads"))
+        .unwrap_or_else(|| panic!("no image named rec\u{FFFD}threads in {trace:?}"));
+    assert_eq!(map.build_id.as_ref().unwrap().0, build_id(built));
+    let profile = lrnprof_analyzer::analyze(
+        trace,
+        &lrnprof_analyzer::AnalyzeOptions::default(),
+        &lrnprof_analyzer::NoProgress,
+    )
+    .unwrap();
+    let s = &profile.stats;
+    assert!(s.samples >= 10, "{trace:?}: {} samples", s.samples);
+    assert!(
+        s.root_samples * 10 >= s.samples * 9,
+        "{trace:?}: {} of {} samples at the root",
+        s.root_samples,
+        s.samples
+    );
+    assert!(
+        profile.functions.iter().any(|f| f.name == "parent_two"),
+        "{trace:?}: the program's functions are not named"
+    );
+}
+
+#[test]
+#[cfg(target_os = "linux")]
+fn a_program_whose_path_is_not_utf8_is_recorded_whole() {
+    use std::os::unix::ffi::OsStrExt;
+    require_perf!();
+    let dir = scratch_dir("rec-not-utf8");
+    let built = build_threads(&dir);
+    // Linux paths (and so process names) may hold any byte.
+    let exe = dir.join(std::ffi::OsStr::from_bytes(b"rec\xffthreads"));
+    std::fs::copy(&built, &exe).unwrap();
+    let launched = dir.join("launched.lpt");
+    // An argument with a newline (the third, which the fixture ignores).
+    assert_exit_code(&launch(&launched, &[], &exe, &["300", "2", "a\nb"]), 7);
+    assert_recorded_whole(&launched, &built);
+    // `info` keeps each process on one line.
+    let info = Command::new(lrnprof_tests::lrnprof_analyze())
+        .arg("info")
+        .arg(&launched)
+        .output()
+        .unwrap();
+    let info = String::from_utf8_lossy(&info.stdout);
+    assert!(
+        info.lines()
+            .any(|l| l.ends_with("rec\u{FFFD}threads 300 2 a\\nb")),
+        "{info}"
+    );
+    // Attached: /proc/PID/stat, comm and maps hold the name's bytes.
+    let mut child = Command::new(&exe).arg("20000").spawn().unwrap();
+    let pid = child.id();
+    wait_until("the program mapped", || {
+        std::fs::read(format!("/proc/{pid}/maps"))
+            .is_ok_and(|m| m.windows(11).any(|w| w == b"rec\xffthreads"))
+    });
+    let attached = dir.join("attached.lpt");
+    let result = rec(&[
+        os("--pid"),
+        os(&pid.to_string()),
+        os("--duration"),
+        os("0.5"),
+        os("--out"),
+        attached.as_os_str(),
+    ]);
+    let _ = child.kill();
+    let _ = child.wait();
+    assert_success(&result);
+    assert_recorded_whole(&attached, &built);
+    remove_scratch_dir(&dir);
+}
+
 #[test]
 fn deep_recursion_is_copied_back_to_main() {
     require_perf!();
