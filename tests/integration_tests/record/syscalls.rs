@@ -9,8 +9,8 @@ use super::support::{
     perf_event_paranoid, recorder_for_nobody, refused_for_nobody, samples, NO_FP,
 };
 use lrnprof_analyzer::{
-    analyze, syscall_report, AnalyzeOptions, NoProgress, OutputFormat, SampleFilter, SyscallReport,
-    SyscallReportOptions, ValueKind,
+    analyze, syscall_report, AnalyzeOptions, NoProgress, OutputFormat, Profile, SampleFilter,
+    SyscallReport, SyscallReportOptions, ValueKind,
 };
 use lrnprof_format::{syscall_number, Arch, Record, SampleKind, Target};
 use lrnprof_tests::{
@@ -23,6 +23,16 @@ use std::process::{Command, Stdio};
 
 fn build(dir: &Path) -> PathBuf {
     build_c(&["rec_syscalls.c"], NO_FP, dir, "rec_syscalls")
+}
+
+/// `profile` as folded stacks.
+fn folded(profile: &Profile) -> String {
+    let mut out = Vec::new();
+    OutputFormat::Folded
+        .writer()
+        .write(profile, &mut out)
+        .unwrap();
+    String::from_utf8(out).unwrap()
 }
 
 fn report(trace: &Path, filter: SampleFilter) -> SyscallReport {
@@ -318,12 +328,7 @@ fn a_one_second_sleep_is_one_second_off_cpu_in_its_function() {
     // Off-CPU time sits beside CPU time, for a wall-clock view per thread.
     assert!(profile.value_kinds.contains(&ValueKind::Cpu));
     assert!(profile.value_kinds.contains(&ValueKind::OffCpu));
-    let mut folded = Vec::new();
-    OutputFormat::Folded
-        .writer()
-        .write(&profile, &mut folded)
-        .unwrap();
-    let folded = String::from_utf8(folded).unwrap();
+    let folded = folded(&profile);
     let in_sleepy: u64 = folded
         .lines()
         .filter(|l| l.contains(";sleepy;") || l.contains(";sleepy "))
@@ -362,12 +367,7 @@ fn a_signal_handlers_return_unwinds_into_the_interrupted_function() {
         &NoProgress,
     )
     .unwrap();
-    let mut folded = Vec::new();
-    OutputFormat::Folded
-        .writer()
-        .write(&profile, &mut folded)
-        .unwrap();
-    let folded = String::from_utf8(folded).unwrap();
+    let folded = folded(&profile);
     // Each call is made by the trampoline, at its last instruction, and
     // the signal interrupted raise() in signal_loop.
     let through: u64 = folded
