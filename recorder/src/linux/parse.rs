@@ -384,7 +384,6 @@ pub(crate) fn parse_record<'a>(
     })
 }
 
-/// A NUL-padded string; invalid UTF-8 yields an empty name rather than an error.
 /// A NUL-terminated name. Bytes that are not UTF-8 (Linux paths and
 /// thread names may hold any) become U+FFFD rather than losing the name:
 /// the image is then read through its mapping, not its path.
