@@ -54,7 +54,13 @@ pub fn analyze_in(
         && profile.stats.samples == 0
         && profile.stats.trace_samples > 0
     {
-        return Err(AnalyzeError::NothingSelected(options.filter.describe()));
+        let mut why = options.filter.describe();
+        if options.filter.cgroup.is_some() && profile.processes.iter().all(|p| p.cgroup.is_none()) {
+            why.push_str(
+                ": the trace recorded no cgroups; only `lrnprof-rec --all` and `--kernel` recordings do",
+            );
+        }
+        return Err(AnalyzeError::NothingSelected(why));
     }
     Ok(profile)
 }

@@ -730,6 +730,16 @@ fn default_output_path_and_filters() {
     let msg = String::from_utf8_lossy(&none.stderr);
     assert!(msg.contains("no samples left after filtering"), "{msg}");
     assert_eq!(msg.trim().lines().count(), 1, "{msg}");
+    // A launched command's trace records no cgroups: --cgroup says so.
+    let none = analyze(&[t, "--format", "folded", "--cgroup", "docker", "-o", "-"]);
+    assert!(!none.status.success());
+    let msg = String::from_utf8_lossy(&none.stderr);
+    assert!(
+        msg.contains(
+            "--cgroup \"docker\": the trace recorded no cgroups; only `lrnprof-rec --all`"
+        ),
+        "{msg}"
+    );
 }
 
 #[test]
