@@ -3,14 +3,16 @@
 //! itself (not the recorder's children) appear with complete stacks, a
 //! process that execs and a short-lived one are named and sampled, the
 //! recorder leaves itself out; a write(2) loop shows a named kernel frame
-//! offline; with `--off-cpu --kernel` a sleep shows where the kernel
-//! blocked, and kernel threads' switch-outs are kept only then; an
+//! offline; with `--off-cpu --kernel` a wait in read(2) shows where the
+//! kernel blocked, and kernel threads' switch-outs are kept only then; an
 //! unprivileged user gets one line of advice and no file.
 
 use super::support::{
     load, perf_event_paranoid, rec_command, recorder_for_nobody, refused_for_nobody, samples, NO_FP,
 };
-use lrnprof_analyzer::{analyze, AnalyzeOptions, NoProgress, OutputFormat, SampleFilter};
+use lrnprof_analyzer::{
+    analyze, AnalyzeOptions, EventKind, NoProgress, OutputFormat, SampleFilter,
+};
 use lrnprof_format::{
     BlobKind, ImageKind, Pid, ProcessEvent, Record, SampleKind, Target, ThreadEvent, TraceReader,
 };
@@ -353,36 +355,46 @@ fn off_cpu_with_kernel_shows_where_the_thread_blocked() {
     }
     let dir = scratch_dir("rec-system-off-cpu-kernel");
     let program = build(&dir);
-    let trace = dir.join("sleep.lpt");
+    let trace = dir.join("block.lpt");
     let out = rec_command(&trace)
         .args(["--kernel", "--off-cpu", "--no-cpu", "--"])
         .arg(&program)
-        .args(["sleep", "50"])
+        .args(["block", "50"])
         .stdin(Stdio::null())
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
     let kernel_names = kernel_function_names();
-    let all = folded(&trace, SampleFilter::default());
-    // Each sleep: the user stack to nanosleep, then the kernel's part, down
-    // to the scheduler.
-    let blocked: u64 = all
-        .lines()
-        .filter_map(|l| l.rsplit_once(' '))
-        .filter(|(stack, _)| {
-            stack.contains("main;sleep_loop;")
-                && stack.contains(";schedule")
-                && stack
-                    .rsplit(';')
-                    .next()
-                    .is_some_and(|leaf| kernel_names.contains(leaf))
+    let profile = analyze(&trace, &AnalyzeOptions::default(), &NoProgress).unwrap();
+    // Each wait: the user stack to read, then the kernel's part, down to
+    // the scheduler. Counted in switch-outs (folded output would give
+    // nanoseconds off CPU).
+    let off_cpu = EventKind::OffCpu.index();
+    let blocked: u64 = profile
+        .stacks
+        .iter()
+        .filter(|stack| {
+            // Function names, leaf first.
+            let names: Vec<&str> = stack
+                .locations
+                .iter()
+                .flat_map(|&l| &profile.locations[l as usize].lines)
+                .map(|line| profile.functions[line.function as usize].name.as_str())
+                .collect();
+            let at = |name: &str| names.iter().position(|&n| n == name);
+            at("block_loop").is_some_and(|b| at("main") == Some(b + 1))
+                && at("schedule").is_some()
+                && names
+                    .first()
+                    .is_some_and(|&leaf| kernel_names.contains(leaf))
         })
-        .filter_map(|(_, n)| n.parse::<u64>().ok())
+        .map(|stack| stack.kind_samples[off_cpu])
         .sum();
+    let all = folded(&trace, SampleFilter::default());
     assert!(
         blocked >= 25,
-        "{blocked} of 50 sleeps blocked in a named kernel function:\n{all}"
+        "{blocked} of 50 waits blocked in a named kernel function:\n{all}"
     );
     remove_scratch_dir(&dir);
 }
