@@ -235,7 +235,18 @@ impl Timeline {
         }
         self.outcomes.record(&record);
         match record {
-            Record::Process(p) => {
+            Record::Process(mut p) => {
+                // A fork's record names no command: the child runs its
+                // parent's program with its parent's arguments (what /proc
+                // shows for it) until it execs.
+                if p.event == ProcessEvent::Fork && p.command.is_empty() {
+                    if let Some(parent) = p.parent.and_then(|pp| self.processes.get(&pp)) {
+                        p.command = parent.command.clone();
+                        if p.executable.is_none() {
+                            p.executable = parent.executable.clone();
+                        }
+                    }
+                }
                 let proc = self.processes.entry(p.pid).or_default();
                 if !p.command.is_empty() {
                     proc.command = p.command;

@@ -463,6 +463,32 @@ fn thread_churn_fork_and_exec_leave_a_finished_trace() {
         samples(&records).iter().any(|s| s.pid == child.pid),
         "no samples from the forked child"
     );
+    // The child runs its parent's program with its parent's arguments,
+    // and the analysis says so, though the fork's record names neither;
+    // the parent's later exec does not rename it.
+    let profile = lrnprof_analyzer::analyze(
+        &out,
+        &lrnprof_analyzer::AnalyzeOptions::default(),
+        &lrnprof_analyzer::NoProgress,
+    )
+    .unwrap();
+    let forked = profile
+        .processes
+        .iter()
+        .find(|p| p.pid == child.pid.0)
+        .expect("the forked child in the profile");
+    assert_eq!(
+        forked.command,
+        [
+            churn.to_str().unwrap(),
+            "1000",
+            "exec",
+            threads.to_str().unwrap(),
+            "300"
+        ],
+        "{forked:?}"
+    );
+    assert_eq!(forked.executable.as_deref(), churn.to_str(), "{forked:?}");
 
     let exec_time = records
         .iter()
