@@ -153,6 +153,16 @@ pub enum RecordWarning {
         /// `kernel.kptr_restrict`, if readable.
         kptr_restrict: Option<i64>,
     },
+    /// `--pid` named a thread of another process (a thread id, as `top -H`
+    /// shows): the whole process is recorded.
+    ThreadOfProcess {
+        /// The thread id given.
+        tid: u32,
+        /// Its process.
+        pid: u32,
+        /// The process's name, if known.
+        name: Option<String>,
+    },
 }
 
 impl fmt::Display for RecordWarning {
@@ -225,6 +235,13 @@ impl fmt::Display for RecordWarning {
                     "the kernel hides its symbol addresses (kernel.kptr_restrict{setting}): kernel \
                      frames will show as bare addresses; record as root with kptr_restrict 1 or \
                      lower, or lower it with `sudo sysctl kernel.kptr_restrict=0`"
+                )
+            }
+            RecordWarning::ThreadOfProcess { tid, pid, name } => {
+                let name = name.as_ref().map_or(String::new(), |n| format!(" ({n})"));
+                write!(
+                    f,
+                    "{tid} is a thread of process {pid}{name}: recording the whole process"
                 )
             }
         }

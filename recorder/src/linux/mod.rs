@@ -106,6 +106,27 @@ pub(crate) fn record(
     // --kernel keeps kernel frames in CPU samples and switch-outs: with
     // neither recorded it has nothing to keep.
     let kernel_frames = options.kernel && (options.cpu || options.off_cpu.is_some());
+    // A thread id (as `top -H` shows) stands for its process: samples,
+    // images and names are the process's.
+    let whole_process;
+    let options = match options.target {
+        TargetSpec::Pid(tid) => match procfs::thread_group(tid) {
+            Some(pid) if pid != tid => {
+                reporter.warning(&RecordWarning::ThreadOfProcess {
+                    tid,
+                    pid,
+                    name: procfs::thread_name(pid, pid),
+                });
+                whole_process = RecordOptions {
+                    target: TargetSpec::Pid(pid),
+                    ..options.clone()
+                };
+                &whole_process
+            }
+            _ => options,
+        },
+        _ => options,
+    };
     if let TargetSpec::Pid(pid) = options.target {
         if procfs::has_exited(pid) {
             return Err(RecordError::NoSuchProcess { pid });

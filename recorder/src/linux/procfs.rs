@@ -214,6 +214,13 @@ pub(crate) fn parent_pid(pid: u32) -> Option<u32> {
     parse_status_field(&s, "PPid")?.parse().ok()
 }
 
+/// The process a thread belongs to (its thread group), if known: the
+/// thread's own id for a process's main thread.
+pub(crate) fn thread_group(tid: u32) -> Option<u32> {
+    let s = read_lossy(format!("/proc/{tid}/status")).ok()?;
+    parse_status_field(&s, "Tgid")?.parse().ok()
+}
+
 /// The real uid owning a process, if known.
 pub(crate) fn owner_uid(pid: u32) -> Option<u32> {
     let s = read_lossy(format!("/proc/{pid}/status")).ok()?;

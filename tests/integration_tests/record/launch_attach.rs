@@ -100,9 +100,53 @@ fn attach_by_pid_records_existing_threads_and_images() {
         os("--out"),
         out.as_os_str(),
     ]);
+    // A thread id (as `top -H` shows) stands for its whole process.
+    let worker_a = std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .filter_map(|e| {
+            let path = e.ok()?.path();
+            let name = std::fs::read_to_string(path.join("comm")).ok()?;
+            let tid = path.file_name()?.to_str()?.to_string();
+            (name.trim_end() == "worker-a").then_some(tid)
+        })
+        .next()
+        .expect("worker-a's thread id");
+    let by_tid = dir.join("tid.lpt");
+    let tid_result = rec(&[
+        os("--pid"),
+        os(&worker_a),
+        os("--duration"),
+        os("0.5"),
+        os("--out"),
+        by_tid.as_os_str(),
+    ]);
     let _ = child.kill();
     let _ = child.wait();
     assert_success(&result);
+    assert_success(&tid_result);
+    let stderr = String::from_utf8_lossy(&tid_result.stderr);
+    assert!(
+        stderr.contains(&format!(
+            "{worker_a} is a thread of process {pid} (rec_threads): recording the whole process"
+        )),
+        "{stderr}"
+    );
+    let (tid_reader, tid_records) = load_complete(&by_tid);
+    assert_eq!(
+        tid_reader.header().target,
+        Target::Attach {
+            pids: vec![Pid(pid)]
+        }
+    );
+    assert!(
+        images(&tid_records)
+            .iter()
+            .any(|m| m.pid.0 == pid && Path::new(&m.path) == exe),
+        "the process's images"
+    );
+    let tid_samples = samples(&tid_records);
+    assert!(!tid_samples.is_empty());
+    assert!(tid_samples.iter().all(|s| s.pid.0 == pid));
     let (reader, records) = load_complete(&out);
     assert_time_ordered(&records);
     assert_samples_plausible(&records);

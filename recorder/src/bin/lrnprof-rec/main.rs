@@ -29,7 +29,8 @@ use std::time::Duration;
     override_usage = "lrnprof-rec --pid PID [OPTIONS]\n       lrnprof-rec [OPTIONS] -- CMD [ARGS]...\n       lrnprof-rec --all [--duration SECS] [OPTIONS]"
 )]
 struct Args {
-    /// Attach to this running process (and the threads and children it creates).
+    /// Attach to this running process (and the threads and children it creates);
+    /// a thread id stands for its process.
     #[arg(long, conflicts_with = "command")]
     pid: Option<u32>,
 
