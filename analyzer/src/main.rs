@@ -282,10 +282,17 @@ fn parse_value(name: &str) -> Result<ValueKind, String> {
 
 #[derive(ValueEnum, Clone, Copy, Debug)]
 enum Format {
+    /// Gzipped profile.proto, for `go tool pprof` and Pyroscope (the default)
     Pprof,
+    /// One line per stack, for flamegraph.pl and inferno (also `collapsed`)
+    #[value(alias = "collapsed")]
     Folded,
+    /// JSON for speedscope.app
     Speedscope,
+    /// An interactive flame graph for a web browser (also `flamegraph`)
+    #[value(alias = "flamegraph")]
     Svg,
+    /// JSON for the Firefox Profiler (profiler.firefox.com)
     Firefox,
 }
 

@@ -110,6 +110,10 @@ fn flame_graph_svg_renders_in_chromium() {
     }
     // Search and zoom come with inferno's script.
     assert!(text.contains("function search(") && text.contains("function zoom("));
+    // `flamegraph` is another name for the format.
+    let aliased = dir.join("fg-alias.svg");
+    ok(&[t, "--format", "flamegraph", "-o", aliased.to_str().unwrap()]);
+    assert_eq!(std::fs::read_to_string(&aliased).unwrap(), text);
 
     let png = dir.join("fg.png");
     screenshot(&svg, &png, &dir, 1200, 400);
