@@ -69,6 +69,14 @@ fn a_signal_from_outside_reaches_the_command_and_a_second_one_kills_it() {
     assert_exit_code(&result, 137);
     let stderr = String::from_utf8_lossy(&result.stderr);
     assert!(stderr.contains("(stopped by SIGTERM)"), "{stderr}");
+    // The first signal's fate is said, and what a second one does.
+    assert!(
+        stderr.contains(
+            "lrnprof-rec: SIGINT passed on to the command; recording until it exits \
+             (a second SIGINT or SIGTERM kills it)"
+        ),
+        "{stderr}"
+    );
     let (reader, records) = load(&out);
     assert!(reader.report().finished);
     assert!(records.iter().any(|r| matches!(r, Record::Process(p)

@@ -228,9 +228,9 @@ fn run(args: Args) -> Result<ExitCode> {
         raise_open_file_limit();
     }
     let token = StopToken::new();
-    signals::handle_with(token.clone(), launched)
-        .map_err(|e| anyhow::anyhow!("cannot catch Ctrl-C and SIGTERM: {e}"))?;
     let terminal = terminal::Terminal::start(std::io::stderr().is_terminal());
+    signals::handle_with(token.clone(), launched, terminal.lines())
+        .map_err(|e| anyhow::anyhow!("cannot catch Ctrl-C and SIGTERM: {e}"))?;
     let recorded = record(&options, &token, &terminal);
     // The status line is cleared before the summary or the error.
     drop(terminal);

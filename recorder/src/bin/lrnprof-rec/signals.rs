@@ -10,6 +10,7 @@
 //! and calls the token, whose methods take a lock and so cannot run in a
 //! handler.
 
+use crate::terminal::Lines;
 use lrnprof_recorder::{StopRequest, StopToken};
 use std::io::{self, Read};
 use std::os::fd::{AsRawFd, IntoRawFd};
@@ -61,7 +62,7 @@ fn action(signal: i32, count: u32, launched: bool, terminal_delivers_sigint: boo
 /// Catch SIGINT and SIGTERM for the rest of the process's life and act on
 /// them through `token`; `launched` says whether the recorder launches the
 /// command it records.
-pub fn handle_with(token: StopToken, launched: bool) -> io::Result<()> {
+pub fn handle_with(token: StopToken, launched: bool, lines: Lines) -> io::Result<()> {
     let (mut read, write) = io::pipe()?;
     // Safety: fcntl on a descriptor we own.
     unsafe {
@@ -88,7 +89,14 @@ pub fn handle_with(token: StopToken, launched: bool) -> io::Result<()> {
                         signal: Some(signal),
                         kill_target: false,
                     }),
-                    Action::Forward => token.signal_target(signal),
+                    Action::Forward => {
+                        token.signal_target(signal);
+                        lines.say(&format!(
+                            "lrnprof-rec: {} passed on to the command; recording until it \
+                             exits (a second SIGINT or SIGTERM kills it)",
+                            signal_name(signal)
+                        ));
+                    }
                     Action::Nothing => {}
                     Action::Kill => token.stop_with(StopRequest {
                         signal: Some(signal),
@@ -101,6 +109,14 @@ pub fn handle_with(token: StopToken, launched: bool) -> io::Result<()> {
         install(signal)?;
     }
     Ok(())
+}
+
+fn signal_name(signal: i32) -> String {
+    match signal {
+        libc::SIGINT => "SIGINT".into(),
+        libc::SIGTERM => "SIGTERM".into(),
+        other => format!("signal {other}"),
+    }
 }
 
 fn install(signal: libc::c_int) -> io::Result<()> {

@@ -90,6 +90,34 @@ fn draw(shared: &Shared) {
     }
 }
 
+/// Writes whole lines to stderr from any thread, clearing the status line
+/// first if one is drawn (the next status draws it again).
+#[derive(Clone)]
+pub struct Lines {
+    shared: Arc<Shared>,
+}
+
+impl Lines {
+    pub fn say(&self, line: &str) {
+        let mut drawn = lock(&self.shared.screen);
+        let clear = if std::mem::take(&mut *drawn) {
+            CLEAR_LINE
+        } else {
+            ""
+        };
+        say(&format!("{clear}{line}"));
+    }
+}
+
+impl Terminal {
+    /// A handle for lines written while recording, beside the reporter's.
+    pub fn lines(&self) -> Lines {
+        Lines {
+            shared: Arc::clone(&self.shared),
+        }
+    }
+}
+
 impl Reporter for Terminal {
     fn status(&self, status: &RecordStatus) {
         if self.drawer.is_some() {
@@ -99,13 +127,8 @@ impl Reporter for Terminal {
     }
 
     fn warning(&self, warning: &RecordWarning) {
-        let mut drawn = lock(&self.shared.screen);
-        let clear = if std::mem::take(&mut *drawn) {
-            CLEAR_LINE
-        } else {
-            ""
-        };
-        say(&format!("{clear}lrnprof-rec: warning: {warning}"));
+        self.lines()
+            .say(&format!("lrnprof-rec: warning: {warning}"));
     }
 }
 
