@@ -350,7 +350,8 @@ pub(crate) fn report_warnings<D: AsRef<[u8]>>(reader: &TraceReader<D>) -> Vec<St
     let report = reader.report();
     if !report.finished {
         w.push(
-            "trace was not finished cleanly (recorder killed or disk full): analyzing its readable part"
+            "trace was not finished cleanly (still being recorded, or the recorder was killed \
+             or ran out of disk): analyzing its readable part"
                 .to_string(),
         );
     }
