@@ -50,11 +50,24 @@ pub fn analyze_in(
     let result = pool.install(|| run(&reader, &name, options, progress));
     progress.finish();
     let profile = result?;
-    if options.filter != Default::default()
-        && profile.stats.samples == 0
-        && profile.stats.trace_samples > 0
-    {
-        let mut why = options.filter.describe();
+    let filtered = options.filter != Default::default() || !options.stacks.is_empty();
+    if filtered && profile.stats.samples == 0 && profile.stats.trace_samples > 0 {
+        let mut why = match (
+            options.filter != Default::default(),
+            options.stacks.is_empty(),
+        ) {
+            (true, true) => options.filter.describe(),
+            (false, _) => format!(
+                "{}: no stack has functions so named; `lrnprof-analyze top TRACE -n 0` \
+                 lists the names",
+                options.stacks.describe()
+            ),
+            (true, false) => format!(
+                "{} {}",
+                options.filter.describe(),
+                options.stacks.describe()
+            ),
+        };
         if options.filter.cgroup.is_some() && profile.processes.iter().all(|p| p.cgroup.is_none()) {
             why.push_str(
                 ": the trace recorded no cgroups; only `lrnprof-rec --all` and `--kernel` recordings do",
@@ -167,7 +180,7 @@ fn run(
         !options.no_inline,
         progress,
     );
-    Ok(builder.finish(reader, trace_name, prepared, lines))
+    Ok(builder.finish(reader, trace_name, prepared, lines, &options.stacks))
 }
 
 /// Drop the trace pages of `blocks`, which the pass is done with.

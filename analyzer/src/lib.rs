@@ -56,7 +56,7 @@ pub use analyze::{analyze, analyze_in};
 pub use diff::{write_diff_svg, DiffReport, DiffRow};
 pub use error::AnalyzeError;
 pub use info::{ThreadInfo, TraceInfo, ValueTotal};
-pub use options::{AnalyzeOptions, NoProgress, Progress, SampleFilter};
+pub use options::{AnalyzeOptions, NoProgress, Progress, SampleFilter, StackFilter};
 pub use output::{
     FirefoxWriter, FoldedWriter, OutputFormat, PprofWriter, ProfileWriter, SpeedscopeWriter,
     SvgWriter,

@@ -5,7 +5,8 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use lrnprof_analyzer::{
     analyze, analyze_in, default_output_path, pack, pool, strip, syscall_report, write_atomically,
     write_diff_svg, AnalyzeOptions, DiffReport, OutputFormat, PackOptions, Profile, Progress,
-    SampleFilter, SyscallReportOptions, TopOptions, TopOrder, TopReport, TraceInfo, ValueKind,
+    SampleFilter, StackFilter, SyscallReportOptions, TopOptions, TopOrder, TopReport, TraceInfo,
+    ValueKind,
 };
 use lrnprof_format::{Pid, Tid};
 use std::io::{IsTerminal, Write};
@@ -241,6 +242,14 @@ struct ViewArgs {
     /// trace's main value when it has no CPU samples.
     #[arg(long, value_name = "NAME", value_parser = parse_value)]
     value: Option<ValueKind>,
+    /// Only samples with a function on their stack whose name contains this
+    /// text (as `top` shows names). Repeatable: any of them.
+    #[arg(long, value_name = "TEXT")]
+    focus: Vec<String>,
+    /// Leave out samples with a function on their stack whose name contains
+    /// this text. Repeatable.
+    #[arg(long, value_name = "TEXT")]
+    ignore: Vec<String>,
 }
 
 impl ViewArgs {
@@ -248,6 +257,10 @@ impl ViewArgs {
     fn options(&self, common: &CommonArgs) -> AnalyzeOptions {
         let mut opts = options(common);
         opts.filter = self.select.filter();
+        opts.stacks = StackFilter {
+            focus: self.focus.clone(),
+            ignore: self.ignore.clone(),
+        };
         opts.no_inline = self.no_inline;
         opts.value = self.value;
         opts

@@ -60,6 +60,33 @@ impl SampleFilter {
     }
 }
 
+/// Which samples to keep by the functions on their stacks, once unwound
+/// and named. A name matches when it contains the text (as `top` shows
+/// it: demangled, or `image+0xOFFSET` when unknown).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StackFilter {
+    /// Keep only samples with a function on their stack whose name
+    /// contains one of these (none: every sample).
+    pub focus: Vec<String>,
+    /// Drop samples with a function on their stack whose name contains
+    /// one of these.
+    pub ignore: Vec<String>,
+}
+
+impl StackFilter {
+    /// Whether it keeps every sample.
+    pub fn is_empty(&self) -> bool {
+        self.focus.is_empty() && self.ignore.is_empty()
+    }
+
+    /// A human description, for error messages.
+    pub fn describe(&self) -> String {
+        let focus = self.focus.iter().map(|f| format!("--focus {f:?}"));
+        let ignore = self.ignore.iter().map(|i| format!("--ignore {i:?}"));
+        focus.chain(ignore).collect::<Vec<_>>().join(" ")
+    }
+}
+
 /// Options of [`analyze`](crate::analyze).
 #[derive(Debug, Clone, Default)]
 pub struct AnalyzeOptions {
@@ -70,6 +97,8 @@ pub struct AnalyzeOptions {
     pub jobs: usize,
     /// Which samples to keep.
     pub filter: SampleFilter,
+    /// Which samples to keep by the functions on their stacks.
+    pub stacks: StackFilter,
     /// Do not expand inlined functions into their own frames.
     pub no_inline: bool,
     /// Never read a local file: use only what the trace embeds.

@@ -730,6 +730,79 @@ fn default_output_path_and_filters() {
     let msg = String::from_utf8_lossy(&none.stderr);
     assert!(msg.contains("no samples left after filtering"), "{msg}");
     assert_eq!(msg.trim().lines().count(), 1, "{msg}");
+    // --focus and --ignore select samples by the functions on their stacks.
+    let has = |stack: &Vec<String>, f: &str| stack.iter().any(|x| x == f);
+    let sum_with = |f: &str| -> u64 { all.iter().filter(|(s, _)| has(s, f)).map(|(_, c)| c).sum() };
+    let focused = folded(&trace, &["--focus", "parent_one"]);
+    assert!(sum_with("parent_one") > 0);
+    assert_eq!(
+        focused,
+        all.iter()
+            .filter(|(s, _)| has(s, "parent_one"))
+            .map(|(s, c)| (s.clone(), *c))
+            .collect(),
+    );
+    // A part of the name does; repeated, any of them.
+    let either = folded(&trace, &["--focus", "_one", "--focus", "arent_tw"]);
+    assert_eq!(
+        total(&either),
+        sum_with("parent_one") + sum_with("parent_two")
+    );
+    let ignored = folded(&trace, &["--ignore", "parent_one"]);
+    assert!(ignored.keys().all(|s| !has(s, "parent_one")));
+    assert_eq!(total(&ignored), total(&all) - sum_with("parent_one"));
+    let both = folded(&trace, &["--focus", "leaf_work", "--ignore", "parent_two"]);
+    assert!(both
+        .keys()
+        .all(|s| has(s, "leaf_work") && !has(s, "parent_two")));
+    assert_eq!(total(&both), total(&focused));
+    // Every view sees the same samples: top's total, speedscope's samples.
+    let top = ok(&["top", t, "--focus", "parent_one", "--value", "samples"]);
+    let top = String::from_utf8_lossy(&top.stdout);
+    assert!(
+        top.lines()
+            .next()
+            .unwrap()
+            .contains(&format!(" {} samples of ", total(&focused))),
+        "{top}"
+    );
+    let speedscope = ok(&[
+        t,
+        "--format",
+        "speedscope",
+        "--value",
+        "samples",
+        "--focus",
+        "parent_one",
+        "-o",
+        "-",
+    ]);
+    let speedscope = String::from_utf8_lossy(&speedscope.stdout);
+    let weights: u64 = speedscope
+        .split("\"weights\":[")
+        .skip(1)
+        .flat_map(|w| {
+            w[..w.find(']').unwrap()]
+                .split(',')
+                .map(|n| n.parse::<u64>().unwrap_or(0))
+        })
+        .sum();
+    assert_eq!(weights, total(&focused));
+    let none = analyze(&[
+        t,
+        "--format",
+        "folded",
+        "--focus",
+        "no_such_function",
+        "-o",
+        "-",
+    ]);
+    assert!(!none.status.success());
+    let msg = String::from_utf8_lossy(&none.stderr);
+    assert!(
+        msg.contains("--focus \"no_such_function\": no stack has functions so named"),
+        "{msg}"
+    );
     // A launched command's trace records no cgroups: --cgroup says so.
     let none = analyze(&[t, "--format", "folded", "--cgroup", "docker", "-o", "-"]);
     assert!(!none.status.success());

@@ -7,6 +7,7 @@ use super::{
     Profile, SampleAmounts, SequenceEntry, Stack, Stats, ThreadProfile, ValueKind,
 };
 use crate::image::Source;
+use crate::options::StackFilter;
 use crate::pipeline::{FrameKey, Prepared};
 use crate::symbolicate::Resolved;
 use lrnprof_format::{ImageKind, Os, TraceHeader, TraceReader};
@@ -327,6 +328,7 @@ impl ProfileBuilder {
         trace_name: &str,
         prepared: Prepared,
         lines: Vec<Resolved>,
+        stack_filter: &StackFilter,
     ) -> Profile {
         let Prepared {
             timeline,
@@ -426,13 +428,25 @@ impl ProfileBuilder {
                 }
             })
             .collect();
-        for ((((s, clean), cut), past_copy), kinds) in stacks
+        let kept = (!stack_filter.is_empty())
+            .then(|| kept_stacks(stack_filter, &functions, &locations, &stacks));
+        for (i, ((((s, clean), cut), past_copy), kinds)) in stacks
             .iter_mut()
             .zip(self.stack_clean)
             .zip(self.stack_cut_short)
             .zip(self.stack_past_copy)
             .zip(self.stack_kinds)
+            .enumerate()
         {
+            if kept.as_ref().is_some_and(|k| !k[i]) {
+                // Not shown: neither in its thread's totals nor in stats.
+                let t = &mut threads[s.thread as usize];
+                t.samples = t.samples.saturating_sub(s.samples);
+                for (v, sv) in t.values.iter_mut().zip(&s.values) {
+                    *v = v.saturating_sub(*sv);
+                }
+                continue;
+            }
             let outer_is_root = s.locations.last().is_some_and(|&l| {
                 locations[l as usize].lines.last().is_some_and(|ll| {
                     ROOT_FUNCTIONS.contains(&functions[ll.function as usize].name.as_str())
@@ -478,6 +492,11 @@ impl ProfileBuilder {
                 }
             }
         }
+
+        let (stacks, sequences) = match kept {
+            None => (stacks, self.sequences),
+            Some(kept) => retain_stacks(stacks, self.sequences, &kept),
+        };
 
         let mut missing = Vec::new();
         let image_infos: Vec<ImageInfo> = images
@@ -563,11 +582,77 @@ impl ProfileBuilder {
             stacks,
             value_kinds: self.value_kinds,
             selected: self.selected,
-            sequences: self.sequences,
+            sequences,
             stats,
             warnings,
         }
     }
+}
+
+/// Per stack, whether `filter` keeps it: decided once per function, then
+/// per location (any of its inline levels) and per stack (any location).
+fn kept_stacks(
+    filter: &StackFilter,
+    functions: &[Function],
+    locations: &[Location],
+    stacks: &[Stack],
+) -> Vec<bool> {
+    let any = |texts: &[String], name: &str| texts.iter().any(|t| name.contains(t.as_str()));
+    let or = |(a, b): (bool, bool), (c, d): (bool, bool)| (a || c, b || d);
+    // (matches a --focus text, matches an --ignore text)
+    let by_function: Vec<(bool, bool)> = functions
+        .iter()
+        .map(|f| (any(&filter.focus, &f.name), any(&filter.ignore, &f.name)))
+        .collect();
+    let by_location: Vec<(bool, bool)> = locations
+        .iter()
+        .map(|l| {
+            l.lines
+                .iter()
+                .map(|ll| by_function[ll.function as usize])
+                .fold((false, false), or)
+        })
+        .collect();
+    stacks
+        .iter()
+        .map(|s| {
+            let (focus, ignore) = s
+                .locations
+                .iter()
+                .map(|&l| by_location[l as usize])
+                .fold((false, false), or);
+            (filter.focus.is_empty() || focus) && !ignore
+        })
+        .collect()
+}
+
+/// The stacks `kept` says to keep, and the sequences' entries of those,
+/// renumbered.
+fn retain_stacks(
+    stacks: Vec<Stack>,
+    sequences: Vec<Vec<SequenceEntry>>,
+    kept: &[bool],
+) -> (Vec<Stack>, Vec<Vec<SequenceEntry>>) {
+    let mut index = vec![None; stacks.len()];
+    let mut out = Vec::new();
+    for (i, s) in stacks.into_iter().enumerate() {
+        if kept[i] {
+            index[i] = Some(out.len() as u32);
+            out.push(s);
+        }
+    }
+    let sequences = sequences
+        .into_iter()
+        .map(|seq| {
+            seq.into_iter()
+                .filter_map(|mut e| {
+                    e.stack = index[e.stack as usize]?;
+                    Some(e)
+                })
+                .collect()
+        })
+        .collect();
+    (out, sequences)
 }
 
 /// The largest user stack copy Linux's perf events allow (bytes; the
@@ -656,6 +741,79 @@ fn source_text(s: &Source) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use lrnprof_format::Timestamp;
+
+    fn function(name: &str) -> Function {
+        Function {
+            name: name.to_string(),
+            file: None,
+            first_line: None,
+        }
+    }
+
+    /// A location of functions `f`, innermost (inlined) first.
+    fn location(f: &[u32]) -> Location {
+        Location {
+            image: None,
+            address: 0,
+            lines: f
+                .iter()
+                .map(|&function| LocationLine {
+                    function,
+                    line: None,
+                })
+                .collect(),
+            unknown: false,
+        }
+    }
+
+    fn stack(locations: &[u32]) -> Stack {
+        Stack {
+            thread: 0,
+            locations: locations.to_vec(),
+            samples: 1,
+            values: vec![1],
+            root_samples: 1,
+            kind_samples: [0; EventKind::COUNT],
+        }
+    }
+
+    #[test]
+    fn focus_and_ignore_match_any_level_of_any_frame() {
+        let functions = [function("main"), function("parse_json"), function("memcpy")];
+        // Location 1 is memcpy inlined into parse_json.
+        let locations = [location(&[0]), location(&[2, 1]), location(&[2])];
+        let stacks = [stack(&[1, 0]), stack(&[2, 0]), stack(&[0])];
+        let kept = |focus: &[&str], ignore: &[&str]| {
+            let filter = StackFilter {
+                focus: focus.iter().map(|s| s.to_string()).collect(),
+                ignore: ignore.iter().map(|s| s.to_string()).collect(),
+            };
+            kept_stacks(&filter, &functions, &locations, &stacks)
+        };
+        assert_eq!(kept(&["json"], &[]), [true, false, false]);
+        assert_eq!(kept(&["memcpy"], &[]), [true, true, false]);
+        assert_eq!(kept(&[], &["memcpy"]), [false, false, true]);
+        assert_eq!(kept(&["main"], &["parse"]), [false, true, true]);
+        assert_eq!(kept(&["json", "mem"], &[]), [true, true, false]);
+    }
+
+    #[test]
+    fn dropped_stacks_leave_the_sequences_renumbered() {
+        let entry = |stack: u32, t: u64| SequenceEntry {
+            stack,
+            time: Timestamp(t),
+            last_time: Timestamp(t),
+            samples: 1,
+            weight: 1,
+        };
+        let stacks = vec![stack(&[0]), stack(&[1]), stack(&[2])];
+        let sequences = vec![vec![entry(0, 1), entry(1, 2), entry(2, 3), entry(0, 4)]];
+        let (stacks, sequences) = retain_stacks(stacks, sequences, &[false, true, true]);
+        assert_eq!(stacks.len(), 2);
+        assert_eq!(stacks[0].locations, [1]);
+        assert_eq!(sequences, [vec![entry(0, 2), entry(1, 3)]]);
+    }
 
     fn stats(samples: u64, past_copy_samples: u64) -> Stats {
         Stats {
