@@ -566,12 +566,33 @@ impl Images {
         if len > 1 << 20 {
             return None;
         }
-        let bytes = sys::read_process_memory(pid, start, len)
-            .or_else(|e| match procfs::other_live_thread(pid) {
-                Some(tid) => sys::read_process_memory(tid, start, len),
-                None => Err(e),
-            })
-            .ok()?;
+        let read = |pid: u32, start: u64| {
+            sys::read_process_memory(pid, start, len)
+                .or_else(|e| match procfs::other_live_thread(pid) {
+                    Some(tid) => sys::read_process_memory(tid, start, len),
+                    None => Err(e),
+                })
+                .ok()
+        };
+        let bytes = match read(pid, start) {
+            Some(bytes) => bytes,
+            // Gone before its vDSO was read (a short-lived process). The
+            // kernel maps the same vDSO into every process of an ABI: one
+            // of the same size read from another process, or the
+            // recorder's own, is it.
+            None => {
+                let mut same_size = self.vdso.iter().filter(|(_, b)| b.len() == len);
+                if let (Some((id, _)), None) = (same_size.next(), same_size.next()) {
+                    return Some(id.clone());
+                }
+                let me = std::process::id();
+                let own = procfs::read_maps(me)
+                    .ok()?
+                    .into_iter()
+                    .find(|m| m.path == "[vdso]" && m.end - m.start == len as u64)?;
+                read(me, own.start)?
+            }
+        };
         let id = build_id_of_bytes(&bytes)?;
         self.seen.entry(id.clone()).or_insert(SeenImage {
             file: None,

@@ -569,6 +569,36 @@ fn thread_churn_fork_and_exec_leave_a_finished_trace() {
 }
 
 #[test]
+fn short_lived_processes_keep_their_vdso() {
+    require_perf!();
+    let dir = scratch_dir("rec-short-vdso");
+    let out = dir.join("t.lpt");
+    // Most of these are gone before the recorder reads their mappings.
+    let result = launch(
+        &out,
+        &["--embed", "none"],
+        Path::new("/bin/sh"),
+        &[
+            "-c",
+            "for i in 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20; do /bin/true; done",
+        ],
+    );
+    assert_success(&result);
+    let (_, records) = load_complete(&out);
+    let vdsos: Vec<_> = images(&records)
+        .into_iter()
+        .filter(|m| m.kind == ImageKind::Vdso)
+        .collect();
+    // The shell and its twenty children.
+    assert!(vdsos.len() >= 21, "{} vDSO mappings", vdsos.len());
+    let ids: std::collections::BTreeSet<_> = vdsos.iter().map(|m| m.build_id.clone()).collect();
+    // One vDSO, named by its build id in every process: none without.
+    assert_eq!(ids.len(), 1, "{ids:?}");
+    assert!(ids.iter().all(Option::is_some), "{ids:?}");
+    remove_scratch_dir(&dir);
+}
+
+#[test]
 fn many_busy_threads_lose_nothing_at_1khz() {
     require_perf!();
     // Without root the recorder cannot run above the target's priority,
