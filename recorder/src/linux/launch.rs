@@ -99,6 +99,12 @@ pub(crate) fn spawn_waiting(
     extras: &Extras,
 ) -> Result<Launched, RecordError> {
     let display = command[0].to_string_lossy().into_owned();
+    if command[0].as_bytes().contains(&b'/') && Path::new(&command[0]).is_dir() {
+        return Err(RecordError::CommandNotExecutable {
+            command: display,
+            source: std::io::Error::from_raw_os_error(libc::EISDIR),
+        });
+    }
     let path = resolve_program(
         &command[0],
         std::env::var_os("PATH").as_deref(),
@@ -174,8 +180,13 @@ impl Launched {
             let code = i32::from_ne_bytes(errno);
             let source = std::io::Error::from_raw_os_error(code);
             return Err(if code == libc::ENOENT {
-                RecordError::CommandNotFound {
+                // The program was found: what is missing is what it names.
+                RecordError::CommandNotExecutable {
                     command: self.command.clone(),
+                    source: std::io::Error::new(
+                        std::io::ErrorKind::NotFound,
+                        missing_interpreter(&self.path),
+                    ),
                 }
             } else {
                 RecordError::CommandNotExecutable {
@@ -197,9 +208,46 @@ impl Drop for Launched {
     }
 }
 
+/// Why `execve` of an existing `program` said ENOENT: the interpreter its
+/// `#!` line names, or a binary's dynamic loader, does not exist.
+fn missing_interpreter(program: &Path) -> String {
+    let mut head = [0u8; 256];
+    let n = std::fs::File::open(program)
+        .and_then(|mut f| f.read(&mut head))
+        .unwrap_or(0);
+    interpreter_message(&head[..n])
+}
+
+fn interpreter_message(head: &[u8]) -> String {
+    match head.strip_prefix(b"#!") {
+        Some(rest) => {
+            let line = rest.split(|&b| b == b'\n').next().unwrap_or_default();
+            let line = String::from_utf8_lossy(line);
+            let interpreter = line.split_whitespace().next().unwrap_or_default();
+            format!("the interpreter its #! line names, {interpreter}, does not exist")
+        }
+        None => "its dynamic loader (the program interpreter it names) does not exist: \
+                 was it built for another system or C library?"
+            .to_string(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_missing_interpreter_is_named() {
+        assert_eq!(
+            interpreter_message(b"#!/opt/py/bin/python3 -u\nprint(1)\n"),
+            "the interpreter its #! line names, /opt/py/bin/python3, does not exist"
+        );
+        assert_eq!(
+            interpreter_message(b"#! /bin/zsh\n"),
+            "the interpreter its #! line names, /bin/zsh, does not exist"
+        );
+        assert!(interpreter_message(b"\x7fELF\x02").contains("dynamic loader"));
+    }
 
     fn fake_fs(p: &Path) -> Option<bool> {
         match p.to_str()? {

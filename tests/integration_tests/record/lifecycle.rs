@@ -152,6 +152,21 @@ fn startup_errors_are_one_line_and_leave_no_file() {
         &out,
         "cannot execute",
     );
+    // A directory, and programs whose interpreter does not exist: they
+    // were found, so not "command not found".
+    assert_fails_cleanly(
+        &[os("--out"), o, os("--"), dir.as_os_str()],
+        &out,
+        "Is a directory",
+    );
+    let script = dir.join("script.sh");
+    std::fs::write(&script, "#!/lrnprof/no/such/shell -e\necho hi\n").unwrap();
+    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    assert_fails_cleanly(
+        &[os("--out"), o, os("--"), script.as_os_str()],
+        &out,
+        "the interpreter its #! line names, /lrnprof/no/such/shell, does not exist",
+    );
     let bad_out: PathBuf = dir.join("no-such-dir/t.lpt");
     assert_fails_cleanly(
         &[os("--out"), bad_out.as_os_str(), os("--"), os("true")],
