@@ -8,7 +8,7 @@ pub enum FormatError {
     #[error("i/o error: {0}")]
     Io(#[from] std::io::Error),
     /// The file does not start with the `.lpt` magic.
-    #[error("not an lrnprof trace: magic is {found:02x?}, expected {expected:02x?}")]
+    #[error("not an lrnprof trace: {}", what_file(found))]
     BadMagic {
         /// The first bytes of the file.
         found: Vec<u8>,
@@ -129,4 +129,45 @@ pub enum FormatError {
         /// Limit.
         max: u64,
     },
+}
+
+/// What a file that is no trace seems to be, from its first bytes, and
+/// what lrnprof-analyze wants instead.
+fn what_file(first: &[u8]) -> String {
+    const WANT: &str = "lrnprof-analyze reads the .lpt traces lrnprof-rec writes";
+    match first {
+        [] => "the file is empty".to_string(),
+        [b'P', b'E', b'R', b'F', b'I', b'L', b'E', ..] => {
+            format!("it is a perf.data file, which perf record writes; {WANT}")
+        }
+        [0x1f, 0x8b, ..] => format!("it is gzip-compressed (a pprof profile?); {WANT}"),
+        [0x7f, b'E', b'L', b'F', ..] => format!(
+            "it is an ELF file (a program or library); {WANT} (a program's files are \
+             found by build id, or given with --symbols DIR)"
+        ),
+        [0x89, b'L', b'P', b'T', ..] => "it starts as a trace does, but its first bytes \
+             are damaged, as a transfer that rewrites line endings (text mode) damages them: \
+             copy it as binary"
+            .to_string(),
+        _ => {
+            format!("its first bytes are {first:02x?}, where a trace starts with \\x89LPT; {WANT}")
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn files_that_are_no_traces_are_named() {
+        let say = |first: &[u8]| what_file(first);
+        assert_eq!(say(b""), "the file is empty");
+        assert!(say(b"PERFILE2").starts_with("it is a perf.data file"));
+        assert!(say(&[0x1f, 0x8b, 8, 0]).contains("pprof"));
+        assert!(say(b"\x7fELF\x02\x01").contains("ELF file"));
+        // \r\n turned into \n by a text-mode transfer.
+        assert!(say(b"\x89LPT\n\x1a\n\x03").contains("copy it as binary"));
+        assert!(say(b"hello").contains("[68, 65, 6c, 6c, 6f]"));
+    }
 }
