@@ -153,6 +153,12 @@ pub enum RecordWarning {
         /// `kernel.kptr_restrict`, if readable.
         kptr_restrict: Option<i64>,
     },
+    /// The launched command exited while processes it started still run
+    /// (a daemon, a background job): they were recorded until then.
+    StillRunning {
+        /// Their pids and names, if known.
+        processes: Vec<(u32, Option<String>)>,
+    },
     /// `--pid` named a thread of another process (a thread id, as `top -H`
     /// shows): the whole process is recorded.
     ThreadOfProcess {
@@ -235,6 +241,34 @@ impl fmt::Display for RecordWarning {
                     "the kernel hides its symbol addresses (kernel.kptr_restrict{setting}): kernel \
                      frames will show as bare addresses; record as root with kptr_restrict 1 or \
                      lower, or lower it with `sudo sysctl kernel.kptr_restrict=0`"
+                )
+            }
+            RecordWarning::StillRunning { processes } => {
+                const SHOWN: usize = 3;
+                let named: Vec<String> = processes
+                    .iter()
+                    .take(SHOWN)
+                    .map(|(pid, name)| match name {
+                        Some(n) => format!("{n} (pid {pid})"),
+                        None => format!("pid {pid}"),
+                    })
+                    .collect();
+                let more = match processes.len().saturating_sub(SHOWN) {
+                    0 => String::new(),
+                    n => format!(" and {n} more"),
+                };
+                let (count, verb) = match processes.len() {
+                    1 => ("1 process".to_string(), "runs"),
+                    n => (format!("{n} processes"), "run"),
+                };
+                let attach = processes.first().map_or(String::new(), |(pid, _)| {
+                    format!("; to record on, attach with --pid {pid}")
+                });
+                write!(
+                    f,
+                    "the command exited, but {count} it started still {verb}, recorded only \
+                     until then: {}{more}{attach}",
+                    named.join(", "),
                 )
             }
             RecordWarning::ThreadOfProcess { tid, pid, name } => {

@@ -29,7 +29,7 @@ use lrnprof_format::{
 };
 use lrnprof_image::{EmbedLevel, FrameCache};
 use std::borrow::Cow;
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -202,6 +202,11 @@ pub(crate) struct Converter {
     last_time: u64,
     names: HashMap<u32, String>,
     launched_root: Option<u32>,
+    /// The launched command has exited (the recording ends).
+    root_exited: bool,
+    /// Processes of the recorded tree that have not exited: those left
+    /// when the launched command exits run on unrecorded.
+    running: BTreeSet<u32>,
     regions: HashMap<u32, Regions>,
     images: Images,
     /// Records that could not be parsed.
@@ -336,6 +341,8 @@ impl Converter {
             last_time: 0,
             names: HashMap::new(),
             launched_root: None,
+            root_exited: false,
+            running: BTreeSet::new(),
             regions: HashMap::new(),
             images: Images::new(embed),
             malformed: 0,
@@ -440,6 +447,7 @@ impl Converter {
         if init.launched.is_some() {
             self.launched_root = Some(pid);
         }
+        self.running.insert(pid);
         self.push(
             t,
             Record::Process(ProcessRecord {
@@ -598,6 +606,7 @@ impl Converter {
             } => {
                 let name = self.names.get(&ptid).cloned();
                 if pid == tid && pid != ppid {
+                    self.running.insert(pid);
                     self.push(
                         time,
                         Record::Process(ProcessRecord {
@@ -632,6 +641,7 @@ impl Converter {
                 self.untouched.thread_exited(pid, tid);
                 self.pace.exited(tid, time);
                 if pid == tid {
+                    self.running.remove(&pid);
                     self.regions.remove(&pid);
                     self.images.forget_process(pid, time);
                     if self.launched_root != Some(pid) {
@@ -1173,6 +1183,7 @@ impl Convert for Converter {
                 }
             }
             RawMsg::Exited { pid, time, code } => {
+                self.root_exited |= self.launched_root == Some(pid);
                 self.push(time, process_exit(time, pid, Some(code)));
             }
         }
@@ -1206,6 +1217,17 @@ impl Convert for Converter {
         }
         if let Some(heap) = &self.heap {
             heap.warnings(warnings);
+        }
+        if self.root_exited && self.system.is_none() {
+            let running: Vec<(u32, Option<String>)> = self
+                .running
+                .iter()
+                .filter(|&&pid| Some(pid) != self.launched_root && !procfs::has_exited(pid))
+                .map(|&pid| (pid, procfs::thread_name(pid, pid)))
+                .collect();
+            if !running.is_empty() {
+                warnings.push(RecordWarning::StillRunning { processes: running });
+            }
         }
         let blobs = self.images.embedded_blobs(&self.pids_seen, warnings);
         out.extend(blobs.into_iter().map(Record::Blob));

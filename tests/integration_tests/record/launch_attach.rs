@@ -599,6 +599,49 @@ fn short_lived_processes_keep_their_vdso() {
 }
 
 #[test]
+fn a_command_that_leaves_a_process_running_says_so() {
+    use std::os::unix::ffi::OsStrExt;
+    require_perf!();
+    let dir = scratch_dir("rec-left-running");
+    let fifo = dir.join("fifo");
+    let c_fifo = std::ffi::CString::new(fifo.as_os_str().as_bytes()).unwrap();
+    // Safety: a NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c_fifo.as_ptr(), 0o600) }, 0);
+    let out = dir.join("t.lpt");
+    // The shell exits at once; cat waits for a writer of the FIFO, which
+    // the test opens once the recording has ended (cat holds none of the
+    // recorder's output pipes, whose end the test waits for).
+    let script = format!("cat {} > /dev/null 2>&1 & exit 0", fifo.display());
+    let result = launch(
+        &out,
+        &["--embed", "none"],
+        Path::new("/bin/sh"),
+        &["-c", &script],
+    );
+    drop(std::fs::OpenOptions::new().write(true).open(&fifo).unwrap());
+    assert_success(&result);
+    let stderr = String::from_utf8_lossy(&result.stderr);
+    assert!(
+        stderr.contains(
+            "warning: the command exited, but 1 process it started still runs, recorded only \
+             until then: "
+        ) && stderr.contains("; to record on, attach with --pid "),
+        "{stderr}"
+    );
+    // A command whose children have all exited gets no such warning.
+    let result = launch(
+        &out,
+        &["--embed", "none"],
+        Path::new("/bin/sh"),
+        &["-c", "/bin/true & wait"],
+    );
+    assert_success(&result);
+    let stderr = String::from_utf8_lossy(&result.stderr);
+    assert!(!stderr.contains("warning"), "{stderr}");
+    remove_scratch_dir(&dir);
+}
+
+#[test]
 fn many_busy_threads_lose_nothing_at_1khz() {
     require_perf!();
     // Without root the recorder cannot run above the target's priority,
