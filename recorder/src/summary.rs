@@ -98,6 +98,14 @@ fn signal_name(signal: i32) -> Option<&'static str> {
     })
 }
 
+/// `1 sample`, `2 samples`.
+fn counted(n: impl Into<u64>, one: &str, many: &str) -> String {
+    match n.into() {
+        1 => format!("1 {one}"),
+        n => format!("{n} {many}"),
+    }
+}
+
 impl fmt::Display for RecordSummary {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let why = match self.stop_reason {
@@ -111,11 +119,11 @@ impl fmt::Display for RecordSummary {
         };
         writeln!(
             f,
-            "lrnprof-rec: recorded {:.1} s ({why}): {} samples, {} threads, {} images, {} lost",
+            "lrnprof-rec: recorded {:.1} s ({why}): {}, {}, {}, {} lost",
             self.duration.as_secs_f64(),
-            self.samples,
-            self.threads,
-            self.images,
+            counted(self.samples, "sample", "samples"),
+            counted(self.threads, "thread", "threads"),
+            counted(self.images, "image", "images"),
             self.lost
         )?;
         let per_sample = self
@@ -141,9 +149,9 @@ impl fmt::Display for RecordSummary {
         if self.frame_addresses > 0 {
             write!(
                 f,
-                "\nlrnprof-rec: named {} code addresses for the trace, {} of them kept in \
-                 the frame cache",
-                self.frame_addresses, self.frame_addresses_cached
+                "\nlrnprof-rec: named {} for the trace, {} of them kept in the frame cache",
+                counted(self.frame_addresses, "code address", "code addresses"),
+                self.frame_addresses_cached
             )?;
         }
         if self.lost > 0 {
@@ -203,6 +211,13 @@ mod tests {
             target_exit: None,
             syscall_stack_every_call: false,
         }
+    }
+
+    #[test]
+    fn counts_of_one_are_singular() {
+        assert!(summary()
+            .to_string()
+            .starts_with("lrnprof-rec: recorded 1.0 s (duration reached): 10 samples, 1 thread, 2 images, 0 lost"));
     }
 
     #[test]
