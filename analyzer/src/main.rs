@@ -168,9 +168,10 @@ struct RunArgs {
     /// The trace to analyze (`-`: read it from standard input; then give -o).
     #[arg(required = true)]
     trace: Option<PathBuf>,
-    /// Output format.
-    #[arg(long, short = 'f', value_enum, default_value_t = Format::Pprof)]
-    format: Format,
+    /// Output format (default: the one -o's name ends in: .pb.gz, .folded,
+    /// .speedscope.json, .svg, .firefox.json; else pprof).
+    #[arg(long, short = 'f', value_enum)]
+    format: Option<Format>,
     /// Output file, `-` for stdout (default: TRACE.pb.gz / .folded / .speedscope.json / .svg /
     /// .firefox.json).
     #[arg(long, short = 'o', value_name = "OUT")]
@@ -293,7 +294,7 @@ fn parse_value(name: &str) -> Result<ValueKind, String> {
     })
 }
 
-#[derive(ValueEnum, Clone, Copy, Debug)]
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 enum Format {
     /// Gzipped profile.proto, for `go tool pprof` and Pyroscope (the default)
     Pprof,
@@ -508,7 +509,7 @@ fn run(cli: Cli) -> Result<()> {
         None => {
             let args = cli.run;
             let trace = args.trace.context("missing TRACE argument")?;
-            let format = OutputFormat::from(args.format);
+            let format = OutputFormat::from(format_for(args.format, args.output.as_deref())?);
             let mut opts = args.view.options(&args.common);
             format.configure(&mut opts);
             // One pool for the analysis and the output's writing (pprof
@@ -552,6 +553,60 @@ fn run(cli: Cli) -> Result<()> {
             Ok(())
         }
     }
+}
+
+/// The format an output file's name says, if it says one: `Err` for a
+/// name that says JSON but not whose.
+fn format_of_name(path: &Path) -> Result<Option<Format>, ()> {
+    let name = path.file_name().map(|n| n.to_string_lossy().to_lowercase());
+    let Some(name) = name else {
+        return Ok(None);
+    };
+    let ends = |suffixes: &[&str]| suffixes.iter().any(|s| name.ends_with(s));
+    Ok(if ends(&[".pb.gz", ".pb", ".pprof"]) {
+        Some(Format::Pprof)
+    } else if ends(&[".folded", ".collapsed"]) {
+        Some(Format::Folded)
+    } else if ends(&[".speedscope.json"]) {
+        Some(Format::Speedscope)
+    } else if ends(&[".svg"]) {
+        Some(Format::Svg)
+    } else if ends(&[".firefox.json"]) {
+        Some(Format::Firefox)
+    } else if ends(&[".json"]) {
+        return Err(());
+    } else {
+        None
+    })
+}
+
+/// The output format: `given`, else the one `output`'s name ends in, else
+/// pprof. A given format that the name contradicts is used, with a warning.
+fn format_for(given: Option<Format>, output: Option<&Path>) -> Result<Format> {
+    let named = output.map_or(Ok(None), format_of_name);
+    match (given, named) {
+        (Some(f), Ok(Some(n))) if f != n => {
+            say!(
+                "warning: writing {} to {}, whose name says {}",
+                format_name(f),
+                output.unwrap_or(Path::new("")).display(),
+                format_name(n)
+            );
+            Ok(f)
+        }
+        (Some(f), _) => Ok(f),
+        (None, Ok(named)) => Ok(named.unwrap_or(Format::Pprof)),
+        (None, Err(())) => anyhow::bail!(
+            "{} says JSON but not which: give --format speedscope or --format firefox \
+             (or name it .speedscope.json or .firefox.json)",
+            output.unwrap_or(Path::new("")).display()
+        ),
+    }
+}
+
+fn format_name(f: Format) -> String {
+    f.to_possible_value()
+        .map_or_else(String::new, |v| v.get_name().to_string())
 }
 
 /// `lrnprof-analyze pprof T` (as `go tool pprof` and `perf report` are

@@ -711,6 +711,40 @@ fn default_output_path_and_filters() {
     let t = trace.to_str().unwrap();
     ok(&[t, "--format", "folded"]);
     assert!(dir.join("f.lpt.folded").exists());
+    // Without --format, -o's name says the format; else pprof.
+    let named = |name: &str| {
+        let out = dir.join(name);
+        ok(&[t, "-o", out.to_str().unwrap()]);
+        std::fs::read(&out).unwrap()
+    };
+    assert!(named("fg.svg").starts_with(b"<?xml"));
+    assert_eq!(
+        named("s.folded"),
+        std::fs::read(dir.join("f.lpt.folded")).unwrap()
+    );
+    assert!(named("s.speedscope.json").starts_with(b"{"));
+    assert!(named("p.pb.gz").starts_with(&[0x1f, 0x8b]));
+    assert!(named("profile").starts_with(&[0x1f, 0x8b]));
+    let json = analyze(&[t, "-o", dir.join("p.json").to_str().unwrap()]);
+    let msg = String::from_utf8_lossy(&json.stderr);
+    assert!(!json.status.success());
+    assert!(
+        msg.contains("says JSON but not which: give --format speedscope or --format firefox"),
+        "{msg}"
+    );
+    assert!(!dir.join("p.json").exists());
+    // A --format the name contradicts is used, with a warning.
+    let out = dir.join("odd.svg");
+    let odd = ok(&[t, "--format", "folded", "-o", out.to_str().unwrap()]);
+    let msg = String::from_utf8_lossy(&odd.stderr);
+    assert!(
+        msg.contains(&format!(
+            "warning: writing folded to {}, whose name says svg",
+            out.display()
+        )),
+        "{msg}"
+    );
+    assert!(!std::fs::read(&out).unwrap().starts_with(b"<?xml"));
     let only_a = folded(&trace, &["--thread-name", "worker-a"]);
     assert!(!only_a.is_empty());
     assert!(only_a.keys().all(|s| s[0].starts_with("worker-a-")));
