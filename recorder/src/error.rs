@@ -1,6 +1,7 @@
 //! The recorder's error type.
 
-use std::path::PathBuf;
+use std::io::Read;
+use std::path::{Path, PathBuf};
 
 /// Everything that can stop a recording from starting or finishing.
 ///
@@ -97,5 +98,47 @@ impl RecordError {
             what: what.into(),
             source: std::io::Error::last_os_error(),
         }
+    }
+}
+
+/// Why starting an existing `program` failed with ENOENT: the interpreter its
+/// `#!` line names, or a binary's dynamic loader, does not exist.
+pub(crate) fn missing_interpreter(program: &Path) -> String {
+    let mut head = [0u8; 256];
+    let n = std::fs::File::open(program)
+        .and_then(|mut f| f.read(&mut head))
+        .unwrap_or(0);
+    interpreter_message(&head[..n])
+}
+
+fn interpreter_message(head: &[u8]) -> String {
+    match head.strip_prefix(b"#!") {
+        Some(rest) => {
+            let line = rest.split(|&b| b == b'\n').next().unwrap_or_default();
+            let line = String::from_utf8_lossy(line);
+            let interpreter = line.split_whitespace().next().unwrap_or_default();
+            format!("the interpreter its #! line names, {interpreter}, does not exist")
+        }
+        None => "its dynamic loader (the program interpreter it names) does not exist: \
+                 was it built for another system or C library?"
+            .to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_missing_interpreter_is_named() {
+        assert_eq!(
+            interpreter_message(b"#!/opt/py/bin/python3 -u\nprint(1)\n"),
+            "the interpreter its #! line names, /opt/py/bin/python3, does not exist"
+        );
+        assert_eq!(
+            interpreter_message(b"#! /bin/zsh\n"),
+            "the interpreter its #! line names, /bin/zsh, does not exist"
+        );
+        assert!(interpreter_message(b"\x7fELF\x02").contains("dynamic loader"));
     }
 }

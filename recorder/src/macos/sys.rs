@@ -337,6 +337,17 @@ pub(super) fn spawn_suspended(command: &[OsString]) -> Result<u32, RecordError> 
     };
     match rc {
         0 => Ok(pid as u32),
+        // A path to a file that exists: what is missing is what it names
+        // (a script's interpreter).
+        libc::ENOENT if program.contains('/') && std::path::Path::new(&program).is_file() => {
+            Err(RecordError::CommandNotExecutable {
+                source: std::io::Error::new(
+                    std::io::ErrorKind::NotFound,
+                    crate::error::missing_interpreter(std::path::Path::new(&program)),
+                ),
+                command: program,
+            })
+        }
         libc::ENOENT => Err(RecordError::CommandNotFound { command: program }),
         errno => Err(RecordError::CommandNotExecutable {
             command: program,
