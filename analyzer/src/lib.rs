@@ -74,4 +74,6 @@ pub use syscalls::{
     SyscallStats,
 };
 pub use top::{TopOptions, TopOrder, TopReport, TopRow};
+#[cfg(unix)]
+pub use write_file::remove_unfinished_output;
 pub use write_file::{default_output_path, write_atomically};

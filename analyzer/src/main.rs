@@ -800,9 +800,37 @@ fn keep_freed_memory() {
     }
 }
 
+/// On SIGINT and SIGTERM, remove the output being written (its temporary
+/// file), then die of the signal as without a handler.
+#[cfg(unix)]
+fn remove_output_when_interrupted() {
+    extern "C" fn on_signal(signal: libc::c_int) {
+        lrnprof_analyzer::remove_unfinished_output();
+        // Safety: signal and raise are async-signal-safe.
+        unsafe {
+            libc::signal(signal, libc::SIG_DFL);
+            libc::raise(signal);
+        }
+    }
+    for signal in [libc::SIGINT, libc::SIGTERM] {
+        // Safety: the handler makes only async-signal-safe calls. A
+        // refusal leaves the default, which only leaves a temporary file.
+        // A signal ignored from the start (a background job of a shell,
+        // nohup) stays ignored.
+        unsafe {
+            let before = libc::signal(signal, on_signal as *const () as libc::sighandler_t);
+            if before == libc::SIG_IGN {
+                libc::signal(signal, libc::SIG_IGN);
+            }
+        }
+    }
+}
+
 fn main() -> ExitCode {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     keep_freed_memory();
+    #[cfg(unix)]
+    remove_output_when_interrupted();
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => {

@@ -51,6 +51,8 @@ pub fn write_atomically(
     let mut tmp_name = path.file_name().unwrap_or_default().to_os_string();
     tmp_name.push(format!(".tmp{}", std::process::id()));
     let tmp = path.with_file_name(tmp_name);
+    #[cfg(unix)]
+    let _unfinished = unfinished::Mark::new(&tmp);
     let result = (|| {
         let file = std::fs::File::create(&tmp)?;
         let mut w = BufWriter::new(file);
@@ -65,9 +67,86 @@ pub fn write_atomically(
     result.map_err(err)
 }
 
+/// The temporary file an output is being written to, so that a process
+/// stopped by a signal (Ctrl-C) leaves none behind: the program's handler
+/// calls [`remove_unfinished_output`].
+#[cfg(unix)]
+mod unfinished {
+    use std::ffi::CString;
+    use std::os::unix::ffi::OsStrExt;
+    use std::path::Path;
+    use std::sync::atomic::{AtomicPtr, Ordering};
+
+    /// The path being written, or null. Its strings are leaked, never
+    /// freed: a handler may read one at any moment.
+    static PATH: AtomicPtr<libc::c_char> = AtomicPtr::new(std::ptr::null_mut());
+
+    /// Marks `path` as being written until dropped.
+    pub(super) struct Mark;
+
+    impl Mark {
+        pub(super) fn new(path: &Path) -> Mark {
+            if let Ok(c) = CString::new(path.as_os_str().as_bytes()) {
+                PATH.store(c.into_raw(), Ordering::SeqCst);
+            }
+            Mark
+        }
+    }
+
+    impl Drop for Mark {
+        fn drop(&mut self) {
+            PATH.store(std::ptr::null_mut(), Ordering::SeqCst);
+        }
+    }
+
+    pub(super) fn remove() {
+        let path = PATH.swap(std::ptr::null_mut(), Ordering::SeqCst);
+        if !path.is_null() {
+            // Safety: a NUL-terminated string that is never freed.
+            unsafe {
+                libc::unlink(path);
+            }
+        }
+    }
+}
+
+/// Remove the temporary file of the output being written, if any: for a
+/// SIGINT or SIGTERM handler, so that an interrupted analysis leaves no
+/// file behind. Async-signal-safe (an atomic swap and `unlink`).
+#[cfg(unix)]
+pub fn remove_unfinished_output() {
+    unfinished::remove();
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// What a signal handler removes is the file being written, and only
+    /// while it is.
+    #[test]
+    #[cfg(unix)]
+    fn an_interrupted_write_leaves_no_file() {
+        let dir = std::env::temp_dir().join(format!("lrnprof-wf-int-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let out = dir.join("p.pb.gz");
+        let result = write_atomically(&out, |w| {
+            w.write_all(b"partial")?;
+            let tmp: Vec<_> = std::fs::read_dir(&dir).unwrap().collect();
+            assert_eq!(tmp.len(), 1, "the temporary file is there");
+            remove_unfinished_output();
+            assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0);
+            Ok(())
+        });
+        // The rename finds no file: an error, and nothing at `out`.
+        assert!(result.is_err());
+        assert!(!out.exists());
+        // Outside a write there is nothing to remove.
+        write_atomically(&out, |w| w.write_all(b"whole")).unwrap();
+        remove_unfinished_output();
+        assert_eq!(std::fs::read(&out).unwrap(), b"whole");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 
     #[test]
     fn default_path_appends_extension() {
