@@ -53,10 +53,15 @@ impl SampleFilter {
             parts.push(format!("--to {t}"));
         }
         if parts.is_empty() {
-            "no filter".to_string()
-        } else {
-            parts.join(" ")
+            return "no filter".to_string();
         }
+        let mut text = parts.join(" ");
+        if let (Some(from), Some(to)) = (self.from_secs, self.to_secs) {
+            if from >= to {
+                text.push_str(": --from must be less than --to");
+            }
+        }
+        text
     }
 }
 
@@ -137,4 +142,24 @@ pub struct NoProgress;
 
 impl Progress for NoProgress {
     fn update(&self, _stage: &str, _done: u64, _total: u64) {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_empty_time_range_is_said_to_be_one() {
+        let filter = |from, to| SampleFilter {
+            from_secs: from,
+            to_secs: to,
+            ..Default::default()
+        };
+        assert_eq!(filter(None, None).describe(), "no filter");
+        assert_eq!(filter(Some(1.0), Some(2.0)).describe(), "--from 1 --to 2");
+        assert_eq!(
+            filter(Some(5.0), Some(2.0)).describe(),
+            "--from 5 --to 2: --from must be less than --to"
+        );
+    }
 }
