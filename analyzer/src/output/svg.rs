@@ -67,6 +67,9 @@ impl ProfileWriter for SvgWriter {
             .value_index(kind)
             .ok_or_else(|| io::Error::other(format!("the trace has no {} value", kind.name())))?;
         let folded = folded_lines(profile, index, thread_root);
+        if folded.is_empty() && profile.stats.samples == 0 {
+            return Err(io::Error::other("nothing to draw: no samples"));
+        }
         if folded.is_empty() {
             return Err(io::Error::other(format!(
                 "nothing to draw: no sample of the selection has any {} (choose another --value)",

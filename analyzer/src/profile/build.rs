@@ -526,6 +526,9 @@ impl ProfileBuilder {
                 }
             })
             .collect();
+        if let Some(w) = empty_trace_warning(&stats, &timeline.header) {
+            warnings.push(w);
+        }
         if let Some(w) = past_copy_warning(&stats, &timeline.header) {
             warnings.push(w);
         }
@@ -693,6 +696,28 @@ fn jit_end_warning(stats: &Stats) -> Option<String> {
 /// thread's root at the end of their stack copy, from what the trace
 /// recorded: frame pointers help where the kernel's callchain was
 /// recorded (or can be, on Linux), a larger copy where one is allowed.
+/// A trace without a single sample or event: why, most likely, and what
+/// to do.
+fn empty_trace_warning(stats: &Stats, header: &TraceHeader) -> Option<String> {
+    if stats.trace_samples > 0 {
+        return None;
+    }
+    let hz = header.sampling.frequency_hz;
+    Some(if header.events.cpu && hz > 0 {
+        format!(
+            "the trace holds no samples: the recorded threads used less CPU time than one \
+             sampling interval ({:.2} ms at {hz} Hz), or were recorded while they slept; \
+             record a longer run, raise the rate (lrnprof-rec --freq), or see where they \
+             wait with lrnprof-rec --off-cpu",
+            1000.0 / f64::from(hz)
+        )
+    } else {
+        "the trace holds no samples or events: nothing of what was recorded happened \
+         while it was"
+            .to_string()
+    })
+}
+
 fn past_copy_warning(stats: &Stats, header: &TraceHeader) -> Option<String> {
     let n = stats.past_copy_samples;
     if n == 0 || n.saturating_mul(100) < stats.samples {
@@ -866,6 +891,26 @@ mod tests {
         let w = past_copy_warning(&stats(10, 10), &header(Os::Linux, true, 8192)).unwrap();
         assert!(w.contains("(100.0%)") && w.contains("8192-byte"), "{w}");
         assert!(w.contains("a larger --stack-size (at most 65528)"), "{w}");
+    }
+
+    #[test]
+    fn a_trace_without_samples_is_explained() {
+        let mut h = header(Os::Linux, true, LINUX_MAX_STACK_COPY);
+        let mut none = stats(0, 0);
+        none.trace_samples = 0;
+        let mut some = stats(5, 0);
+        some.trace_samples = 5;
+        assert_eq!(empty_trace_warning(&some, &h), None);
+        h.events.cpu = true;
+        h.sampling.frequency_hz = 4000;
+        let w = empty_trace_warning(&none, &h).unwrap();
+        assert!(
+            w.contains("one sampling interval (0.25 ms at 4000 Hz)"),
+            "{w}"
+        );
+        h.events.cpu = false;
+        let w = empty_trace_warning(&none, &h).unwrap();
+        assert!(w.starts_with("the trace holds no samples or events"), "{w}");
     }
 
     #[test]
