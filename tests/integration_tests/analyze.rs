@@ -786,10 +786,14 @@ fn default_output_path_and_filters() {
     assert!(ignored.keys().all(|s| !has(s, "parent_one")));
     assert_eq!(total(&ignored), total(&all) - sum_with("parent_one"));
     let both = folded(&trace, &["--focus", "leaf_work", "--ignore", "parent_two"]);
-    assert!(both
-        .keys()
-        .all(|s| has(s, "leaf_work") && !has(s, "parent_two")));
-    assert_eq!(total(&both), total(&focused));
+    assert!(!both.is_empty());
+    assert_eq!(
+        both,
+        all.iter()
+            .filter(|(s, _)| has(s, "leaf_work") && !has(s, "parent_two"))
+            .map(|(s, c)| (s.clone(), *c))
+            .collect(),
+    );
     // Every view sees the same samples: top's total, speedscope's samples.
     let top = ok(&["top", t, "--focus", "parent_one", "--value", "samples"]);
     let top = String::from_utf8_lossy(&top.stdout);

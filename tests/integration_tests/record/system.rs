@@ -14,7 +14,8 @@ use lrnprof_analyzer::{
     analyze, AnalyzeOptions, EventKind, NoProgress, OutputFormat, SampleFilter,
 };
 use lrnprof_format::{
-    BlobKind, ImageKind, Pid, ProcessEvent, Record, SampleKind, Target, ThreadEvent, TraceReader,
+    BlobKind, ImageKind, Pid, ProcessEvent, Record, SampleKind, Target, ThreadEvent, Tid,
+    TraceReader,
 };
 use lrnprof_tests::{
     build_c, has_program, is_root, remove_scratch_dir, require_perf, scratch_dir, skip, wait_until,
@@ -459,6 +460,11 @@ fn kernel_threads_switch_outs_are_kept_only_with_kernel() {
         "a kernel thread's switch-out recorded with --kernel",
         || kernel_thread_switch_outs(&kernel).0 > 0,
     );
+    // Threads that end while both record: a dying thread's last
+    // switch-out is no wait (no switch-in follows) and is not kept.
+    for _ in 0..5 {
+        std::thread::spawn(|| ()).join().unwrap();
+    }
     // The one with --kernel first, so the other's time covers it.
     for recorder in std::mem::take(&mut running.0) {
         let out = interrupt(recorder);
@@ -469,18 +475,38 @@ fn kernel_threads_switch_outs_are_kept_only_with_kernel() {
         );
     }
     assert_eq!(kernel_thread_switch_outs(&plain), (0, 0));
+    for trace in [&plain, &kernel] {
+        let (_, records) = load(trace);
+        let dead = samples(&records)
+            .iter()
+            .filter(|s| s.kind == SampleKind::OffCpu && s.tid == Tid(u32::MAX))
+            .count();
+        assert_eq!(dead, 0, "{trace:?}: switch-outs of threads gone");
+    }
     let (switches, with_frames) = kernel_thread_switch_outs(&kernel);
     assert!(
         switches > 0 && with_frames == switches,
         "{switches} switch-outs, {with_frames} with kernel frames"
     );
     // A kernel thread's kernel callchain is whole: it reaches the root.
+    // Kernel threads are kthreadd (pid 2) and its children; a user
+    // process has no user registers either once it has let go of its
+    // memory on exit, and those last switch-outs stop in the kernel.
     let (_, records) = load(&kernel);
+    let kernel_threads: std::collections::BTreeSet<Pid> = records
+        .iter()
+        .filter_map(|r| match r {
+            Record::Process(p) if p.pid == Pid(2) || p.parent == Some(Pid(2)) => Some(p.pid),
+            _ => None,
+        })
+        .collect();
     let pid = samples(&records)
         .iter()
-        .find(|s| s.kind == SampleKind::OffCpu && s.regs.ip() == 0)
+        .find(|s| {
+            s.kind == SampleKind::OffCpu && s.regs.ip() == 0 && kernel_threads.contains(&s.pid)
+        })
         .map(|s| s.pid)
-        .unwrap();
+        .expect("a kernel thread's switch-out");
     let options = AnalyzeOptions {
         offline: true,
         filter: SampleFilter {
