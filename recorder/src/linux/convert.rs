@@ -759,7 +759,7 @@ impl Converter {
             // kernel gives its thread id as -1, since it has none left. No
             // switch-in follows, so it is no wait; kept (with --kernel,
             // which has stacks for it), such samples held 1.1 s of the
-            // 13.9 s off-CPU time of a 1-s system-wide recording.
+            // 13.9 s off-CPU time of one system-wide test recording.
             Role::Switch if s.tid == u32::MAX => return,
             Role::Switch => (
                 SampleKind::OffCpu,
