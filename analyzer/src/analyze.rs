@@ -50,21 +50,20 @@ pub fn analyze_in(
     let result = pool.install(|| run(&reader, &name, options, progress));
     progress.finish();
     let profile = result?;
-    let filtered = options.filter != Default::default() || !options.stacks.is_empty();
-    if filtered && profile.stats.samples == 0 && profile.stats.trace_samples > 0 {
-        let mut why = match (
-            options.filter != Default::default(),
-            options.stacks.is_empty(),
-        ) {
-            (true, true) => options.filter.describe(),
+    let by_sample = options.filter != Default::default();
+    let by_stack = !options.stacks.is_empty();
+    if (by_sample || by_stack) && profile.stats.samples == 0 && profile.stats.trace_samples > 0 {
+        let mut why = match (by_sample, by_stack) {
+            (true, false) => options.filter.describe(),
+            (true, true) => format!(
+                "{} {}",
+                options.filter.describe(),
+                options.stacks.describe()
+            ),
+            // The stack filter alone left nothing.
             (false, _) => format!(
                 "{}: no stack has functions so named; `lrnprof-analyze top TRACE -n 0` \
                  lists the names",
-                options.stacks.describe()
-            ),
-            (true, false) => format!(
-                "{} {}",
-                options.filter.describe(),
                 options.stacks.describe()
             ),
         };

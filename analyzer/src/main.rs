@@ -555,42 +555,43 @@ fn run(cli: Cli) -> Result<()> {
     }
 }
 
-/// The format an output file's name says, if it says one: `Err` for a
+/// The format an output file's name says, if it says one: each format's
+/// default file's extension, and a few other names for it. `Err` for a
 /// name that says JSON but not whose.
 fn format_of_name(path: &Path) -> Result<Option<Format>, ()> {
-    let name = path.file_name().map(|n| n.to_string_lossy().to_lowercase());
-    let Some(name) = name else {
+    const OTHER_NAMES: [(&str, Format); 3] = [
+        ("pb", Format::Pprof),
+        ("pprof", Format::Pprof),
+        ("collapsed", Format::Folded),
+    ];
+    let Some(name) = path.file_name() else {
         return Ok(None);
     };
-    let ends = |suffixes: &[&str]| suffixes.iter().any(|s| name.ends_with(s));
-    Ok(if ends(&[".pb.gz", ".pb", ".pprof"]) {
-        Some(Format::Pprof)
-    } else if ends(&[".folded", ".collapsed"]) {
-        Some(Format::Folded)
-    } else if ends(&[".speedscope.json"]) {
-        Some(Format::Speedscope)
-    } else if ends(&[".svg"]) {
-        Some(Format::Svg)
-    } else if ends(&[".firefox.json"]) {
-        Some(Format::Firefox)
-    } else if ends(&[".json"]) {
-        return Err(());
-    } else {
-        None
-    })
+    let name = name.to_string_lossy().to_lowercase();
+    let ends = |ext: &str| name.strip_suffix(ext).is_some_and(|n| n.ends_with('.'));
+    let defaults = Format::value_variants()
+        .iter()
+        .map(|&f| (OutputFormat::from(f).extension(), f));
+    match defaults.chain(OTHER_NAMES).find(|&(ext, _)| ends(ext)) {
+        Some((_, f)) => Ok(Some(f)),
+        None if ends("json") => Err(()),
+        None => Ok(None),
+    }
 }
 
-/// The output format: `given`, else the one `output`'s name ends in, else
+/// The output format: `given`, else the one `output`'s name says, else
 /// pprof. A given format that the name contradicts is used, with a warning.
 fn format_for(given: Option<Format>, output: Option<&Path>) -> Result<Format> {
-    let named = output.map_or(Ok(None), format_of_name);
-    match (given, named) {
-        (Some(f), Ok(Some(n))) if f != n => {
+    let Some(out) = output else {
+        return Ok(given.unwrap_or(Format::Pprof));
+    };
+    match (given, format_of_name(out)) {
+        (Some(f), Ok(Some(named))) if f != named => {
             say!(
                 "warning: writing {} to {}, whose name says {}",
                 format_name(f),
-                output.unwrap_or(Path::new("")).display(),
-                format_name(n)
+                out.display(),
+                format_name(named)
             );
             Ok(f)
         }
@@ -599,7 +600,7 @@ fn format_for(given: Option<Format>, output: Option<&Path>) -> Result<Format> {
         (None, Err(())) => anyhow::bail!(
             "{} says JSON but not which: give --format speedscope or --format firefox \
              (or name it .speedscope.json or .firefox.json)",
-            output.unwrap_or(Path::new("")).display()
+            out.display()
         ),
     }
 }

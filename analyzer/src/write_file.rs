@@ -27,6 +27,21 @@ pub fn write_atomically(
     path: &Path,
     f: impl FnOnce(&mut dyn Write) -> std::io::Result<()>,
 ) -> Result<(), AnalyzeError> {
+    write_marked(
+        path,
+        f,
+        #[cfg(unix)]
+        &unfinished::WRITING,
+    )
+}
+
+/// [`write_atomically`], with the temporary file marked in `writing`
+/// while it is written.
+fn write_marked(
+    path: &Path,
+    f: impl FnOnce(&mut dyn Write) -> std::io::Result<()>,
+    #[cfg(unix)] writing: &unfinished::Registry,
+) -> Result<(), AnalyzeError> {
     let err = |source| AnalyzeError::Write {
         path: path.to_path_buf(),
         source,
@@ -52,7 +67,7 @@ pub fn write_atomically(
     tmp_name.push(format!(".tmp{}", std::process::id()));
     let tmp = path.with_file_name(tmp_name);
     #[cfg(unix)]
-    let _unfinished = unfinished::Mark::new(&tmp);
+    let _marked = writing.mark(&tmp);
     let result = (|| {
         let file = std::fs::File::create(&tmp)?;
         let mut w = BufWriter::new(file);
@@ -67,55 +82,96 @@ pub fn write_atomically(
     result.map_err(err)
 }
 
-/// The temporary file an output is being written to, so that a process
+/// The temporary files outputs are being written to, so that a process
 /// stopped by a signal (Ctrl-C) leaves none behind: the program's handler
 /// calls [`remove_unfinished_output`].
 #[cfg(unix)]
 mod unfinished {
-    use std::ffi::CString;
+    use std::ffi::{c_char, CString};
     use std::os::unix::ffi::OsStrExt;
     use std::path::Path;
     use std::sync::atomic::{AtomicPtr, Ordering};
 
-    /// The path being written, or null. Its strings are leaked, never
-    /// freed: a handler may read one at any moment.
-    static PATH: AtomicPtr<libc::c_char> = AtomicPtr::new(std::ptr::null_mut());
+    /// Outputs written at once (a library user may write several on
+    /// threads of its own); past that, a file is not marked, and a signal
+    /// leaves it behind.
+    const SLOTS: usize = 8;
 
-    /// Marks `path` as being written until dropped.
-    pub(super) struct Mark;
+    /// Paths being written, a slot each, null when free. The strings are
+    /// leaked, never freed: a handler may read one at any moment.
+    pub(super) struct Registry {
+        slots: [AtomicPtr<c_char>; SLOTS],
+    }
 
-    impl Mark {
-        pub(super) fn new(path: &Path) -> Mark {
-            if let Ok(c) = CString::new(path.as_os_str().as_bytes()) {
-                PATH.store(c.into_raw(), Ordering::SeqCst);
+    /// This process's outputs.
+    pub(super) static WRITING: Registry = Registry::new();
+
+    /// A slot of a [`Registry`] holding a path until dropped.
+    pub(super) struct Mark<'a> {
+        registry: &'a Registry,
+        slot: Option<usize>,
+    }
+
+    impl Registry {
+        pub(super) const fn new() -> Registry {
+            Registry {
+                slots: [const { AtomicPtr::new(std::ptr::null_mut()) }; SLOTS],
             }
-            Mark
+        }
+
+        /// Hold `path` in a free slot until the mark is dropped.
+        pub(super) fn mark(&self, path: &Path) -> Mark<'_> {
+            let slot = CString::new(path.as_os_str().as_bytes())
+                .ok()
+                .and_then(|c| {
+                    let c = c.into_raw();
+                    let slot = self.slots.iter().position(|s| {
+                        let free = std::ptr::null_mut();
+                        s.compare_exchange(free, c, Ordering::SeqCst, Ordering::SeqCst)
+                            .is_ok()
+                    });
+                    if slot.is_none() {
+                        // Safety: from into_raw just above, never shared.
+                        drop(unsafe { CString::from_raw(c) });
+                    }
+                    slot
+                });
+            Mark {
+                registry: self,
+                slot,
+            }
+        }
+
+        /// Unlink every path held. Async-signal-safe: atomic swaps and
+        /// `unlink`.
+        pub(super) fn remove_all(&self) {
+            for s in &self.slots {
+                let path = s.swap(std::ptr::null_mut(), Ordering::SeqCst);
+                if !path.is_null() {
+                    // Safety: a NUL-terminated string that is never freed.
+                    unsafe {
+                        libc::unlink(path);
+                    }
+                }
+            }
         }
     }
 
-    impl Drop for Mark {
+    impl Drop for Mark<'_> {
         fn drop(&mut self) {
-            PATH.store(std::ptr::null_mut(), Ordering::SeqCst);
-        }
-    }
-
-    pub(super) fn remove() {
-        let path = PATH.swap(std::ptr::null_mut(), Ordering::SeqCst);
-        if !path.is_null() {
-            // Safety: a NUL-terminated string that is never freed.
-            unsafe {
-                libc::unlink(path);
+            if let Some(i) = self.slot {
+                self.registry.slots[i].store(std::ptr::null_mut(), Ordering::SeqCst);
             }
         }
     }
 }
 
-/// Remove the temporary file of the output being written, if any: for a
+/// Remove the temporary files of the outputs being written, if any: for a
 /// SIGINT or SIGTERM handler, so that an interrupted analysis leaves no
-/// file behind. Async-signal-safe (an atomic swap and `unlink`).
+/// file behind. Async-signal-safe (atomic swaps and `unlink`).
 #[cfg(unix)]
 pub fn remove_unfinished_output() {
-    unfinished::remove();
+    unfinished::WRITING.remove_all();
 }
 
 #[cfg(test)]
@@ -123,27 +179,32 @@ mod tests {
     use super::*;
 
     /// What a signal handler removes is the file being written, and only
-    /// while it is.
+    /// while it is. A registry of the test's own: other tests write
+    /// outputs at the same time through the process's.
     #[test]
     #[cfg(unix)]
     fn an_interrupted_write_leaves_no_file() {
+        let writing = unfinished::Registry::new();
         let dir = std::env::temp_dir().join(format!("lrnprof-wf-int-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let out = dir.join("p.pb.gz");
-        let result = write_atomically(&out, |w| {
+        let interrupted = |w: &mut dyn Write| {
             w.write_all(b"partial")?;
-            let tmp: Vec<_> = std::fs::read_dir(&dir).unwrap().collect();
-            assert_eq!(tmp.len(), 1, "the temporary file is there");
-            remove_unfinished_output();
+            assert_eq!(
+                std::fs::read_dir(&dir).unwrap().count(),
+                1,
+                "the temporary file"
+            );
+            writing.remove_all();
             assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0);
             Ok(())
-        });
+        };
         // The rename finds no file: an error, and nothing at `out`.
-        assert!(result.is_err());
+        assert!(write_marked(&out, interrupted, &writing).is_err());
         assert!(!out.exists());
         // Outside a write there is nothing to remove.
-        write_atomically(&out, |w| w.write_all(b"whole")).unwrap();
-        remove_unfinished_output();
+        write_marked(&out, |w| w.write_all(b"whole"), &writing).unwrap();
+        writing.remove_all();
         assert_eq!(std::fs::read(&out).unwrap(), b"whole");
         std::fs::remove_dir_all(&dir).unwrap();
     }

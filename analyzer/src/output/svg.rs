@@ -67,14 +67,15 @@ impl ProfileWriter for SvgWriter {
             .value_index(kind)
             .ok_or_else(|| io::Error::other(format!("the trace has no {} value", kind.name())))?;
         let folded = folded_lines(profile, index, thread_root);
-        if folded.is_empty() && profile.stats.samples == 0 {
-            return Err(io::Error::other("nothing to draw: no samples"));
-        }
         if folded.is_empty() {
-            return Err(io::Error::other(format!(
-                "nothing to draw: no sample of the selection has any {} (choose another --value)",
-                kind.name()
-            )));
+            return Err(io::Error::other(if profile.stats.samples == 0 {
+                "nothing to draw: no samples".to_string()
+            } else {
+                format!(
+                    "nothing to draw: no sample of the selection has any {} (choose another --value)",
+                    kind.name()
+                )
+            }));
         }
         let total = folded.values().fold(0u64, |a, &c| a.saturating_add(c));
         let threads = profile

@@ -692,10 +692,6 @@ fn jit_end_warning(stats: &Stats) -> Option<String> {
     })
 }
 
-/// What to do when more than 1 % of the samples stop short of their
-/// thread's root at the end of their stack copy, from what the trace
-/// recorded: frame pointers help where the kernel's callchain was
-/// recorded (or can be, on Linux), a larger copy where one is allowed.
 /// A trace without a single sample or event: why, most likely, and what
 /// to do.
 fn empty_trace_warning(stats: &Stats, header: &TraceHeader) -> Option<String> {
@@ -718,6 +714,10 @@ fn empty_trace_warning(stats: &Stats, header: &TraceHeader) -> Option<String> {
     })
 }
 
+/// What to do when more than 1 % of the samples stop short of their
+/// thread's root at the end of their stack copy, from what the trace
+/// recorded: frame pointers help where the kernel's callchain was
+/// recorded (or can be, on Linux), a larger copy where one is allowed.
 fn past_copy_warning(stats: &Stats, header: &TraceHeader) -> Option<String> {
     let n = stats.past_copy_samples;
     if n == 0 || n.saturating_mul(100) < stats.samples {

@@ -91,10 +91,15 @@ pub fn handle_with(token: StopToken, launched: bool, lines: Lines) -> io::Result
                     }),
                     Action::Forward => {
                         token.signal_target(signal);
+                        // Only SIGINT and SIGTERM are caught.
+                        let name = if signal == libc::SIGINT {
+                            "SIGINT"
+                        } else {
+                            "SIGTERM"
+                        };
                         lines.say(&format!(
-                            "lrnprof-rec: {} passed on to the command; recording until it \
-                             exits (a second SIGINT or SIGTERM kills it)",
-                            signal_name(signal)
+                            "lrnprof-rec: {name} passed on to the command; recording until it \
+                             exits (a second SIGINT or SIGTERM kills it)"
                         ));
                     }
                     Action::Nothing => {}
@@ -109,14 +114,6 @@ pub fn handle_with(token: StopToken, launched: bool, lines: Lines) -> io::Result
         install(signal)?;
     }
     Ok(())
-}
-
-fn signal_name(signal: i32) -> String {
-    match signal {
-        libc::SIGINT => "SIGINT".into(),
-        libc::SIGTERM => "SIGTERM".into(),
-        other => format!("signal {other}"),
-    }
 }
 
 fn install(signal: libc::c_int) -> io::Result<()> {
