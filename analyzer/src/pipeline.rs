@@ -256,7 +256,7 @@ pub(crate) fn prepare_keeping<D: AsRef<[u8]> + Sync>(
             let unwinders = p
                 .generations
                 .par_iter()
-                .map(|g| ArchUnwinder::build(arch, &g.mappings, &images, &module_cache))
+                .map(|g| ArchUnwinder::build(arch, &g.mappings, &images, &module_cache, p.abi32))
                 .collect();
             let biases = p
                 .generations

@@ -10,7 +10,7 @@ use crate::outcomes::{Outcomes, Pairing};
 use crate::tallies::SyscallTallies;
 use lrnprof_format::{
     BlockInfo, BuildId, FormatError, ImageKind, LostSource, Pid, ProcessEvent, Record, RecordRef,
-    Sample, SampleKind, StackMode, Summary, Tid, Timestamp, TraceHeader, TraceReader,
+    Sample, SampleFlags, SampleKind, StackMode, Summary, Tid, Timestamp, TraceHeader, TraceReader,
 };
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
@@ -57,6 +57,8 @@ pub(crate) struct ProcessTimeline {
     pub executable: Option<String>,
     /// Its cgroup, the last recorded.
     pub cgroup: Option<String>,
+    /// Some of its samples ran 32-bit code ([`SampleFlags::ABI_32`]).
+    pub abi32: bool,
     pub generations: Vec<Generation>,
     current: Vec<Mapping>,
     dirty: bool,
@@ -209,6 +211,7 @@ impl Timeline {
                 weight,
                 stack_bytes,
                 presymbolized,
+                abi32,
                 kind,
                 detail,
             } => {
@@ -224,7 +227,9 @@ impl Timeline {
                 t.samples += 1;
                 t.weight = t.weight.saturating_add(weight);
                 t.stack_bytes += stack_bytes;
-                self.processes.entry(pid).or_default().snapshot(time);
+                let p = self.processes.entry(pid).or_default();
+                p.snapshot(time);
+                p.abi32 |= abi32;
             }
         }
     }
@@ -362,6 +367,7 @@ enum Item {
         weight: u64,
         stack_bytes: u64,
         presymbolized: bool,
+        abi32: bool,
         kind: SampleKind,
         detail: Pairing,
     },
@@ -443,6 +449,7 @@ impl Item {
             weight: s.weight,
             stack_bytes,
             presymbolized: !s.frames.is_empty(),
+            abi32: s.flags.contains(SampleFlags::ABI_32),
             kind: s.kind,
             detail: Pairing::from(&s.detail),
         }

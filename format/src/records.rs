@@ -206,6 +206,11 @@ impl SampleFlags {
     /// In a stripped trace: when stripped, the sample's unwinding reached
     /// the thread's root (its [`Sample::frames`] are complete).
     pub const REACHED_ROOT: SampleFlags = SampleFlags(2);
+    /// The sampled thread ran 32-bit code: on an x86-64 trace an i386
+    /// process (registers, stack words and addresses are 32-bit, in the
+    /// low halves of the trace's 64-bit fields), on an AArch64 trace an
+    /// AArch32 one.
+    pub const ABI_32: SampleFlags = SampleFlags(4);
 
     /// Whether every bit of `other` is set.
     pub fn contains(self, other: SampleFlags) -> bool {

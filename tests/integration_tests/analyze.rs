@@ -7,7 +7,8 @@
 //! Submodules: `viewers` (pprof and speedscope opened in their tools),
 //! `views` (flame graph SVG in Chromium, Firefox Profiler structure, `top`,
 //! `diff`, `--open`),
-//! `go` (Go binaries: compressed `.debug_frame`, Go build ID), `musl`
+//! `go` (Go binaries: compressed `.debug_frame`, Go build ID), `i386`
+//! (32-bit x86 programs), `musl`
 //! (programs built against musl, whose libc has no unwind tables),
 //! `post_mortem` (embedded data, pack, --offline, strip, --symbols),
 //! `synthetic` (hand-built traces of non-host architectures), `untouched`
@@ -22,6 +23,8 @@
 mod debuginfod;
 mod dwz;
 mod go;
+#[cfg(target_arch = "x86_64")]
+mod i386;
 mod mini_debug_info;
 mod musl;
 mod post_mortem;

@@ -194,6 +194,21 @@ impl<'c, 'p, A: UnwindArch> BlockUnwinder<'c, 'p, A> {
                 s.frames.iter().copied(),
                 &mut self.out.keys,
             );
+        } else if let (true, Some(g)) = (s.flags.contains(SampleFlags::ABI_32), &generation) {
+            // A 32-bit process: walked in full, by its own unwinder (a
+            // trace is untrusted input: should it panic, keep the
+            // instruction pointer).
+            let u = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                g.unwinder.unwind_32(s, stack)
+            }))
+            .unwrap_or_else(|_| super::Unwound {
+                frames: vec![s.regs.ip()],
+                clean: false,
+                used_kernel_chain: false,
+            });
+            sample.clean = u.clean;
+            sample.used_kernel_chain = u.used_kernel_chain;
+            prepared.push_frame_keys(s.pid, Some(g), u.frames.iter().copied(), &mut self.out.keys);
         } else {
             let walked = match &generation {
                 Some(g) => self.walk(s, record, stack, g, out_index, &mut sample),

@@ -4,6 +4,7 @@
 mod aarch64;
 mod block;
 mod go;
+mod i386;
 mod signal;
 mod split;
 mod x86_64;
@@ -13,7 +14,7 @@ pub(crate) use block::{unwind_block, BlockContext};
 use crate::image::{LoadedImage, SectionBytes};
 use crate::timeline::Mapping;
 use framehop::{ExplicitModuleSectionInfo, FrameAddress, Module};
-use lrnprof_format::{Arch, Regs, Sample, StackView};
+use lrnprof_format::{Arch, Regs, Sample, SampleFlags, StackView};
 use signal::{ImageTrampolines, Trampolines};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -39,6 +40,8 @@ pub(crate) struct Unwound {
 pub(crate) struct ArchUnwinder {
     unwinder: ArchKind,
     trampolines: Trampolines,
+    /// For the 32-bit samples of an x86-64 trace's i386 process.
+    i386: Option<Arc<i386::Unwinder>>,
 }
 
 #[derive(Clone)]
@@ -141,6 +144,8 @@ pub(crate) struct ModuleCache {
     debug_frames: Mutex<HashMap<u32, Arc<DebugFrameUse>>>,
     /// Signal trampolines by image, searched for on first use.
     trampolines: Mutex<HashMap<u32, Arc<ImageTrampolines>>>,
+    /// The unwind tables of i386 processes' images.
+    i386_tables: i386::TablesCache,
 }
 
 /// What framehop reads of an image's `.debug_frame`.
@@ -266,12 +271,15 @@ impl ModuleCache {
 }
 
 impl ArchUnwinder {
-    /// An unwinder knowing the executable mappings of one generation.
+    /// An unwinder knowing the executable mappings of one generation; with
+    /// `abi32` (the process ran 32-bit code in an x86-64 trace), one for
+    /// its i386 samples too.
     pub fn build(
         arch: Arch,
         mappings: &[Mapping],
         images: &[LoadedImage],
         cache: &ModuleCache,
+        abi32: bool,
     ) -> ArchUnwinder {
         let modules = mappings
             .iter()
@@ -288,9 +296,31 @@ impl ArchUnwinder {
                 .or_insert_with(|| Arc::new(ImageTrampolines::of(&images[i as usize])))
                 .clone()
         });
+        let i386 = (abi32 && arch == Arch::X86_64)
+            .then(|| Arc::new(i386::Unwinder::build(mappings, images, &cache.i386_tables)));
         ArchUnwinder {
             unwinder,
             trampolines,
+            i386,
+        }
+    }
+
+    /// Unwind a sample flagged [`SampleFlags::ABI_32`] (over `stack`, its
+    /// stack copy): an i386 sample by its own walk, another (AArch32) to
+    /// its instruction pointer and the kernel's callchain.
+    pub fn unwind_32(&self, sample: &Sample, stack: &StackView<'_>) -> Unwound {
+        match &self.i386 {
+            Some(u) => u.unwind(&sample.regs, stack, &sample.kernel_callchain),
+            None => {
+                let mut frames = vec![sample.regs.ip()];
+                let used_kernel_chain =
+                    continue_with_callchain(&mut frames, &sample.kernel_callchain);
+                Unwound {
+                    frames,
+                    clean: false,
+                    used_kernel_chain,
+                }
+            }
         }
     }
 
@@ -298,6 +328,9 @@ impl ArchUnwinder {
     /// kernel callchain where the copy ends.
     pub fn unwind(&self, cache: &mut ArchCache, sample: &Sample, little_endian: bool) -> Unwound {
         let stack = StackView::of_snapshot(&sample.stack);
+        if sample.flags.contains(SampleFlags::ABI_32) {
+            return self.unwind_32(sample, &stack);
+        }
         let t = &self.trampolines;
         let mut u = match (&self.unwinder, cache) {
             (ArchKind::X86_64(un), ArchCache::X86_64(c)) => {

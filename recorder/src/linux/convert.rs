@@ -273,6 +273,9 @@ struct StackCopy<'a> {
     /// The sample does not keep these bytes: they will be there when it
     /// is written (see `replica::Followers`).
     later: Option<Later>,
+    /// The copy is a 32-bit task's stack (4-byte words), and the sample is
+    /// flagged [`SampleFlags::ABI_32`].
+    abi32: bool,
 }
 
 impl StackCopy<'_> {
@@ -283,6 +286,7 @@ impl StackCopy<'_> {
             kernel,
             rebuilt: None,
             later: None,
+            abi32: false,
         }
     }
 }
@@ -798,7 +802,7 @@ impl Converter {
             _ => None,
         };
         let held = owner.and_then(|(pid, tid)| self.replicas.take(pid, tid));
-        let copy = match taken {
+        let mut copy = match taken {
             Some(Taken::Whole(bytes)) => StackCopy::owned(bytes, Some(room)),
             Some(Taken::Replica { id, later }) => {
                 match held
@@ -810,6 +814,7 @@ impl Converter {
                         kernel: Some(room),
                         rebuilt: Some(id),
                         later: Some(later),
+                        abi32: false,
                     },
                     None => {
                         // Cannot be: the bytes were just put together.
@@ -824,8 +829,10 @@ impl Converter {
                 kernel: Some(room),
                 rebuilt: None,
                 later: None,
+                abi32: false,
             },
         };
+        copy.abi32 = s.abi32;
         let (sample, carried) =
             self.sample_with_stack(s.time, s.pid, s.tid, regs, copy, &s.callchain);
         if let (Some((pid, tid)), Some(held)) = (owner, held) {
@@ -868,10 +875,14 @@ impl Converter {
             kernel,
             rebuilt,
             later,
+            abi32,
         } = copy;
         let sp = regs.sp();
         let mut live = &stack[..];
         let mut flags = SampleFlags::default();
+        if abi32 {
+            flags = flags.with(SampleFlags::ABI_32);
+        }
         if let Some(end) = self.stack_end(pid, sp) {
             let keep = end.saturating_sub(sp).min(live.len() as u64) as usize;
             live = &live[..keep];
@@ -886,7 +897,7 @@ impl Converter {
                 )
             });
             if let Some(missing) = missing {
-                flags = SampleFlags::STACK_CUT_SHORT;
+                flags = flags.with(SampleFlags::STACK_CUT_SHORT);
                 self.untouched.cut_short(pid, tid, time, missing);
                 self.pace.cut_short(time);
             } else if kernel.is_some() {
@@ -912,6 +923,7 @@ impl Converter {
                 sp,
                 time,
                 stack: live,
+                words32: abi32,
             };
             hint = Some(match rebuilt {
                 Some(id) => self.images.touch_rebuilt(&refs, id, &self.rebuilt),

@@ -765,6 +765,7 @@ mod tests {
             sp: 0,
             time: 1,
             stack: &[],
+            words32: false,
         });
         let ids: Vec<&BuildId> = images.touched.touched_ids();
         assert_eq!(ids, [&BuildId(vec![3])]);
@@ -795,6 +796,7 @@ mod tests {
                 sp: 0,
                 time,
                 stack: &[],
+                words32: false,
             });
         }
         let ips = |images: &Images, id: u8| {
@@ -861,6 +863,7 @@ mod tests {
             sp: 0,
             time: 1,
             stack: &[],
+            words32: false,
         });
         let mut warnings = Vec::new();
         let blobs = images.embedded_blobs(&HashSet::new(), &mut warnings);

@@ -344,7 +344,10 @@ pub(crate) fn record(
     if heap.is_some() {
         let explained = matches!(
             escape,
-            Some((_, Escape::StaticallyLinked | Escape::OwnMalloc))
+            Some((
+                _,
+                Escape::StaticallyLinked | Escape::ThirtyTwoBit | Escape::OwnMalloc
+            ))
         );
         converter = converter.with_heap(explained);
     }

@@ -54,6 +54,9 @@ pub(crate) const MISC_MMAP_BUILD_ID: u16 = 1 << 14;
 pub(crate) const PERF_CONTEXT_MAX: u64 = -4095i64 as u64;
 /// The marker before the kernel part of a callchain.
 pub(crate) const PERF_CONTEXT_KERNEL: u64 = -128i64 as u64;
+/// `PERF_SAMPLE_REGS_ABI_32`: a sample's user registers are a 32-bit
+/// task's.
+const PERF_SAMPLE_REGS_ABI_32: u64 = 1;
 
 /// What the attribute asked for, so records can be parsed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -157,6 +160,9 @@ pub(crate) struct SampleRecord<'a> {
     /// User registers in mask bit order; empty if the kernel had none
     /// (e.g. a kernel thread).
     pub regs: UserRegs,
+    /// The registers are a 32-bit task's (`PERF_SAMPLE_REGS_ABI_32`: an
+    /// i386 process on x86-64, an AArch32 one on AArch64).
+    pub abi32: bool,
     /// The live part of the stack copy (`dyn_size` bytes).
     pub stack: &'a [u8],
     /// Offset of the stack copy's size field in the record (perf header
@@ -483,6 +489,7 @@ fn parse_sample<'a>(layout: &Layout, c: &mut Cursor<'a>) -> Result<SampleRecord<
     }
     if t & sample::REGS_USER != 0 {
         let abi = c.u64()?;
+        s.abi32 = abi == PERF_SAMPLE_REGS_ABI_32;
         if abi != 0 {
             let keep = layout.user_regs <= MAX_USER_REGS;
             for i in 0..layout.user_regs {
@@ -684,6 +691,14 @@ pub(crate) mod tests {
         assert_eq!(s.stack, &[7u8; 8]);
         // header 8, pid/tid 8, time 8, cpu 8, period 8, callchain 32, regs 32
         assert_eq!(s.stack_offset, 104);
+        assert!(!s.abi32);
+        // The same registers of a 32-bit task (`PERF_SAMPLE_REGS_ABI_32`).
+        let mut rec = rec.clone();
+        rec[72..80].copy_from_slice(&1u64.to_ne_bytes());
+        let parsed = parse_record(&single(), kind::SAMPLE, 2, &rec).unwrap();
+        let PerfRecord::Sample(s) = parsed else { panic!("not a sample: {parsed:?}") };
+        assert!(s.abi32);
+        assert_eq!(*s.regs, [0x7ff0, 0x7fe0, 0x401000]);
     }
 
     #[rustfmt::skip]

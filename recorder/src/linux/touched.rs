@@ -200,6 +200,9 @@ pub(crate) struct SampleRefs<'a> {
     pub time: u64,
     /// The stack copy.
     pub stack: &'a [u8],
+    /// The copy is a 32-bit task's: its return addresses are 4-byte words,
+    /// two to each 8-byte word compared.
+    pub words32: bool,
 }
 
 impl Touched {
@@ -322,6 +325,9 @@ impl Touched {
             runs: self.spare_runs.take(),
         };
         hint.base = seen.update(s.sp, s.stack, hint.id, &mut hint.runs, |w| words.push(w));
+        if s.words32 {
+            split_words(&mut words);
+        }
         self.look_up(maps, then, s, &words);
         self.words = words;
         self.seen_stacks.insert((pid, tid), seen);
@@ -365,6 +371,9 @@ impl Touched {
             base: rebuilt.base,
             runs: self.spare_runs.take(),
         };
+        if s.words32 {
+            split_words(&mut words);
+        }
         // The runs of the part kept.
         hint.runs
             .extend(rebuilt.runs.iter().filter_map(|&(from, len)| {
@@ -658,6 +667,20 @@ impl SeenStack {
     }
 }
 
+/// Turn `words`, 8-byte words of a 32-bit task's stack, into the 4-byte
+/// words they hold (the lower address's is the low half), zeros left out.
+fn split_words(words: &mut Vec<u64>) {
+    let n = words.len();
+    for i in 0..n {
+        let w = words[i];
+        words[i] = w & 0xffff_ffff;
+        if w >> 32 != 0 {
+            words.push(w >> 32);
+        }
+    }
+    words.retain(|&w| w != 0);
+}
+
 /// Call `changed` with each aligned word of `new` (whole words only: the
 /// bytes past the last one are no address) that has bytes in `from..to`
 /// and differs from `held`'s, unless zero; then copy those bytes of `new`
@@ -743,6 +766,7 @@ mod tests {
                 sp: 0x8000,
                 time: 1,
                 stack: &stack,
+                words32: false,
             },
         );
         let one = t.image(&BuildId(vec![1])).unwrap();
@@ -754,6 +778,36 @@ mod tests {
         t.touch(&m, 1, [(0x1100, true)]);
         assert_eq!(touched(&t), [1]);
         assert!(t.image(&BuildId(vec![1])).unwrap().lookups().is_empty());
+    }
+
+    #[test]
+    fn a_32_bit_stack_is_looked_up_in_4_byte_words() {
+        let m = maps(&[map(1, 0x1000, 0x2000, 1)]);
+        // Two return addresses in one 8-byte word, then one in the high
+        // half of a word whose low half is no code.
+        let stack: Vec<u8> = [0x1234u32, 0x1801, 0x9999, 0x1a01]
+            .iter()
+            .flat_map(|x| x.to_le_bytes())
+            .collect();
+        let lookups = |words32| {
+            let mut t = Touched::new(true);
+            let s = SampleRefs {
+                pid: 1,
+                tid: 7,
+                ip: 0x1100,
+                lr: None,
+                callchain: &[],
+                sp: 0x8000,
+                time: 1,
+                stack: &stack,
+                words32,
+            };
+            t.sample(&m, None, &s);
+            t.image(&BuildId(vec![1])).unwrap().lookups()
+        };
+        assert_eq!(lookups(true), [0x1100, 0x1233, 0x1800, 0x1a00]);
+        // As 8-byte words they are no addresses.
+        assert_eq!(lookups(false), [0x1100]);
     }
 
     #[test]
@@ -775,6 +829,7 @@ mod tests {
                     sp,
                     time: 1,
                     stack: &stack,
+                    words32: false,
                 },
             );
         };
@@ -831,6 +886,7 @@ mod tests {
                 sp: 0x8000,
                 time: 1,
                 stack: &stack,
+                words32: false,
             },
         );
         assert!(touched(&t).is_empty());
@@ -864,6 +920,7 @@ mod tests {
                     sp: 0x8000,
                     time,
                     stack: &stack,
+                    words32: false,
                 },
             )
         };
@@ -919,6 +976,7 @@ mod tests {
                 sp: 0x8000,
                 time: 1,
                 stack: &stack,
+                words32: false,
             },
         );
         assert_eq!(touched(&t), [1, 3]);
@@ -988,6 +1046,7 @@ mod tests {
             sp: 0x7000,
             time: 5,
             stack,
+            words32: false,
         };
         let rebuilt = |words: Vec<(u32, u64)>| Rebuilt {
             base: Some(3),
@@ -1066,6 +1125,7 @@ mod tests {
             sp,
             time: 5,
             stack: &stack,
+            words32: false,
         };
         let first = t.sample(&maps(&list), None, &refs(10));
         let other = t.sample(&maps(&list), None, &refs(11));

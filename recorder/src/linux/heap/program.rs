@@ -27,6 +27,9 @@ const GO_HEAP: &str = "the Go runtime's garbage-collected heap";
 pub(crate) enum Escape {
     /// No `PT_INTERP`: nothing is preloaded, nothing is sampled.
     StaticallyLinked,
+    /// A 32-bit program, whose dynamic loader cannot load the 64-bit
+    /// sampler: nothing is sampled.
+    ThirtyTwoBit,
     /// The program's own `malloc` is found first: nothing is sampled.
     OwnMalloc,
     /// An allocator linked in under other names: what it hands out is
@@ -44,6 +47,10 @@ impl Escape {
                                          which a static program does not run)"
                     .into()
             }
+            Escape::ThirtyTwoBit => "is a 32-bit program: no allocation will be recorded (the \
+                                     allocation sampler is a 64-bit library, which the dynamic \
+                                     loader of a 32-bit program cannot load)"
+                .into(),
             Escape::OwnMalloc => "defines malloc itself: no allocation will be recorded (its own \
                                   malloc is found before the allocation sampler's)"
                 .into(),
@@ -56,11 +63,14 @@ impl Escape {
 }
 
 /// Look at the ELF file `program` for an [`Escape`]. Anything that is not
-/// a 64-bit ELF file (a script, which starts a dynamic interpreter) or
-/// cannot be read gives `None`.
+/// an ELF file (a script, which starts a dynamic interpreter) or cannot be
+/// read gives `None`.
 pub(crate) fn check(program: &Path) -> Option<Escape> {
     let file = std::fs::File::open(program).ok()?;
     let cache = ReadCache::new(file);
+    if object::FileKind::parse(&cache).ok()? == object::FileKind::Elf32 {
+        return Some(Escape::ThirtyTwoBit);
+    }
     let elf = ElfFile64::<object::Endianness, _>::parse(&cache).ok()?;
     let endian = elf.endian();
     let has_interp = elf
@@ -100,6 +110,21 @@ mod tests {
         assert_eq!(check(Path::new("/nonexistent")), None);
         // This test binary: dynamic, Rust's allocator is malloc.
         assert_eq!(check(&std::env::current_exe().unwrap()), None);
+    }
+
+    #[test]
+    fn a_32_bit_program_is_named() {
+        let dir = std::env::temp_dir().join(format!("lrnprof-test-elf32-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("elf32");
+        // An ELF identification: 32-bit, little endian, version 1.
+        let mut bytes = vec![0x7f, b'E', b'L', b'F', 1, 1, 1];
+        bytes.resize(64, 0);
+        std::fs::write(&path, bytes).unwrap();
+        let found = check(&path);
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert_eq!(found, Some(Escape::ThirtyTwoBit));
+        assert!(Escape::ThirtyTwoBit.reason().contains("32-bit"));
     }
 
     #[test]

@@ -1,0 +1,123 @@
+//! 32-bit x86 programs (i386 processes on x86-64): the recorder flags
+//! their samples `ABI_32` and looks up their 4-byte stack words, and the
+//! analyzer unwinds them by their images' `.eh_frame` (framehop has no
+//! i386 unwinder), locally and offline (`tests/fixtures/an_i386.c`, built
+//! with `gcc -m32`).
+
+use super::*;
+use lrnprof_format::{Record, SampleFlags};
+
+/// Build the fixture with `gcc -m32` into `dir/an_i386`; `None` where gcc
+/// cannot build 32-bit programs here (Debian: `gcc-multilib`).
+fn build_i386(dir: &Path) -> Option<PathBuf> {
+    let exe = dir.join("an_i386");
+    let out = Command::new("gcc")
+        .args(["-m32", "-Wl,--build-id"])
+        .args(NO_FP)
+        .arg("-o")
+        .arg(&exe)
+        .arg(lrnprof_tests::fixture_source("an_i386.c"))
+        .output()
+        .ok()?;
+    out.status.success().then_some(exe)
+}
+
+#[test]
+fn stacks_of_a_32_bit_program_reach_the_root_locally_and_offline() {
+    require_perf!();
+    let dir = scratch_dir("an-i386");
+    let Some(exe) = build_i386(&dir) else {
+        skip!("gcc -m32 cannot build 32-bit programs here (Debian: gcc-multilib)");
+    };
+    let trace = record(&dir, "i386", &[], &exe, &["600"]);
+
+    // Every sample of the program is flagged as 32-bit.
+    let reader = TraceReader::open(&trace).unwrap();
+    let (mut flagged, mut samples) = (0, 0);
+    for r in reader.records() {
+        if let Record::Sample(s) = r.unwrap() {
+            samples += 1;
+            flagged += u64::from(s.flags.contains(SampleFlags::ABI_32));
+        }
+    }
+    assert!(
+        samples > 100 && flagged == samples,
+        "{flagged} of {samples}"
+    );
+
+    let i = info(&trace, &[]);
+    // Before the i386 unwinder: each stack was its leaf alone, counted as
+    // reaching the root.
+    assert!(root_pct(&i) >= 95.0, "{i}");
+    let f = folded(&trace, &[]);
+    for phase in ["i386_sort", "i386_copy", "i386_deep", "i386_write"] {
+        assert!(
+            calls(&f, "", "main", phase) >= 5,
+            "main -> {phase}: {}",
+            hottest(&f)
+        );
+    }
+    // Through 32-bit libc: qsort calling back (its merge sort recursing),
+    // and memcpy, whose CFI misses a push.
+    let under_sort: u64 = f
+        .iter()
+        .filter(|(s, _)| s.last().is_some_and(|l| l == "by_value"))
+        .filter(|(s, _)| s.windows(3).any(|w| w == ["main", "i386_sort", "qsort"]))
+        .map(|(_, c)| c)
+        .sum();
+    assert!(under_sort >= 5, "{}", hottest(&f));
+    let copies: u64 = f
+        .iter()
+        .filter(|(s, _)| s.windows(2).any(|w| w == ["main", "i386_copy"]))
+        .map(|(_, c)| c)
+        .sum();
+    assert!(copies >= 20, "{}", hottest(&f));
+    // The recursion, 150 calls deep (gcc may fold a level or two), from
+    // main.
+    let deep = f
+        .iter()
+        .filter(|(s, _)| s.last().is_some_and(|l| l == "i386_deep_leaf"))
+        .filter(|(s, _)| s.iter().any(|x| x == "main"))
+        .map(|(s, _)| s.iter().filter(|x| *x == "i386_deep").count())
+        .max()
+        .unwrap_or(0);
+    assert!(deep >= 140, "{}", hottest(&f));
+    // The thread, from its start.
+    assert!(
+        ending_with(&f, &["i386_worker", "i386_spin"]) >= 20,
+        "{}",
+        hottest(&f)
+    );
+    // No stack goes through a made-up frame in the first page.
+    assert!(
+        !f.keys()
+            .flatten()
+            .any(|x| x.len() <= 5 && x.starts_with("0x")),
+        "{}",
+        hottest(&f)
+    );
+
+    // Offline, from the data the recorder embedded: the same profile.
+    assert_eq!(folded(&trace, &["--offline"]), f);
+    remove_scratch_dir(&dir);
+}
+
+/// The 30 stacks with the most samples, one per line, runs of a
+/// recursion shortened: for failure messages.
+fn hottest(f: &BTreeMap<Vec<String>, u64>) -> String {
+    let mut v: Vec<(&Vec<String>, &u64)> = f.iter().collect();
+    v.sort_by(|a, b| b.1.cmp(a.1));
+    v.iter()
+        .take(30)
+        .map(|(s, c)| {
+            let mut line: Vec<&str> = Vec::new();
+            for x in s.iter() {
+                if line.last() != Some(&x.as_str()) {
+                    line.push(x);
+                }
+            }
+            format!("{c} {}", line.join(";"))
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
