@@ -14,34 +14,100 @@ use crate::Arch;
 use std::fmt;
 use std::str::FromStr;
 
-/// The name of syscall `nr` on `arch` (`write`, `openat`), if it has one.
-pub fn syscall_name(arch: Arch, nr: u32) -> Option<&'static str> {
-    let nr = usize::try_from(nr).ok()?;
-    match arch {
-        Arch::X86_64 => syscalls::x86_64::Sysno::new(nr).map(|s| s.name()),
-        Arch::Aarch64 => syscalls::aarch64::Sysno::new(nr).map(|s| s.name()),
+/// Whose numbering a syscall number is in: a trace architecture's, or that
+/// of the 32-bit processes it runs, whose samples are flagged
+/// [`SampleFlags::ABI_32`](crate::SampleFlags::ABI_32) (i386 on x86-64,
+/// AArch32 on AArch64). An [`Arch`] stands for its own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum SyscallAbi {
+    /// x86-64.
+    X86_64,
+    /// 32-bit x86 processes on x86-64.
+    I386,
+    /// AArch64.
+    Aarch64,
+    /// 32-bit Arm (EABI) processes on AArch64.
+    Arm,
+}
+
+impl SyscallAbi {
+    /// The numbering of `arch`'s processes, or with `abi32` of its 32-bit
+    /// ones.
+    pub fn of(arch: Arch, abi32: bool) -> SyscallAbi {
+        match (arch, abi32) {
+            (Arch::X86_64, false) => SyscallAbi::X86_64,
+            (Arch::X86_64, true) => SyscallAbi::I386,
+            (Arch::Aarch64, false) => SyscallAbi::Aarch64,
+            (Arch::Aarch64, true) => SyscallAbi::Arm,
+        }
+    }
+
+    /// Whether this is a 32-bit numbering.
+    pub fn is_32(self) -> bool {
+        matches!(self, SyscallAbi::I386 | SyscallAbi::Arm)
+    }
+
+    /// Its name (`x86_64`, `i386`, `aarch64`, `arm`).
+    pub fn name(self) -> &'static str {
+        match self {
+            SyscallAbi::X86_64 => "x86_64",
+            SyscallAbi::I386 => "i386",
+            SyscallAbi::Aarch64 => "aarch64",
+            SyscallAbi::Arm => "arm",
+        }
     }
 }
 
-/// The number of the syscall called `name` on `arch`, if there is one.
-pub fn syscall_number(arch: Arch, name: &str) -> Option<u32> {
-    let id = match arch {
-        Arch::X86_64 => syscalls::x86_64::Sysno::from_str(name).ok()?.id(),
-        Arch::Aarch64 => syscalls::aarch64::Sysno::from_str(name).ok()?.id(),
+impl From<Arch> for SyscallAbi {
+    fn from(arch: Arch) -> SyscallAbi {
+        SyscallAbi::of(arch, false)
+    }
+}
+
+/// `$body` with `Sysno` the `syscalls` crate's type of `$abi`.
+macro_rules! with_sysno {
+    ($abi:expr, $body:expr) => {
+        match $abi {
+            SyscallAbi::X86_64 => {
+                use syscalls::x86_64::Sysno;
+                $body
+            }
+            SyscallAbi::I386 => {
+                use syscalls::x86::Sysno;
+                $body
+            }
+            SyscallAbi::Aarch64 => {
+                use syscalls::aarch64::Sysno;
+                $body
+            }
+            SyscallAbi::Arm => {
+                use syscalls::arm::Sysno;
+                $body
+            }
+        }
     };
+}
+
+/// The name of syscall `nr` in `abi`'s numbering (an [`Arch`] or a
+/// [`SyscallAbi`]): `write`, `openat`, if it has one.
+pub fn syscall_name(abi: impl Into<SyscallAbi>, nr: u32) -> Option<&'static str> {
+    let nr = usize::try_from(nr).ok()?;
+    with_sysno!(abi.into(), Sysno::new(nr).map(|s| s.name()))
+}
+
+/// The number of the syscall called `name` in `abi`'s numbering, if there
+/// is one.
+pub fn syscall_number(abi: impl Into<SyscallAbi>, name: &str) -> Option<u32> {
+    let id = with_sysno!(abi.into(), Sysno::from_str(name).ok()?.id());
     u32::try_from(id).ok()
 }
 
-/// Every syscall of `arch` as (number, name), by number.
-pub fn syscall_table(arch: Arch) -> Vec<(u32, &'static str)> {
-    match arch {
-        Arch::X86_64 => syscalls::x86_64::Sysno::iter()
-            .map(|s| (s.id() as u32, s.name()))
-            .collect(),
-        Arch::Aarch64 => syscalls::aarch64::Sysno::iter()
-            .map(|s| (s.id() as u32, s.name()))
-            .collect(),
-    }
+/// Every syscall of `abi` as (number, name), by number.
+pub fn syscall_table(abi: impl Into<SyscallAbi>) -> Vec<(u32, &'static str)> {
+    with_sysno!(
+        abi.into(),
+        Sysno::iter().map(|s| (s.id() as u32, s.name())).collect()
+    )
 }
 
 /// A group of related syscalls, as strace groups them for its `-e trace=`
@@ -103,12 +169,14 @@ impl SyscallClass {
         self.members().contains(&name)
     }
 
-    /// The numbers of the class's syscalls on `arch`, ascending.
-    pub fn numbers(self, arch: Arch) -> Vec<u32> {
+    /// The numbers of the class's syscalls in `abi`'s numbering,
+    /// ascending.
+    pub fn numbers(self, abi: impl Into<SyscallAbi>) -> Vec<u32> {
+        let abi = abi.into();
         let mut v: Vec<u32> = self
             .members()
             .iter()
-            .filter_map(|n| syscall_number(arch, n))
+            .filter_map(|n| syscall_number(abi, n))
             .collect();
         v.sort_unstable();
         v.dedup();
@@ -156,13 +224,31 @@ impl fmt::Display for UnknownSyscall {
     }
 }
 
-/// The syscall numbers of `arch` that a comma-separated list of syscall
+/// The syscall numbers of `abi` that a comma-separated list of syscall
 /// names and classes (`write,openat,%network`) selects, ascending. A word
 /// that is both a syscall's name and a class's is the syscall, unless
 /// written with `%`.
 pub fn resolve_syscall_filter<'a>(
-    arch: Arch,
+    abi: impl Into<SyscallAbi>,
     words: impl IntoIterator<Item = &'a str>,
+) -> Result<Vec<u32>, UnknownSyscall> {
+    resolve(abi.into(), words, false)
+}
+
+/// [`resolve_syscall_filter`] for another numbering than the one the
+/// words were checked against: a word that names nothing of `abi`
+/// selects nothing (the 32-bit numberings lack some 64-bit calls).
+pub fn resolve_known_syscalls<'a>(
+    abi: impl Into<SyscallAbi>,
+    words: impl IntoIterator<Item = &'a str>,
+) -> Vec<u32> {
+    resolve(abi.into(), words, true).unwrap_or_default()
+}
+
+fn resolve<'a>(
+    abi: SyscallAbi,
+    words: impl IntoIterator<Item = &'a str>,
+    lenient: bool,
 ) -> Result<Vec<u32>, UnknownSyscall> {
     let mut numbers = Vec::new();
     for word in words
@@ -172,13 +258,14 @@ pub fn resolve_syscall_filter<'a>(
         .filter(|w| !w.is_empty())
     {
         if !word.starts_with('%') {
-            if let Some(nr) = syscall_number(arch, word) {
+            if let Some(nr) = syscall_number(abi, word) {
                 numbers.push(nr);
                 continue;
             }
         }
         match SyscallClass::from_str(word) {
-            Ok(class) => numbers.extend(class.numbers(arch)),
+            Ok(class) => numbers.extend(class.numbers(abi)),
+            Err(()) if lenient => {}
             Err(()) => {
                 return Err(UnknownSyscall {
                     word: word.to_string(),
@@ -410,6 +497,23 @@ mod tests {
         let table = syscall_table(Arch::X86_64);
         assert!(table.len() > 300);
         assert!(table.windows(2).all(|w| w[0].0 < w[1].0));
+    }
+
+    #[test]
+    fn names_and_numbers_of_32_bit_processes() {
+        let i386 = SyscallAbi::of(Arch::X86_64, true);
+        assert_eq!(i386, SyscallAbi::I386);
+        assert_eq!(syscall_name(i386, 4), Some("write"));
+        assert_eq!(syscall_name(Arch::X86_64, 4), Some("stat"));
+        assert_eq!(syscall_number(i386, "socketcall"), Some(102));
+        let arm = SyscallAbi::of(Arch::Aarch64, true);
+        assert_eq!(syscall_name(arm, 4), Some("write"));
+        assert!(arm.is_32() && !SyscallAbi::from(Arch::Aarch64).is_32());
+        // A 64-bit-only call selects nothing there; the rest still do.
+        assert_eq!(syscall_number(i386, "newfstatat"), None);
+        assert_eq!(resolve_known_syscalls(i386, ["newfstatat,write"]), [4]);
+        assert!(resolve_syscall_filter(i386, ["newfstatat"]).is_err());
+        assert!(resolve_known_syscalls(i386, ["%file"]).contains(&5)); // open
     }
 
     #[test]

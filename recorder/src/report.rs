@@ -159,6 +159,13 @@ pub enum RecordWarning {
         /// Their pids and names, if known.
         processes: Vec<(u32, Option<String>)>,
     },
+    /// `--syscall-filter` chose the calls of 32-bit processes (i386 on
+    /// x86-64) by the recorder's 64-bit syscall numbers, which are other
+    /// calls in their numbering.
+    SyscallFilter32Bit {
+        /// Their pids and names, if known.
+        processes: Vec<(u32, Option<String>)>,
+    },
     /// `--pid` named a thread of another process (a thread id, as `top -H`
     /// shows): the whole process is recorded.
     ThreadOfProcess {
@@ -241,6 +248,24 @@ impl fmt::Display for RecordWarning {
                     "the kernel hides its symbol addresses (kernel.kptr_restrict{setting}): kernel \
                      frames will show as bare addresses; record as root with kptr_restrict 1 or \
                      lower, or lower it with `sudo sysctl kernel.kptr_restrict=0`"
+                )
+            }
+            RecordWarning::SyscallFilter32Bit { processes } => {
+                let named: Vec<String> = processes
+                    .iter()
+                    .map(|(pid, name)| match name {
+                        Some(n) => format!("{n} (pid {pid})"),
+                        None => format!("pid {pid}"),
+                    })
+                    .collect();
+                write!(
+                    f,
+                    "{} {} 32-bit code: --syscall-filter chose its calls by their 64-bit numbers, \
+                     which are other calls in a 32-bit process (the trace names them as they \
+                     are); record without --syscall-filter and choose calls with \
+                     `lrnprof-analyze syscalls --syscall`",
+                    named.join(", "),
+                    if processes.len() == 1 { "runs" } else { "run" }
                 )
             }
             RecordWarning::StillRunning { processes } => {

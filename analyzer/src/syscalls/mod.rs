@@ -25,8 +25,8 @@ use crate::symbolicate::symbolicate;
 use crate::tallies::CallCounts;
 use crate::unwind::ArchCache;
 use lrnprof_format::{
-    errno_name, is_syscall_error, resolve_syscall_filter, syscall_name, Pid, SampleDetail,
-    SampleKind, Tid, Timestamp, TraceReader,
+    errno_name, is_syscall_error, resolve_known_syscalls, resolve_syscall_filter, syscall_name,
+    Pid, SampleDetail, SampleFlags, SampleKind, SyscallAbi, Tid, Timestamp, TraceReader,
 };
 use rayon::prelude::*;
 use serde::Serialize;
@@ -90,10 +90,14 @@ pub struct SyscallReport {
 /// One syscall's calls.
 #[derive(Debug, Clone, Serialize)]
 pub struct SyscallStats {
-    /// Its name (`syscall_NR` when the trace's architecture has none).
+    /// Its name (`syscall_NR` when its numbering has none); for calls of
+    /// 32-bit processes followed by the numbering, as in `write (i386)`.
     pub syscall: String,
-    /// Its number on the trace's architecture.
+    /// Its number in the numbering of the processes that made the calls.
     pub nr: u32,
+    /// That numbering: the trace architecture's (`x86_64`, `aarch64`), or
+    /// its 32-bit processes' (`i386`, `arm`).
+    pub abi: &'static str,
     /// Calls.
     pub calls: u64,
     /// Calls that returned an error (`-4095..=-1`).
@@ -173,9 +177,43 @@ pub struct SlowCall {
     pub site: CallSite,
 }
 
+/// A syscall: its number, and whether a 32-bit process made it (then
+/// the number is in that numbering).
+type Nr = (bool, u32);
+
+/// The syscalls a `--syscall` filter keeps, in the trace architecture's
+/// numbering and in its 32-bit processes'.
+struct Keep {
+    all: bool,
+    native: Vec<u32>,
+    abi32: Vec<u32>,
+}
+
+impl Keep {
+    fn new(arch: lrnprof_format::Arch, words: &[String]) -> Result<Keep, AnalyzeError> {
+        let words = || words.iter().map(String::as_str);
+        let native = resolve_syscall_filter(arch, words())
+            .map_err(|e| AnalyzeError::SyscallFilter(e.to_string()))?;
+        Ok(Keep {
+            all: native.is_empty(),
+            native,
+            abi32: resolve_known_syscalls(SyscallAbi::of(arch, true), words()),
+        })
+    }
+
+    fn keeps(&self, (abi32, nr): Nr) -> bool {
+        let list = if abi32 { &self.abi32 } else { &self.native };
+        self.all || list.binary_search(&nr).is_ok()
+    }
+
+    fn is_all(&self) -> bool {
+        self.all
+    }
+}
+
 /// One call as collected: its syscall, where and what became of it.
 struct Call {
-    nr: u32,
+    nr: Nr,
     site: Option<FrameKey>,
     pid: Pid,
     tid: Tid,
@@ -198,8 +236,7 @@ pub fn syscall_report(
         return Err(AnalyzeError::NoSyscalls);
     }
     let arch = reader.header().arch;
-    let keep_nrs = resolve_syscall_filter(arch, options.syscalls.iter().map(String::as_str))
-        .map_err(|e| AnalyzeError::SyscallFilter(e.to_string()))?;
+    let keep_nrs = Keep::new(arch, &options.syscalls)?;
     let pool = pool(options.analyze.jobs)?;
     let report = pool.install(|| {
         let prepared = prepare(&reader, &options.analyze, progress, &|b| {
@@ -208,12 +245,12 @@ pub fn syscall_report(
         let mut calls = collect(&reader, &prepared, options, &keep_nrs, progress);
         let tallied = tallied(&prepared, options, &keep_nrs);
         for c in &mut calls {
-            c.weight = prepared.timeline.tallies.weight(&(c.pid, c.tid, c.nr));
+            c.weight = prepared.timeline.tallies.weight(&(c.pid, c.tid, c.nr.1));
         }
         build(prepared, calls, tallied, options, progress)
     });
     progress.finish();
-    if report.calls == 0 && (!keep_nrs.is_empty() || options.analyze.filter != Default::default()) {
+    if report.calls == 0 && (!keep_nrs.is_all() || options.analyze.filter != Default::default()) {
         let mut what = options.analyze.filter.describe();
         if !options.syscalls.is_empty() {
             what = format!("{what}, syscalls {}", options.syscalls.join(","));
@@ -228,7 +265,7 @@ fn collect(
     reader: &TraceReader<TraceBytes>,
     prepared: &Prepared,
     options: &SyscallReportOptions,
-    keep_nrs: &[u32],
+    keep_nrs: &Keep,
     progress: &dyn Progress,
 ) -> Vec<Call> {
     let total = reader.blocks().len() as u64;
@@ -236,7 +273,7 @@ fn collect(
     let keep = |s: &lrnprof_format::Sample| match s.detail {
         SampleDetail::Syscall { nr, .. } => {
             s.kind == SampleKind::Syscall
-                && (keep_nrs.is_empty() || keep_nrs.binary_search(&nr).is_ok())
+                && keep_nrs.keeps((s.flags.contains(SampleFlags::ABI_32), nr))
                 && prepared.selected(&options.analyze.filter, s)
         }
         _ => false,
@@ -260,7 +297,9 @@ fn collect(
                     };
                     Call {
                         nr: match s.detail {
-                            SampleDetail::Syscall { nr, .. } => nr,
+                            SampleDetail::Syscall { nr, .. } => {
+                                (s.flags.contains(SampleFlags::ABI_32), nr)
+                            }
                             _ => unreachable!("only syscall entries are kept"),
                         },
                         site: call_site(prepared, &keys),
@@ -281,20 +320,27 @@ fn collect(
 }
 
 /// Per syscall, what the selected tallies counted beyond the recorded
-/// calls (their calls minus their recorded calls, and so on).
+/// calls (their calls minus their recorded calls, and so on). A tally's
+/// calls are a 32-bit process's when any of its samples were.
 fn tallied(
     prepared: &Prepared,
     options: &SyscallReportOptions,
-    keep_nrs: &[u32],
-) -> BTreeMap<u32, CallCounts> {
+    keep_nrs: &Keep,
+) -> BTreeMap<Nr, CallCounts> {
     let filter = &options.analyze.filter;
+    let abi32 = |pid: Pid| {
+        prepared
+            .timeline
+            .processes
+            .get(&pid)
+            .is_some_and(|p| p.abi32)
+    };
     let selected = prepared.timeline.tallies.selected(|pid, tid, nr, time| {
-        (keep_nrs.is_empty() || keep_nrs.binary_search(&nr).is_ok())
-            && prepared.selected_at(filter, pid, tid, time)
+        keep_nrs.keeps((abi32(pid), nr)) && prepared.selected_at(filter, pid, tid, time)
     });
-    let mut out: BTreeMap<u32, CallCounts> = BTreeMap::new();
-    for ((_, _, nr), t) in selected {
-        let o = out.entry(nr).or_default();
+    let mut out: BTreeMap<Nr, CallCounts> = BTreeMap::new();
+    for ((pid, _, nr), t) in selected {
+        let o = out.entry((abi32(pid), nr)).or_default();
         o.calls += t.calls.saturating_sub(t.sampled_calls);
         o.finished += t.finished.saturating_sub(t.sampled_finished);
         o.errors += t.errors.saturating_sub(t.sampled_errors);
@@ -340,7 +386,7 @@ fn is_system_wrapper(path: &str) -> bool {
 fn build(
     prepared: Prepared,
     calls: Vec<Call>,
-    tallied: BTreeMap<u32, CallCounts>,
+    tallied: BTreeMap<Nr, CallCounts>,
     options: &SyscallReportOptions,
     progress: &dyn Progress,
 ) -> SyscallReport {
@@ -383,7 +429,7 @@ fn build(
 
     let arch = prepared.timeline.header.arch;
     let start = prepared.timeline.header.start_time;
-    let mut per_nr: BTreeMap<u32, Vec<&Call>> = BTreeMap::new();
+    let mut per_nr: BTreeMap<Nr, Vec<&Call>> = BTreeMap::new();
     for c in &calls {
         per_nr.entry(c.nr).or_default().push(c);
     }
@@ -512,7 +558,7 @@ fn failed(c: &Call) -> bool {
 /// (`extra`).
 fn syscall_stats(
     arch: lrnprof_format::Arch,
-    nr: u32,
+    (abi32, nr): Nr,
     calls: &[&Call],
     extra: &CallCounts,
     grand_total: u64,
@@ -528,9 +574,15 @@ fn syscall_stats(
     let total_ns: u64 = calls.iter().map(|c| c.duration_ns).sum::<u64>() + extra.total_ns;
     let n = calls.len() as u64 + extra.calls;
     let finished = calls.iter().filter(|c| c.ret.is_some()).count() as u64 + extra.finished;
+    let abi = SyscallAbi::of(arch, abi32);
+    let mut syscall = syscall_name(abi, nr).map_or_else(|| format!("syscall_{nr}"), str::to_string);
+    if abi.is_32() {
+        syscall = format!("{syscall} ({})", abi.name());
+    }
     SyscallStats {
-        syscall: syscall_name(arch, nr).map_or_else(|| format!("syscall_{nr}"), str::to_string),
+        syscall,
         nr,
+        abi: abi.name(),
         calls: n,
         errors,
         errnos,

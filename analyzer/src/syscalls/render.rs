@@ -226,6 +226,7 @@ mod tests {
             syscalls: vec![SyscallStats {
                 syscall: "openat".into(),
                 nr: 257,
+                abi: "x86_64",
                 calls: 4,
                 errors: 3,
                 errnos: BTreeMap::from([("ENOENT".to_string(), 3)]),

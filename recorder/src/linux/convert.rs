@@ -29,7 +29,7 @@ use lrnprof_format::{
 };
 use lrnprof_image::{EmbedLevel, FrameCache};
 use std::borrow::Cow;
-use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -207,6 +207,11 @@ pub(crate) struct Converter {
     /// Processes of the recorded tree that have not exited: those left
     /// when the launched command exits run on unrecorded.
     running: BTreeSet<u32>,
+    /// `--syscall-filter` chose syscalls by the recorder's own numbers.
+    syscall_filter: bool,
+    /// 32-bit processes whose calls it chose by those numbers, which are
+    /// other calls in theirs (see [`RecordWarning::SyscallFilter32Bit`]).
+    filtered_32: BTreeMap<u32, Option<String>>,
     regions: HashMap<u32, Regions>,
     images: Images,
     /// Records that could not be parsed.
@@ -347,6 +352,8 @@ impl Converter {
             launched_root: None,
             root_exited: false,
             running: BTreeSet::new(),
+            syscall_filter: false,
+            filtered_32: BTreeMap::new(),
             regions: HashMap::new(),
             images: Images::new(embed),
             malformed: 0,
@@ -370,6 +377,13 @@ impl Converter {
             .iter()
             .find(|(r, _)| *r == role)
             .map_or(0, |(_, n)| *n)
+    }
+
+    /// Syscalls are chosen by `--syscall-filter`, by the numbers of the
+    /// recorder's architecture.
+    pub fn with_syscall_filter(mut self) -> Converter {
+        self.syscall_filter = true;
+        self
     }
 
     /// Allocation sampling is on; `explained`: a warning has already said
@@ -739,6 +753,13 @@ impl Converter {
             system
                 .kernel_addresses
                 .extend(s.kernel_callchain.iter().copied());
+        }
+        if s.role == Role::SyscallEnter && s.abi32 && self.syscall_filter {
+            const NAMED: usize = 16;
+            if self.filtered_32.len() < NAMED && !self.filtered_32.contains_key(&s.pid) {
+                let name = self.names.get(&s.pid).cloned();
+                self.filtered_32.insert(s.pid, name);
+            }
         }
         let (kind, weight, detail) = match s.role {
             Role::Cpu => (self.sample_kind, s.period, SampleDetail::None),
@@ -1238,6 +1259,11 @@ impl Convert for Converter {
         }
         if let Some(heap) = &self.heap {
             heap.warnings(warnings);
+        }
+        if !self.filtered_32.is_empty() {
+            warnings.push(RecordWarning::SyscallFilter32Bit {
+                processes: std::mem::take(&mut self.filtered_32).into_iter().collect(),
+            });
         }
         if self.root_exited && self.system.is_none() {
             let running: Vec<(u32, Option<String>)> = self

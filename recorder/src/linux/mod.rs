@@ -341,6 +341,13 @@ pub(crate) fn record(
         stack_sizes: plan.specs.iter().map(|s| (s.role, s.stack_size)).collect(),
         page_size: page_size as u64,
     });
+    if options
+        .syscalls
+        .as_ref()
+        .is_some_and(|sc| !sc.filter.is_empty())
+    {
+        converter = converter.with_syscall_filter();
+    }
     if heap.is_some() {
         let explained = matches!(
             escape,

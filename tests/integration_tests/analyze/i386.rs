@@ -121,3 +121,40 @@ fn hottest(f: &BTreeMap<Vec<String>, u64>) -> String {
         .collect::<Vec<_>>()
         .join("\n")
 }
+
+#[test]
+fn system_calls_of_a_32_bit_program_are_named_by_its_own_numbers() {
+    require_perf!();
+    lrnprof_tests::require_tracing!();
+    let dir = scratch_dir("an-i386-syscalls");
+    let Some(exe) = build_i386(&dir) else {
+        skip!("gcc -m32 cannot build 32-bit programs here (Debian: gcc-multilib)");
+    };
+    let trace = record(&dir, "calls", &["--syscalls"], &exe, &["100"]);
+    let json = String::from_utf8(ok(&["syscalls", trace.to_str().unwrap(), "--json"]).stdout)
+        .expect("UTF-8");
+    // i386's write is 4, x86-64's 4 is stat: before, every write of the
+    // fixture was reported as stat.
+    assert!(json.contains("\"syscall\": \"write (i386)\""), "{json}");
+    assert!(!json.contains("\"syscall\": \"stat\""), "{json}");
+    // Its call site, from the 32-bit stack at the call's entry.
+    let text =
+        String::from_utf8(ok(&["syscalls", trace.to_str().unwrap(), "--syscall", "write"]).stdout)
+            .expect("UTF-8");
+    assert!(text.contains("i386_write (an_i386.c:"), "{text}");
+
+    // --syscall-filter chooses by 64-bit numbers: said, for the process.
+    let (_, out) = record_output(
+        &dir,
+        "filtered",
+        &["--syscall-filter", "write"],
+        &exe,
+        &["100"],
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("runs 32-bit code: --syscall-filter chose its calls by their 64-bit"),
+        "{stderr}"
+    );
+    remove_scratch_dir(&dir);
+}
