@@ -171,6 +171,9 @@ pub struct ThreadInfo {
     pub tid: u32,
     /// Last known name.
     pub name: Option<String>,
+    /// Names it had before that during the recording, oldest first
+    /// (`--thread-name` selects by each for its time).
+    pub earlier_names: Vec<String>,
     /// Samples.
     pub samples: u64,
     /// Samples that unwound to the root.
@@ -220,6 +223,7 @@ impl TraceInfo {
                     pid: t.pid.0,
                     tid: t.tid.0,
                     name: t.name.clone(),
+                    earlier_names: t.earlier_names.clone(),
                     samples: t.trace_samples,
                     root_samples: t.root_samples,
                     idle_ticks: t.idle_ticks,
@@ -375,9 +379,13 @@ impl TraceInfo {
             } else {
                 format!("  (idle at {} ticks, not sampled)", t.idle_ticks)
             };
+            let before = match t.earlier_names.is_empty() {
+                true => String::new(),
+                false => format!(" (before: {})", t.earlier_names.join(", ")),
+            };
             let _ = writeln!(
                 s,
-                "  {:>7} {:>7} {:>8} {:>5.1}%  {}{idle}",
+                "  {:>7} {:>7} {:>8} {:>5.1}%  {}{before}{idle}",
                 t.pid,
                 t.tid,
                 t.samples,

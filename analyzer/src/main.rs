@@ -195,7 +195,8 @@ struct SelectArgs {
     /// Only this thread.
     #[arg(long)]
     tid: Option<u32>,
-    /// Only threads with this name.
+    /// Only threads with this name (while they had it: a thread renamed
+    /// during the recording is selected by each name for its time).
     #[arg(long, value_name = "NAME")]
     thread_name: Option<String>,
     /// Only processes with this name (their main thread's, as `ps -o comm`

@@ -382,7 +382,11 @@ impl Prepared {
                 .and_then(|t| t.name.as_ref())
         };
         if let Some(name) = &f.thread_name {
-            if name_of(pid, tid) != Some(name) {
+            // The name the thread had then: a thread renamed during the
+            // recording (as thread pools name threads after their task)
+            // is selected by each name for its time.
+            let then = self.timeline.threads.get(&(pid, tid));
+            if then.and_then(|t| t.name_at(time)) != Some(name) {
                 return false;
             }
         }

@@ -126,12 +126,55 @@ pub(crate) fn generation_index(generations: &[Generation], time: Timestamp) -> O
 /// What the first pass learnt about a thread.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct ThreadTimeline {
+    /// Its last name.
     pub name: Option<String>,
+    /// Every name it was given, with when, in time order (at most
+    /// [`MAX_NAMES`]; past that, later names only replace `name`).
+    pub names: Vec<(Timestamp, String)>,
     pub samples: u64,
     pub weight: u64,
     pub stack_bytes: u64,
     /// Sampling ticks at which the thread was found idle (`Idle` records).
     pub idle_ticks: u64,
+}
+
+/// Names kept per thread at most: a program that names its threads per
+/// task could rename one thousands of times.
+const MAX_NAMES: usize = 1024;
+
+impl ThreadTimeline {
+    /// The thread was given `name` at `time`.
+    fn named(&mut self, time: Timestamp, name: String) {
+        if self.name.as_ref() == Some(&name) {
+            return;
+        }
+        if self.names.len() < MAX_NAMES {
+            let at = self.names.partition_point(|(t, _)| *t <= time);
+            self.names.insert(at, (time, name.clone()));
+        }
+        self.name = Some(name);
+    }
+
+    /// The name the thread had at `time`: the last given at or before it
+    /// (the first, for a time before any).
+    pub fn name_at(&self, time: Timestamp) -> Option<&String> {
+        if self.names.len() <= 1 {
+            return self.name.as_ref();
+        }
+        let at = self.names.partition_point(|(t, _)| *t <= time);
+        self.names.get(at.saturating_sub(1)).map(|(_, n)| n)
+    }
+
+    /// The names it had before its last one, oldest first, each once.
+    pub fn earlier_names(&self) -> Vec<String> {
+        let mut out: Vec<String> = Vec::new();
+        for (_, n) in &self.names {
+            if Some(n) != self.name.as_ref() && !out.contains(n) {
+                out.push(n.clone());
+            }
+        }
+        out
+    }
 }
 
 /// Everything but the samples' stacks.
@@ -270,7 +313,7 @@ impl Timeline {
             Record::Thread(t) => {
                 let th = self.threads.entry((t.pid, t.tid)).or_default();
                 if let Some(name) = t.name.filter(|n| !n.is_empty()) {
-                    th.name = Some(name);
+                    th.named(t.time, name);
                 }
             }
             Record::ImageMap(m) => {
@@ -482,6 +525,25 @@ impl Timeline {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn a_renamed_thread_has_each_name_for_its_time() {
+        let mut t = ThreadTimeline::default();
+        assert_eq!(t.name_at(Timestamp(5)), None);
+        t.named(Timestamp(10), "main".into());
+        assert_eq!(t.name_at(Timestamp(5)).unwrap(), "main");
+        t.named(Timestamp(20), "loader".into());
+        t.named(Timestamp(20), "loader".into());
+        t.named(Timestamp(30), "main".into());
+        let at = |time| t.name_at(Timestamp(time)).unwrap().as_str();
+        assert_eq!(
+            [at(5), at(10), at(19), at(20), at(29), at(30), at(99)],
+            ["main", "main", "main", "loader", "loader", "main", "main"]
+        );
+        assert_eq!(t.name.as_deref(), Some("main"));
+        assert_eq!(t.earlier_names(), ["loader"]);
+    }
+
     use super::*;
 
     /// The first pass holds an item per record of the blocks in flight: a

@@ -706,6 +706,36 @@ fn output_is_identical_at_any_job_count() {
 }
 
 #[test]
+fn a_renamed_thread_is_selected_by_each_name_for_its_time() {
+    require_perf!();
+    let dir = scratch_dir("an-rename");
+    let exe = build_c(&["an_rename.c"], NO_FP, &dir, "an_rename");
+    let trace = record(&dir, "rename", &[], &exe, &["200"]);
+    let t = trace.to_str().unwrap();
+    let in_phase = |name: &str, phase: &str| -> u64 {
+        folded(&trace, &["--thread-name", name])
+            .iter()
+            .filter(|(s, _)| s.iter().any(|f| f == phase))
+            .map(|(_, c)| c)
+            .sum()
+    };
+    // Before, only the last name selected anything, and all of the
+    // thread's samples.
+    assert!(in_phase("loader", "phase_load") >= 20);
+    assert_eq!(in_phase("loader", "phase_crunch"), 0);
+    assert!(in_phase("cruncher", "phase_crunch") >= 20);
+    assert_eq!(in_phase("cruncher", "phase_load"), 0);
+    // `info` lists the names a thread had.
+    let text = String::from_utf8(ok(&["info", t]).stdout).unwrap();
+    assert!(
+        text.lines()
+            .any(|l| l.contains("cruncher (before: ") && l.contains("loader")),
+        "{text}"
+    );
+    remove_scratch_dir(&dir);
+}
+
+#[test]
 fn default_output_path_and_filters() {
     require_perf!();
     let dir = scratch_dir("an-filters");

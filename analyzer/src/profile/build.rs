@@ -394,6 +394,7 @@ impl ProfileBuilder {
                 pid: *pid,
                 tid: *tid,
                 name: t.name.clone(),
+                earlier_names: t.earlier_names(),
                 trace_samples: t.samples,
                 samples: self.thread_samples[i],
                 values: self.thread_amounts[i].project(&self.value_kinds),

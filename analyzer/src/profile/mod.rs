@@ -78,6 +78,8 @@ pub struct ThreadProfile {
     pub tid: Tid,
     /// Last known name, if any.
     pub name: Option<String>,
+    /// Names it had before that during the recording, oldest first.
+    pub earlier_names: Vec<String>,
     /// Samples of this thread in the trace.
     pub trace_samples: u64,
     /// Samples (events of every kind) kept by the filter.
