@@ -662,6 +662,12 @@ fn output_path(given: Option<PathBuf>, traces: &[&Path], ext: &str) -> Result<(P
         None if *trace == Path::new("-") => anyhow::bail!(
             "the trace comes from standard input: say where the output goes with -o FILE (-o - for standard output)"
         ),
+        // A pipe, a FIFO, /dev/stdin, a shell's <(...): what lies next to
+        // it is no place for an output (/dev/stdin.pb.gz in /dev).
+        None if std::fs::metadata(trace).is_ok_and(|m| !m.is_file()) => anyhow::bail!(
+            "the trace {} is not a file (a pipe?): say where the output goes with -o FILE (-o - for standard output)",
+            trace.display()
+        ),
         None => Ok((default_output_path(trace, ext), true)),
     }
 }

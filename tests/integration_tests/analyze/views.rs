@@ -435,6 +435,32 @@ fn a_trace_from_standard_input() {
             && msg.contains("(the output goes next to the trace unless -o FILE says otherwise)"),
         "{msg}"
     );
+    // A trace that is no file (a pipe as /dev/stdin or /proc/self/fd/0,
+    // a FIFO, a shell's <(...)) has no place next to it either: before,
+    // /dev/stdin's output went into /dev.
+    let mut child = Command::new(lrnprof_analyze())
+        .args(["/proc/self/fd/0", "-f", "folded"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let bytes = std::fs::read(&trace).unwrap();
+    let mut pipe = child.stdin.take().unwrap();
+    // The analyzer may stop reading at any point: a broken pipe is fine.
+    let writer = std::thread::spawn(move || {
+        let _ = std::io::Write::write_all(&mut pipe, &bytes);
+    });
+    let out = child.wait_with_output().unwrap();
+    writer.join().unwrap();
+    let msg = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{msg}");
+    assert!(
+        msg.contains(
+            "the trace /proc/self/fd/0 is not a file (a pipe?): say where the output goes with -o FILE"
+        ),
+        "{msg}"
+    );
     remove_scratch_dir(&dir);
 }
 
