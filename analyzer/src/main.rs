@@ -169,11 +169,11 @@ struct RunArgs {
     #[arg(required = true)]
     trace: Option<PathBuf>,
     /// Output format (default: the one -o's name ends in: .pb.gz, .folded,
-    /// .speedscope.json, .svg, .firefox.json; else pprof).
+    /// .speedscope.json, .svg, .firefox.json, .script.txt; else pprof).
     #[arg(long, short = 'f', value_enum)]
     format: Option<Format>,
     /// Output file, `-` for stdout (default: TRACE.pb.gz / .folded / .speedscope.json / .svg /
-    /// .firefox.json).
+    /// .firefox.json / .script.txt).
     #[arg(long, short = 'o', value_name = "OUT")]
     output: Option<PathBuf>,
     /// Open the result in the browser once written (the flame graph itself; the viewer's
@@ -309,6 +309,9 @@ enum Format {
     Svg,
     /// JSON for the Firefox Profiler (profiler.firefox.com)
     Firefox,
+    /// Every sample as `perf script` prints it, for the tools that read that (also `perf-script`)
+    #[value(alias = "perf-script")]
+    Script,
 }
 
 impl From<Format> for OutputFormat {
@@ -319,6 +322,7 @@ impl From<Format> for OutputFormat {
             Format::Speedscope => OutputFormat::Speedscope,
             Format::Svg => OutputFormat::Svg,
             Format::Firefox => OutputFormat::Firefox,
+            Format::Script => OutputFormat::Script,
         }
     }
 }
@@ -752,8 +756,8 @@ fn open_result(path: &Path, format: OutputFormat) {
             say!("to look at it: go tool pprof -http=: {shown}");
             return;
         }
-        OutputFormat::Folded => {
-            say!("folded stacks are text, nothing to open: {shown}");
+        OutputFormat::Folded | OutputFormat::Script => {
+            say!("this output is text, nothing to open: {shown}");
             return;
         }
     };

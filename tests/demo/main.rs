@@ -139,6 +139,9 @@ fn run() -> Result<()> {
             OutputFormat::Firefox => println!(
                 "Firefox Profiler: {path}\n  open with: https://profiler.firefox.com (\"Load a profile from file\")"
             ),
+            OutputFormat::Script => println!(
+                "perf script text: {path}\n  read by: inferno-collapse-perf, speedscope, the Firefox Profiler, FlameScope"
+            ),
         }
     }
     println!(

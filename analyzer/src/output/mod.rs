@@ -5,12 +5,14 @@ mod folded;
 mod gzip;
 mod pprof;
 mod proto;
+mod script;
 mod speedscope;
 mod svg;
 
 pub use firefox::FirefoxWriter;
 pub use folded::FoldedWriter;
 pub use pprof::PprofWriter;
+pub use script::ScriptWriter;
 pub use speedscope::SpeedscopeWriter;
 pub use svg::SvgWriter;
 
@@ -41,16 +43,19 @@ pub enum OutputFormat {
     Svg,
     /// Firefox Profiler's processed profile JSON, with a timeline per thread.
     Firefox,
+    /// Every sample as `perf script` prints it.
+    Script,
 }
 
 impl OutputFormat {
     /// Every format, in the order `--format` lists them.
-    pub const ALL: [OutputFormat; 5] = [
+    pub const ALL: [OutputFormat; 6] = [
         OutputFormat::Pprof,
         OutputFormat::Folded,
         OutputFormat::Speedscope,
         OutputFormat::Svg,
         OutputFormat::Firefox,
+        OutputFormat::Script,
     ];
 
     /// The usual file extension, appended to the trace path by default.
@@ -61,15 +66,17 @@ impl OutputFormat {
             OutputFormat::Speedscope => "speedscope.json",
             OutputFormat::Svg => "svg",
             OutputFormat::Firefox => "firefox.json",
+            OutputFormat::Script => "script.txt",
         }
     }
 
     /// Ask `options` for what this format's writer reads besides stacks:
     /// samples in time order for speedscope, each sample at its time for
-    /// the Firefox Profiler.
+    /// the Firefox Profiler and `perf script` text.
     pub fn configure(self, options: &mut AnalyzeOptions) {
-        options.keep_sequences = matches!(self, OutputFormat::Speedscope | OutputFormat::Firefox);
-        options.every_sample = self == OutputFormat::Firefox;
+        let every = matches!(self, OutputFormat::Firefox | OutputFormat::Script);
+        options.keep_sequences = every || self == OutputFormat::Speedscope;
+        options.every_sample = every;
     }
 
     /// The writer for this format.
@@ -80,6 +87,7 @@ impl OutputFormat {
             OutputFormat::Speedscope => Box::new(SpeedscopeWriter),
             OutputFormat::Svg => Box::new(SvgWriter),
             OutputFormat::Firefox => Box::new(FirefoxWriter),
+            OutputFormat::Script => Box::new(ScriptWriter),
         }
     }
 }

@@ -465,6 +465,46 @@ fn a_trace_from_standard_input() {
 }
 
 #[test]
+fn perf_script_text_has_every_sample_with_its_stack() {
+    require_perf!();
+    let dir = scratch_dir("an-script");
+    let trace = record_an_diff(&dir, "script", "300", None);
+    let t = trace.to_str().unwrap();
+    // The name chooses the format.
+    let out = dir.join("samples.script.txt");
+    ok(&[t, "--value", "samples", "-o", out.to_str().unwrap()]);
+    let text = std::fs::read_to_string(&out).unwrap();
+    // One block per sample, in time order, each the stack folded output
+    // counts (folded: root first; the blocks: leaf first).
+    let mut from_blocks: BTreeMap<Vec<String>, u64> = BTreeMap::new();
+    let mut last_time = 0.0;
+    for block in text.split_terminator("\n\n") {
+        let mut lines = block.lines();
+        let head = lines.next().unwrap();
+        // `COMM PID/TID SECS: WEIGHT VALUE:`
+        let fields: Vec<&str> = head.split(' ').collect();
+        assert_eq!((fields.len(), fields[4]), (5, "samples:"), "{head}");
+        let (pid, tid) = fields[1].split_once('/').unwrap();
+        let time: f64 = fields[2].trim_end_matches(':').parse().unwrap();
+        assert!(time >= last_time, "{head}");
+        last_time = time;
+        let mut stack = vec![format!("{}-{tid}", fields[0])];
+        assert!(pid.parse::<u32>().is_ok() && fields[3] == "1", "{head}");
+        let frames: Vec<String> = lines
+            .map(|l| {
+                // `\tADDRESS FUNCTION (IMAGE)`
+                let rest = l.trim_start().split_once(' ').unwrap().1;
+                rest[..rest.rfind(" (").unwrap()].to_string()
+            })
+            .collect();
+        stack.extend(frames.into_iter().rev());
+        *from_blocks.entry(stack).or_default() += 1;
+    }
+    assert_eq!(from_blocks, folded(&trace, &[]));
+    remove_scratch_dir(&dir);
+}
+
+#[test]
 fn diff_names_the_function_whose_work_doubled() {
     require_perf!();
     let dir = scratch_dir("an-diff");
