@@ -356,10 +356,11 @@ impl TraceInfo {
             }
             let _ = writeln!(
                 s,
-                "  {:>7} {:>7}  {} {}: {}",
+                "  {:>7} {:>7}  {}{} {}: {}",
                 p.pid,
                 p.samples,
                 p.name.as_deref().unwrap_or("?"),
+                if p.abi32 { " (32-bit)" } else { "" },
                 p.cgroup.as_deref().unwrap_or("-"),
                 command
             );

@@ -16,6 +16,7 @@
 //! the value views show (nanoseconds on CPU by default). Addresses are
 //! those of [`Location::address`](crate::profile::Location): in an image,
 //! its address as the file states it, for return addresses one byte back.
+//! Kernel frames are in `[kernel.kallsyms]`, as perf names the kernel.
 
 use super::ProfileWriter;
 use crate::profile::Profile;
@@ -56,10 +57,13 @@ impl ProfileWriter for ScriptWriter {
             let stack = &profile.stacks[e.stack as usize];
             for &l in &stack.locations {
                 let loc = &profile.locations[l as usize];
-                let image = loc
-                    .image
-                    .and_then(|i| profile.images.get(i as usize))
-                    .map_or("[unknown]", |i| i.path.as_str());
+                let image = match loc.image.and_then(|i| profile.images.get(i as usize)) {
+                    Some(i) => i.path.as_str(),
+                    // Kernel frames (`--kernel`), named as perf names
+                    // them: tools mark such frames by it.
+                    None if loc.address >> 63 == 1 => "[kernel.kallsyms]",
+                    None => "[unknown]",
+                };
                 for level in &loc.lines {
                     let function = &profile.functions[level.function as usize].name;
                     let _ = writeln!(line, "\t{:>16x} {function} ({image})", loc.address);
@@ -83,6 +87,24 @@ mod tests {
         let mut out = Vec::new();
         ScriptWriter.write(&profile, &mut out).unwrap();
         testing::check_expected("script.txt", &out);
+    }
+
+    #[test]
+    fn kernel_frames_are_in_the_kernel_image() {
+        let mut profile = testing::profile();
+        let unknown = profile
+            .locations
+            .iter_mut()
+            .find(|l| l.image.is_none())
+            .unwrap();
+        unknown.address = 0xffff_ffff_8100_1234;
+        let mut out = Vec::new();
+        ScriptWriter.write(&profile, &mut out).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        assert!(
+            text.contains("\tffffffff81001234 0x1234 ([kernel.kallsyms])\n"),
+            "{text}"
+        );
     }
 
     /// inferno's reader of `perf script` text (`collapse-perf`) finds the

@@ -568,6 +568,7 @@ impl ProfileBuilder {
                         Some(exe.rsplit('/').next().unwrap_or(exe).to_string())
                     }),
                 cgroup: p.cgroup.clone(),
+                abi32: p.abi32,
                 samples: threads
                     .iter()
                     .filter(|t| t.pid == *pid)

@@ -65,6 +65,9 @@ pub struct ProcessInfo {
     pub name: Option<String>,
     /// Its cgroup (container, systemd unit), when recorded.
     pub cgroup: Option<String>,
+    /// It ran 32-bit code (an i386 process on x86-64): some of its samples
+    /// are flagged `ABI_32`.
+    pub abi32: bool,
     /// Samples (events of every kind) of its threads kept by the filter.
     pub samples: u64,
 }

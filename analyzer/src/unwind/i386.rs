@@ -34,7 +34,8 @@ const LOWEST_CODE: u64 = 0x1000;
 /// [`Unwinder::missed_push`]).
 const MAX_MISSED_PUSHES: u64 = 2;
 
-/// Steps a CFA expression may take at most (the PLT's take nine).
+/// Registers and stack words a CFA expression may ask for at most (the
+/// PLT's asks for two registers).
 const MAX_EVALUATION_STEPS: usize = 64;
 
 /// The registers a walk follows.

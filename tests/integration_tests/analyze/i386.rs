@@ -46,6 +46,8 @@ fn stacks_of_a_32_bit_program_reach_the_root_locally_and_offline() {
     );
 
     let i = info(&trace, &[]);
+    // `info` says the process is 32-bit.
+    assert!(i.contains("\"abi32\": true"), "{i}");
     // Before the i386 unwinder: each stack was its leaf alone, counted as
     // reaching the root.
     assert!(root_pct(&i) >= 95.0, "{i}");
