@@ -666,14 +666,24 @@ fn output_path(given: Option<PathBuf>, traces: &[&Path], ext: &str) -> Result<(P
         None if *trace == Path::new("-") => anyhow::bail!(
             "the trace comes from standard input: say where the output goes with -o FILE (-o - for standard output)"
         ),
-        // A pipe, a FIFO, /dev/stdin, a shell's <(...): what lies next to
-        // it is no place for an output (/dev/stdin.pb.gz in /dev).
-        None if std::fs::metadata(trace).is_ok_and(|m| !m.is_file()) => anyhow::bail!(
-            "the trace {} is not a file (a pipe?): say where the output goes with -o FILE (-o - for standard output)",
+        // A pipe, a FIFO, /dev/stdin (even on a file), a shell's <(...):
+        // what lies next to it is no place for an output
+        // (/dev/stdin.pb.gz in /dev).
+        None if !is_in_a_directory(trace) => anyhow::bail!(
+            "the trace {} has no directory to write the output next to (a pipe, /dev/stdin, <(...)): say where the output goes with -o FILE (-o - for standard output)",
             trace.display()
         ),
         None => Ok((default_output_path(trace, ext), true)),
     }
+}
+
+/// Whether `trace` is a file of a directory an output can go to: not a
+/// pipe or FIFO, not reached through `/dev` or `/proc` (`/dev/stdin`,
+/// `/dev/fd/63`).
+fn is_in_a_directory(trace: &Path) -> bool {
+    let absolute = std::path::absolute(trace).unwrap_or_else(|_| trace.to_path_buf());
+    let special = ["/dev", "/proc"].iter().any(|d| absolute.starts_with(d));
+    !special && std::fs::metadata(trace).is_ok_and(|m| m.is_file())
 }
 
 /// Whether `a` and `b` name the same existing file (links included).

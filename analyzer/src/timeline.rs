@@ -128,8 +128,8 @@ pub(crate) fn generation_index(generations: &[Generation], time: Timestamp) -> O
 pub(crate) struct ThreadTimeline {
     /// Its last name.
     pub name: Option<String>,
-    /// Every name it was given, with when, in time order (at most
-    /// [`MAX_NAMES`]; past that, later names only replace `name`).
+    /// Every name it was given, with when, in time order (the last
+    /// [`MAX_NAMES`]).
     pub names: Vec<(Timestamp, String)>,
     pub samples: u64,
     pub weight: u64,
@@ -142,27 +142,38 @@ pub(crate) struct ThreadTimeline {
 /// task could rename one thousands of times.
 const MAX_NAMES: usize = 1024;
 
+/// The name at `time` of a thread given `names` (with when, in time order)
+/// and last named `last`: the last given at or before `time` (the first,
+/// for a time before any).
+pub(crate) fn name_at<'a>(
+    names: &'a [(Timestamp, String)],
+    last: Option<&'a String>,
+    time: Timestamp,
+) -> Option<&'a String> {
+    if names.len() <= 1 {
+        return last;
+    }
+    let at = names.partition_point(|(t, _)| *t <= time);
+    names.get(at.saturating_sub(1)).map(|(_, n)| n)
+}
+
 impl ThreadTimeline {
     /// The thread was given `name` at `time`.
     fn named(&mut self, time: Timestamp, name: String) {
         if self.name.as_ref() == Some(&name) {
             return;
         }
-        if self.names.len() < MAX_NAMES {
-            let at = self.names.partition_point(|(t, _)| *t <= time);
-            self.names.insert(at, (time, name.clone()));
+        if self.names.len() >= MAX_NAMES {
+            self.names.remove(0);
         }
+        let at = self.names.partition_point(|(t, _)| *t <= time);
+        self.names.insert(at, (time, name.clone()));
         self.name = Some(name);
     }
 
-    /// The name the thread had at `time`: the last given at or before it
-    /// (the first, for a time before any).
+    /// The name the thread had at `time` (see [`name_at`]).
     pub fn name_at(&self, time: Timestamp) -> Option<&String> {
-        if self.names.len() <= 1 {
-            return self.name.as_ref();
-        }
-        let at = self.names.partition_point(|(t, _)| *t <= time);
-        self.names.get(at.saturating_sub(1)).map(|(_, n)| n)
+        name_at(&self.names, self.name.as_ref(), time)
     }
 
     /// The names it had before its last one, oldest first, each once.
@@ -542,6 +553,14 @@ mod tests {
         );
         assert_eq!(t.name.as_deref(), Some("main"));
         assert_eq!(t.earlier_names(), ["loader"]);
+        // A thread renamed more often than the names kept: the latest
+        // stay, and the current name is found.
+        for i in 0..MAX_NAMES as u64 + 10 {
+            t.named(Timestamp(100 + i), format!("task-{i}"));
+        }
+        let last = format!("task-{}", MAX_NAMES + 9);
+        assert_eq!(t.name_at(Timestamp(u64::MAX)), Some(&last));
+        assert_eq!(t.names.len(), MAX_NAMES);
     }
 
     use super::*;

@@ -151,8 +151,8 @@ impl SyscallClass {
         }
     }
 
-    /// The names of the class's syscalls (some exist on one architecture
-    /// only).
+    /// The names of the class's syscalls (some exist in one numbering
+    /// only, as i386's `mmap2`).
     pub fn members(self) -> &'static [&'static str] {
         match self {
             SyscallClass::File => FILE,
@@ -295,6 +295,14 @@ pub fn is_syscall_error(ret: i64) -> bool {
 // effect), the same grouping strace documents for its classes.
 
 const FILE: &[&str] = &[
+    // 32-bit processes' (i386, Arm) variants first.
+    "stat64",
+    "lstat64",
+    "fstatat64",
+    "statfs64",
+    "truncate64",
+    "chown32",
+    "lchown32",
     "open",
     "openat",
     "openat2",
@@ -372,6 +380,7 @@ const FILE: &[&str] = &[
 ];
 
 const NETWORK: &[&str] = &[
+    "socketcall",
     "socket",
     "socketpair",
     "bind",
@@ -415,6 +424,7 @@ const PROCESS: &[&str] = &[
 ];
 
 const MEMORY: &[&str] = &[
+    "mmap2",
     "brk",
     "mmap",
     "munmap",
@@ -463,6 +473,7 @@ const SIGNAL: &[&str] = &[
 ];
 
 const IPC: &[&str] = &[
+    "ipc",
     "msgget",
     "msgsnd",
     "msgrcv",
@@ -520,9 +531,14 @@ mod tests {
     fn every_class_member_exists_somewhere() {
         for class in SyscallClass::ALL {
             for name in class.members() {
+                let abis = [
+                    SyscallAbi::X86_64,
+                    SyscallAbi::Aarch64,
+                    SyscallAbi::I386,
+                    SyscallAbi::Arm,
+                ];
                 assert!(
-                    syscall_number(Arch::X86_64, name).is_some()
-                        || syscall_number(Arch::Aarch64, name).is_some(),
+                    abis.iter().any(|&abi| syscall_number(abi, name).is_some()),
                     "{class}: {name}"
                 );
             }

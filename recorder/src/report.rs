@@ -135,6 +135,12 @@ pub enum RecordWarning {
         /// What is known of why.
         reason: String,
     },
+    /// Processes of the recording ran 32-bit code (`--heap`): the 64-bit
+    /// allocation sampler cannot be loaded into them.
+    Heap32Bit {
+        /// Their pids and names, if known.
+        processes: Vec<(u32, Option<String>)>,
+    },
     /// The allocation sampler's shared ring stopped being readable (a
     /// process was killed while writing to it): allocations after that
     /// point are missing.
@@ -250,24 +256,20 @@ impl fmt::Display for RecordWarning {
                      lower, or lower it with `sudo sysctl kernel.kptr_restrict=0`"
                 )
             }
-            RecordWarning::SyscallFilter32Bit { processes } => {
-                let named: Vec<String> = processes
-                    .iter()
-                    .map(|(pid, name)| match name {
-                        Some(n) => format!("{n} (pid {pid})"),
-                        None => format!("pid {pid}"),
-                    })
-                    .collect();
-                write!(
-                    f,
-                    "{} {} 32-bit code: --syscall-filter chose its calls by their 64-bit numbers, \
-                     which are other calls in a 32-bit process (the trace names them as they \
-                     are); record without --syscall-filter and choose calls with \
-                     `lrnprof-analyze syscalls --syscall`",
-                    named.join(", "),
-                    if processes.len() == 1 { "runs" } else { "run" }
-                )
-            }
+            RecordWarning::SyscallFilter32Bit { processes } => write!(
+                f,
+                "{} 32-bit code: --syscall-filter chose its calls by their 64-bit numbers, \
+                 which are other calls in a 32-bit process (the trace names those it kept \
+                 as they are); record without --syscall-filter and choose calls with \
+                 `lrnprof-analyze syscalls --syscall`",
+                named_running(processes)
+            ),
+            RecordWarning::Heap32Bit { processes } => write!(
+                f,
+                "{} 32-bit code: its allocations are not recorded (the allocation sampler \
+                 is a 64-bit library, which a 32-bit process cannot load)",
+                named_running(processes)
+            ),
             RecordWarning::StillRunning { processes } => {
                 const SHOWN: usize = 3;
                 let named: Vec<String> = processes
@@ -347,6 +349,19 @@ impl StatusTicker {
     pub fn timeout(&self, max: Duration) -> Duration {
         self.next.saturating_duration_since(Instant::now()).min(max)
     }
+}
+
+/// "NAME (pid PID), ... runs" / "run": processes as a warning's subject.
+fn named_running(processes: &[(u32, Option<String>)]) -> String {
+    let named: Vec<String> = processes
+        .iter()
+        .map(|(pid, name)| match name {
+            Some(n) => format!("{n} (pid {pid})"),
+            None => format!("pid {pid}"),
+        })
+        .collect();
+    let verb = if processes.len() == 1 { "runs" } else { "run" };
+    format!("{} {verb}", named.join(", "))
 }
 
 #[cfg(test)]

@@ -725,6 +725,16 @@ fn a_renamed_thread_is_selected_by_each_name_for_its_time() {
     assert_eq!(in_phase("loader", "phase_crunch"), 0);
     assert!(in_phase("cruncher", "phase_crunch") >= 20);
     assert_eq!(in_phase("cruncher", "phase_load"), 0);
+    // `perf script` text names each sample's thread as it was then.
+    let script = String::from_utf8(ok(&[t, "-f", "script", "-o", "-"]).stdout).unwrap();
+    let named = |name: &str, phase: &str| {
+        script
+            .split_terminator("\n\n")
+            .filter(|b| b.starts_with(&format!("{name} ")) && b.contains(phase))
+            .count()
+    };
+    assert!(named("loader", "phase_load") >= 20 && named("loader", "phase_crunch") == 0);
+    assert!(named("cruncher", "phase_crunch") >= 20 && named("cruncher", "phase_load") == 0);
     // `info` lists the names a thread had.
     let text = String::from_utf8(ok(&["info", t]).stdout).unwrap();
     assert!(

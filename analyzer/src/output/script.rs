@@ -42,7 +42,10 @@ impl ProfileWriter for ScriptWriter {
         for (time, thread, e) in samples {
             let t = &profile.threads[thread];
             let since = time.saturating_sub(start);
-            let comm = t.name.as_deref().unwrap_or("?");
+            // The name it had then, as perf prints it.
+            let comm = t
+                .name_at(lrnprof_format::Timestamp(time))
+                .map_or("?", |n| n.as_str());
             line.clear();
             use std::fmt::Write as _;
             let _ = writeln!(

@@ -395,6 +395,10 @@ impl ProfileBuilder {
                 tid: *tid,
                 name: t.name.clone(),
                 earlier_names: t.earlier_names(),
+                names: match t.names.len() {
+                    0 | 1 => Vec::new(),
+                    _ => t.names.clone(),
+                },
                 trace_samples: t.samples,
                 samples: self.thread_samples[i],
                 values: self.thread_amounts[i].project(&self.value_kinds),

@@ -83,6 +83,9 @@ pub struct ThreadProfile {
     pub name: Option<String>,
     /// Names it had before that during the recording, oldest first.
     pub earlier_names: Vec<String>,
+    /// Its names with when it got them, in time order, where it had more
+    /// than one (see [`ThreadProfile::name_at`]).
+    pub names: Vec<(lrnprof_format::Timestamp, String)>,
     /// Samples of this thread in the trace.
     pub trace_samples: u64,
     /// Samples (events of every kind) kept by the filter.
@@ -96,6 +99,11 @@ pub struct ThreadProfile {
 }
 
 impl ThreadProfile {
+    /// The name it had at `time`.
+    pub fn name_at(&self, time: lrnprof_format::Timestamp) -> Option<&String> {
+        crate::timeline::name_at(&self.names, self.name.as_ref(), time)
+    }
+
     /// Name used as the root frame: `NAME-TID`, or `tid-TID` if unnamed.
     pub fn label(&self) -> String {
         match &self.name {

@@ -190,14 +190,28 @@ struct Keep {
 }
 
 impl Keep {
+    /// A word may name a syscall or class of either numbering (`mmap2`
+    /// is only i386's); one that names nothing in both is an error.
     fn new(arch: lrnprof_format::Arch, words: &[String]) -> Result<Keep, AnalyzeError> {
-        let words = || words.iter().map(String::as_str);
-        let native = resolve_syscall_filter(arch, words())
-            .map_err(|e| AnalyzeError::SyscallFilter(e.to_string()))?;
+        let abi32 = SyscallAbi::of(arch, true);
+        let split = || {
+            words
+                .iter()
+                .flat_map(|w| w.split(','))
+                .map(str::trim)
+                .filter(|w| !w.is_empty())
+        };
+        for word in split() {
+            if let Err(e) = resolve_syscall_filter(arch, [word]) {
+                if resolve_syscall_filter(abi32, [word]).is_err() {
+                    return Err(AnalyzeError::SyscallFilter(e.to_string()));
+                }
+            }
+        }
         Ok(Keep {
-            all: native.is_empty(),
-            native,
-            abi32: resolve_known_syscalls(SyscallAbi::of(arch, true), words()),
+            all: split().next().is_none(),
+            native: resolve_known_syscalls(arch, split()),
+            abi32: resolve_known_syscalls(abi32, split()),
         })
     }
 

@@ -38,6 +38,14 @@ const MAX_MISSED_PUSHES: u64 = 2;
 /// PLT's asks for two registers).
 const MAX_EVALUATION_STEPS: usize = 64;
 
+/// Operations a CFA expression may run at most (the PLT's runs nine): a
+/// trace is untrusted, and a branch back (`DW_OP_skip`) would loop.
+const MAX_OPERATIONS: u32 = 1000;
+
+/// `ebp` of a frame whose caller's `ebp` the rules do not give: no frame
+/// pointer (a 32-bit value never is this).
+const UNKNOWN_BP: u64 = u64::MAX;
+
 /// The registers a walk follows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Regs32 {
@@ -288,6 +296,9 @@ enum BpRule {
 impl PlainRule {
     fn step(&self, regs: Regs32, stack: &StackView<'_>) -> Step {
         let base = if self.cfa_from_bp { regs.bp } else { regs.sp };
+        if base == UNKNOWN_BP {
+            return Step::Fail;
+        }
         self.then.step(
             base.wrapping_add(self.cfa_offset as u64) & MASK,
             regs,
@@ -305,7 +316,7 @@ impl CallerRule {
             BpRule::At(o) => read32(stack, at(o)),
             BpRule::Value(o) => Some(at(o)),
             // Not followed: the frame pointer is unknown from here on.
-            BpRule::Unknown => Some(0),
+            BpRule::Unknown => Some(UNKNOWN_BP),
         };
         match (read32(stack, at(self.ra)), bp) {
             (Some(ip), Some(bp)) => Step::Caller(Regs32 { ip, sp: cfa, bp }),
@@ -389,7 +400,7 @@ fn cfa_by_expression<'a, S: UnwindSection<Slice<'a>>>(
 fn register_value(r: Register, regs: Regs32) -> Option<u64> {
     match r {
         X86::ESP => Some(regs.sp),
-        X86::EBP => Some(regs.bp),
+        X86::EBP => Some(regs.bp).filter(|&bp| bp != UNKNOWN_BP),
         X86::RA => Some(regs.ip),
         _ => None,
     }
@@ -404,6 +415,7 @@ fn evaluate(
     stack: &StackView<'_>,
 ) -> Option<u64> {
     let mut eval = e.evaluation(encoding);
+    eval.set_max_iterations(MAX_OPERATIONS);
     let mut result = eval.evaluate().ok()?;
     for _ in 0..MAX_EVALUATION_STEPS {
         result = match result {
@@ -443,6 +455,9 @@ fn read32(stack: &StackView<'_>, addr: u64) -> Option<u64> {
 /// One step by the frame pointer: the caller's frame pointer and return
 /// address saved just above it.
 fn frame_pointer_step(regs: Regs32, stack: &StackView<'_>) -> Step {
+    if regs.bp == UNKNOWN_BP {
+        return Step::Fail;
+    }
     if regs.bp == 0 {
         // The outermost frame of a frame-pointer chain (`_start` clears it).
         return Step::Root;
@@ -551,7 +566,10 @@ impl Unwinder {
             };
             let step = match step {
                 Step::NoRule => frame_pointer_step(regs, stack),
-                Step::Caller(caller) if frames.len() == 1 && !self.is_code(caller.ip) => {
+                // (A return address of 0 is the end of the stack.)
+                Step::Caller(caller)
+                    if frames.len() == 1 && caller.ip != 0 && !self.is_code(caller.ip) =>
+                {
                     self.missed_push(caller, stack)
                 }
                 step => step,
@@ -639,10 +657,9 @@ mod tests {
     }
 
     /// An `.eh_frame` at SVMA 0x2000 with one FDE, for 0x1000..0x1040,
-    /// whose CFA is the expression of a PLT entry's (`esp + 4`, plus 4 from
-    /// the entry's 11th byte on, after its push).
+    /// whose CFA is the DWARF expression `expr`.
     #[rustfmt::skip]
-    fn plt_eh_frame() -> Vec<u8> {
+    fn eh_frame_with_cfa(expr: &[u8]) -> Vec<u8> {
         let mut b = vec![
             20, 0, 0, 0, 0, 0, 0, 0,        // CIE: length, id
             1, b'z', b'R', 0, 1, 0x7c, 8,   // version, "zR", code and data alignment, RA column
@@ -650,47 +667,57 @@ mod tests {
             0x0c, 4, 4,                     // DW_CFA_def_cfa: esp + 4
             0x88, 1,                        // DW_CFA_offset: eip at cfa - 4
             0, 0,                           // padding
-            28, 0, 0, 0, 28, 0, 0, 0,       // FDE: length, CIE pointer
         ];
-        // pc_begin, relative to its own SVMA (0x2020); pc_range.
-        b.extend((0x1000i32 - 0x2020).to_le_bytes());
-        b.extend(0x40i32.to_le_bytes());
-        b.extend([
-            0,                              // augmentation data length
-            0x0f, 11,                       // DW_CFA_def_cfa_expression, 11 bytes:
-            0x74, 4, 0x78, 0,               //   esp + 4, eip
-            0x3f, 0x1a, 0x3b, 0x2a,         //   (eip & 15) >= 11
-            0x32, 0x24, 0x22,               //   << 2, +
-            0, 0,                           // padding
-            0, 0, 0, 0,                     // end
-        ]);
+        // pc_begin (relative to its own SVMA, 0x2020), pc_range, no
+        // augmentation data, DW_CFA_def_cfa_expression.
+        let mut fde: Vec<u8> = Vec::new();
+        fde.extend((0x1000i32 - 0x2020).to_le_bytes());
+        fde.extend(0x40i32.to_le_bytes());
+        fde.extend([0, 0x0f, expr.len() as u8]);
+        fde.extend(expr);
+        while !fde.len().is_multiple_of(4) {
+            fde.push(0); // DW_CFA_nop
+        }
+        b.extend(((fde.len() + 4) as u32).to_le_bytes()); // length
+        b.extend(28u32.to_le_bytes()); // CIE pointer
+        b.extend(fde);
+        b.extend([0, 0, 0, 0]); // end
         b
+    }
+
+    /// The expression of a PLT entry's CFA: `esp + 4`, plus 4 from the
+    /// entry's 11th byte on, after its push.
+    #[rustfmt::skip]
+    const PLT_CFA: [u8; 11] = [
+        0x74, 4, 0x78, 0,                   // esp + 4, eip
+        0x3f, 0x1a, 0x3b, 0x2a,             // (eip & 15) >= 11
+        0x32, 0x24, 0x22,                   // << 2, +
+    ];
+
+    fn tables_of(eh_frame: Vec<u8>) -> Tables {
+        let bases = BaseAddresses::default().set_eh_frame(0x2000);
+        let bytes = SectionBytes::whole(Arc::new(eh_frame));
+        Tables {
+            tables: vec![Table::new(Kind::EhFrame, bytes, bases).expect("one FDE")],
+        }
     }
 
     #[test]
     fn cfa_expressions_are_evaluated() {
-        let bases = BaseAddresses::default().set_eh_frame(0x2000);
-        let bytes = SectionBytes::whole(Arc::new(plt_eh_frame()));
-        let table = Table::new(Kind::EhFrame, bytes, bases).expect("one FDE");
-        assert_eq!(table.fdes, [(0x1000, 0x1040, 24)]);
-        let tables = Tables {
-            tables: vec![table],
-        };
-        let s = stack(&[0x1500, 0x1600]);
+        let tables = tables_of(eh_frame_with_cfa(&PLT_CFA));
+        assert_eq!(tables.tables[0].fdes, [(0x1000, 0x1040, 24)]);
+        let s = stack(&[0x1500, 0x1600, 0x1700]);
         let view = StackView::of_snapshot(&s);
-        let at = |ip| Regs32 {
-            ip,
-            sp: 0x8000,
-            bp: 0x77,
-        };
-        // Twice each: computed, then from the worker's rules.
-        for _ in 0..2 {
+        // Twice, from another stack pointer: computed, then from the
+        // worker's rules, which must not keep the CFA.
+        for (k, sp) in [0x8000u64, 0x8004].into_iter().enumerate() {
+            let at = |ip| Regs32 { ip, sp, bp: 0x77 };
             // Before the entry's push the return address is at esp...
             assert_eq!(
                 tables.step(0x1004, at(0x1004), &view),
                 Step::Caller(Regs32 {
-                    ip: 0x1500,
-                    sp: 0x8004,
+                    ip: [0x1500, 0x1600][k],
+                    sp: sp + 4,
                     bp: 0x77
                 })
             );
@@ -698,8 +725,8 @@ mod tests {
             assert_eq!(
                 tables.step(0x103b, at(0x103b), &view),
                 Step::Caller(Regs32 {
-                    ip: 0x1600,
-                    sp: 0x8008,
+                    ip: [0x1600, 0x1700][k],
+                    sp: sp + 8,
                     bp: 0x77
                 })
             );
@@ -708,12 +735,24 @@ mod tests {
     }
 
     #[test]
-    fn a_leaf_rule_that_misses_a_push_is_corrected() {
-        let bytes = SectionBytes::whole(Arc::new(plt_eh_frame()));
-        let bases = BaseAddresses::default().set_eh_frame(0x2000);
-        let tables = Tables {
-            tables: vec![Table::new(Kind::EhFrame, bytes, bases).unwrap()],
+    fn an_expression_that_loops_fails_the_step() {
+        // DW_OP_skip -3: back to itself, forever.
+        let tables = tables_of(eh_frame_with_cfa(&[0x2f, 0xfd, 0xff]));
+        let s = stack(&[0x1500]);
+        let regs = Regs32 {
+            ip: 0x1004,
+            sp: 0x8000,
+            bp: 0,
         };
+        assert_eq!(
+            tables.step(0x1004, regs, &StackView::of_snapshot(&s)),
+            Step::Fail
+        );
+    }
+
+    #[test]
+    fn a_leaf_rule_that_misses_a_push_is_corrected() {
+        let tables = tables_of(eh_frame_with_cfa(&PLT_CFA));
         let u = Unwinder {
             modules: vec![Module {
                 start: 0x1000,

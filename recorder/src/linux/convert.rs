@@ -754,11 +754,15 @@ impl Converter {
                 .kernel_addresses
                 .extend(s.kernel_callchain.iter().copied());
         }
-        if s.role == Role::SyscallEnter && s.abi32 && self.syscall_filter {
-            const NAMED: usize = 16;
-            if self.filtered_32.len() < NAMED && !self.filtered_32.contains_key(&s.pid) {
-                let name = self.names.get(&s.pid).cloned();
-                self.filtered_32.insert(s.pid, name);
+        if s.abi32 {
+            let name = self.names.get(&s.pid);
+            if let Some(heap) = self.heap.as_mut() {
+                note_process(&mut heap.thirty_two_bit, s.pid, name);
+            }
+            // Any sample: the calls the filter lets through may all be
+            // other calls than the user asked for, or none.
+            if self.syscall_filter {
+                note_process(&mut self.filtered_32, s.pid, name);
             }
         }
         let (kind, weight, detail) = match s.role {
@@ -1286,8 +1290,42 @@ impl Convert for Converter {
     }
 }
 
+/// Processes named in a warning at most.
+const NAMED_PROCESSES: usize = 16;
+
+/// Note process `pid` for a warning, with the name it has now: a process
+/// that exec'd is heard of by its new name a little after its first
+/// samples, from another CPU's ring.
+fn note_process(noted: &mut BTreeMap<u32, Option<String>>, pid: u32, name: Option<&String>) {
+    let room = noted.len() < NAMED_PROCESSES;
+    match noted.get_mut(&pid) {
+        Some(n) if name.is_some() && n.as_ref() != name => *n = name.cloned(),
+        Some(_) => {}
+        None if room => {
+            noted.insert(pid, name.cloned());
+        }
+        None => {}
+    }
+}
+
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn noted_processes_keep_their_latest_name_up_to_a_bound() {
+        let mut noted = BTreeMap::new();
+        let (sh, prog) = ("sh".to_string(), "prog".to_string());
+        note_process(&mut noted, 7, Some(&sh));
+        note_process(&mut noted, 7, Some(&prog));
+        // A name no longer known (the process exited) is not forgotten.
+        note_process(&mut noted, 7, None);
+        assert_eq!(noted, BTreeMap::from([(7, Some(prog))]));
+        for pid in 100..200 {
+            note_process(&mut noted, pid, None);
+        }
+        assert_eq!(noted.len(), NAMED_PROCESSES);
+    }
+
     use super::super::replica::tests::random_below;
     use super::super::ring::Keeper;
     use super::*;

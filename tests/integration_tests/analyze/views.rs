@@ -425,19 +425,18 @@ fn a_trace_from_standard_input() {
         msg.contains("the trace comes from standard input: say where the output goes with -o"),
         "{msg}"
     );
-    // A default place that cannot be written (as for `<(...)`): the error
-    // says how to choose another.
+    // A trace reached through /proc or /dev (here a file as standard
+    // input): no place next to it either, said before the analysis. Before,
+    // /dev/stdin's output went into /dev, and this failed at the write.
     let out = with_stdin(&["/proc/self/fd/0", "-f", "folded"], &trace);
     let msg = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{msg}");
     assert!(
-        msg.contains("cannot write /proc/self/fd/0.folded")
-            && msg.contains("(the output goes next to the trace unless -o FILE says otherwise)"),
+        msg.contains("the trace /proc/self/fd/0 has no directory to write the output next to")
+            && msg.contains("-o FILE"),
         "{msg}"
     );
-    // A trace that is no file (a pipe as /dev/stdin or /proc/self/fd/0,
-    // a FIFO, a shell's <(...)) has no place next to it either: before,
-    // /dev/stdin's output went into /dev.
+    // Nor has a pipe (/dev/stdin, a FIFO, a shell's <(...)).
     let mut child = Command::new(lrnprof_analyze())
         .args(["/proc/self/fd/0", "-f", "folded"])
         .stdin(Stdio::piped())
@@ -456,9 +455,7 @@ fn a_trace_from_standard_input() {
     let msg = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{msg}");
     assert!(
-        msg.contains(
-            "the trace /proc/self/fd/0 is not a file (a pipe?): say where the output goes with -o FILE"
-        ),
+        msg.contains("the trace /proc/self/fd/0 has no directory to write the output next to"),
         "{msg}"
     );
     remove_scratch_dir(&dir);

@@ -19,7 +19,7 @@ use lrnprof_preload::protocol::{
     self, state, Control, Event, Settings, CONTROL_SIZE, ENV_VAR, MAX_RECORD,
 };
 use lrnprof_preload::ring::{Consumer, Pop, Ring, KIND_SKIP};
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::ffi::OsString;
 use std::hash::{BuildHasher, Hasher};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
@@ -262,6 +262,9 @@ pub(crate) struct HeapStats {
     pub broken: bool,
     /// A warning already said why the program's allocations escape it.
     pub explained: bool,
+    /// Processes seen running 32-bit code, which cannot load the 64-bit
+    /// sampler, with their names if known (the first few).
+    pub thirty_two_bit: BTreeMap<u32, Option<String>>,
     /// Per thread, the last time given to one of its events that came
     /// after the recorder had written later records (see [`Self::place`]).
     late: HashMap<(u32, u32), u64>,
@@ -302,7 +305,16 @@ impl HeapStats {
         if self.broken {
             out.push(RecordWarning::HeapRingBroken);
         }
-        if self.explained || self.allocations > 0 {
+        if self.explained {
+            return;
+        }
+        if !self.thirty_two_bit.is_empty() {
+            out.push(RecordWarning::Heap32Bit {
+                processes: self.thirty_two_bit.clone().into_iter().collect(),
+            });
+            return;
+        }
+        if self.allocations > 0 {
             return;
         }
         out.push(RecordWarning::HeapNothingRecorded {
