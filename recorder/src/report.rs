@@ -77,6 +77,17 @@ pub enum RecordWarning {
         /// Samples per second used.
         used_hz: u32,
     },
+    /// A stack size asked for is more than the kernel copies per event
+    /// (just under 64 KiB on Linux): the most it copies is used.
+    StackSizeCapped {
+        /// The option (`--stack-size`, `--off-cpu-stack-size`,
+        /// `--syscall-stack-size`).
+        option: &'static str,
+        /// Bytes asked for.
+        requested: u32,
+        /// Bytes copied at most.
+        used: u32,
+    },
     /// Stack copies are smaller than asked for, so that each perf ring
     /// buffer holds 32 samples (the kernel reserves a whole copy per
     /// sample).
@@ -187,6 +198,15 @@ pub enum RecordWarning {
 impl fmt::Display for RecordWarning {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
+            RecordWarning::StackSizeCapped {
+                option,
+                requested,
+                used,
+            } => write!(
+                f,
+                "{option} {requested} is more than the kernel copies per event; copying up to \
+                 {used} bytes"
+            ),
             RecordWarning::FrequencyClamped {
                 requested_hz,
                 used_hz,
@@ -399,6 +419,16 @@ mod tests {
 
     #[test]
     fn warnings_read_as_one_line() {
+        let w = RecordWarning::StackSizeCapped {
+            option: "--stack-size",
+            requested: 100_000,
+            used: 65_528,
+        };
+        assert_eq!(
+            w.to_string(),
+            "--stack-size 100000 is more than the kernel copies per event; copying up to 65528 \
+             bytes"
+        );
         let w = RecordWarning::FrequencyClamped {
             requested_hz: 200_000,
             used_hz: 100_000,

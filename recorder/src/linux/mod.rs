@@ -152,6 +152,26 @@ pub(crate) fn record(
             used_hz: frequency_hz,
         });
     }
+    let asked = [
+        ("--stack-size", Some(options.stack_size)),
+        (
+            "--off-cpu-stack-size",
+            options.off_cpu.as_ref().map(|o| o.stack_size),
+        ),
+        (
+            "--syscall-stack-size",
+            options.syscalls.as_ref().map(|s| s.stack_size),
+        ),
+    ];
+    for (option, requested) in asked {
+        if let Some(requested) = requested.filter(|&r| r > attr::MAX_STACK_SIZE) {
+            reporter.warning(&RecordWarning::StackSizeCapped {
+                option,
+                requested,
+                used: attr::MAX_STACK_SIZE,
+            });
+        }
+    }
     let out = OutputFile::create(&options.out)?;
     // Requests on the token interrupt the wait for samples.
     let wake = Arc::new(sys::eventfd()?);
