@@ -223,7 +223,7 @@ impl TraceInfo {
                     pid: t.pid.0,
                     tid: t.tid.0,
                     name: t.name.clone(),
-                    earlier_names: t.earlier_names.clone(),
+                    earlier_names: t.earlier_names(),
                     samples: t.trace_samples,
                     root_samples: t.root_samples,
                     idle_ticks: t.idle_ticks,

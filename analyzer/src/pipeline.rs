@@ -10,8 +10,7 @@ use crate::options::{AnalyzeOptions, Progress, SampleFilter};
 use crate::symbolicate::JitMap;
 use crate::timeline::{chunk_blocks, generation_index, scan, Generation, Mapping, Timeline};
 use crate::unwind::{
-    continue_with_callchain, ArchCache, ArchUnwinder, ModuleCache, Unwound, MAX_FRAMES,
-    MAX_UNWINDERS_SHARING_CACHE,
+    ArchCache, ArchUnwinder, ModuleCache, Unwound, MAX_FRAMES, MAX_UNWINDERS_SHARING_CACHE,
 };
 use lrnprof_format::{
     Arch, BlockInfo, Endian, ImageKind, Pid, Record, Regs, Sample, SampleKind, Tid, Timestamp,
@@ -459,13 +458,7 @@ impl Prepared {
                 used_kernel_chain: false,
             })
         } else {
-            let mut frames = vec![s.regs.ip()];
-            let used = continue_with_callchain(&mut frames, &s.kernel_callchain);
-            Unwound {
-                frames,
-                clean: false,
-                used_kernel_chain: used,
-            }
+            Unwound::ip_then_callchain(s.regs.ip(), &s.kernel_callchain)
         };
         if let (Some(g), Regs::Aarch64(r)) = (generation, &s.regs) {
             if self.frameless_caller(g.mappings, r.lr, &u.frames) {

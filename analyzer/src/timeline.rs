@@ -157,6 +157,18 @@ pub(crate) fn name_at<'a>(
     names.get(at.saturating_sub(1)).map(|(_, n)| n)
 }
 
+/// The names other than `last` among `names` (a thread's, see
+/// [`name_at`]), oldest first, each once.
+pub(crate) fn earlier_names(names: &[(Timestamp, String)], last: Option<&String>) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    for (_, n) in names {
+        if Some(n) != last && !out.contains(n) {
+            out.push(n.clone());
+        }
+    }
+    out
+}
+
 impl ThreadTimeline {
     /// The thread was given `name` at `time`.
     fn named(&mut self, time: Timestamp, name: String) {
@@ -174,17 +186,6 @@ impl ThreadTimeline {
     /// The name the thread had at `time` (see [`name_at`]).
     pub fn name_at(&self, time: Timestamp) -> Option<&String> {
         name_at(&self.names, self.name.as_ref(), time)
-    }
-
-    /// The names it had before its last one, oldest first, each once.
-    pub fn earlier_names(&self) -> Vec<String> {
-        let mut out: Vec<String> = Vec::new();
-        for (_, n) in &self.names {
-            if Some(n) != self.name.as_ref() && !out.contains(n) {
-                out.push(n.clone());
-            }
-        }
-        out
     }
 }
 
@@ -552,7 +553,7 @@ mod tests {
             ["main", "main", "main", "loader", "loader", "main", "main"]
         );
         assert_eq!(t.name.as_deref(), Some("main"));
-        assert_eq!(t.earlier_names(), ["loader"]);
+        assert_eq!(earlier_names(&t.names, t.name.as_ref()), ["loader"]);
         // A thread renamed more often than the names kept: the latest
         // stay, and the current name is found.
         for i in 0..MAX_NAMES as u64 + 10 {

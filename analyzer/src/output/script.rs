@@ -20,6 +20,7 @@
 
 use super::ProfileWriter;
 use crate::profile::Profile;
+use std::fmt::Write as _;
 use std::io::{self, Write};
 
 /// Writes `perf script` text.
@@ -47,7 +48,6 @@ impl ProfileWriter for ScriptWriter {
                 .name_at(lrnprof_format::Timestamp(time))
                 .map_or("?", |n| n.as_str());
             line.clear();
-            use std::fmt::Write as _;
             let _ = writeln!(
                 line,
                 "{comm} {}/{} {}.{:06}: {} {value}:",

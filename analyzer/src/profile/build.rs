@@ -394,7 +394,6 @@ impl ProfileBuilder {
                 pid: *pid,
                 tid: *tid,
                 name: t.name.clone(),
-                earlier_names: t.earlier_names(),
                 names: match t.names.len() {
                     0 | 1 => Vec::new(),
                     _ => t.names.clone(),

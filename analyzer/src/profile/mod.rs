@@ -81,8 +81,6 @@ pub struct ThreadProfile {
     pub tid: Tid,
     /// Last known name, if any.
     pub name: Option<String>,
-    /// Names it had before that during the recording, oldest first.
-    pub earlier_names: Vec<String>,
     /// Its names with when it got them, in time order, where it had more
     /// than one (see [`ThreadProfile::name_at`]).
     pub names: Vec<(lrnprof_format::Timestamp, String)>,
@@ -102,6 +100,12 @@ impl ThreadProfile {
     /// The name it had at `time`.
     pub fn name_at(&self, time: lrnprof_format::Timestamp) -> Option<&String> {
         crate::timeline::name_at(&self.names, self.name.as_ref(), time)
+    }
+
+    /// Names it had before its last one during the recording, oldest
+    /// first.
+    pub fn earlier_names(&self) -> Vec<String> {
+        crate::timeline::earlier_names(&self.names, self.name.as_ref())
     }
 
     /// Name used as the root frame: `NAME-TID`, or `tid-TID` if unnamed.

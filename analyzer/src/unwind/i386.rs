@@ -76,6 +76,23 @@ enum Kind {
     DebugFrame,
 }
 
+/// `$body` with `$section` the gimli section of kind `$kind` over
+/// `$bytes` (each kind is its own type).
+macro_rules! with_section {
+    ($kind:expr, $bytes:expr, |$section:ident| $body:expr) => {
+        match $kind {
+            Kind::EhFrame => {
+                let $section = &eh_frame($bytes);
+                $body
+            }
+            Kind::DebugFrame => {
+                let $section = &debug_frame($bytes);
+                $body
+            }
+        }
+    };
+}
+
 /// One unwind table of an image and the SVMA ranges of its FDEs.
 struct Table {
     /// Given to no other table (see [`RULES`]).
@@ -152,10 +169,7 @@ impl Tables {
 impl Table {
     /// Index the FDEs of `bytes`; `None` if it has none.
     fn new(kind: Kind, bytes: SectionBytes, bases: BaseAddresses) -> Option<Table> {
-        let fdes = match kind {
-            Kind::EhFrame => index(&eh_frame(&bytes), &bases),
-            Kind::DebugFrame => index(&debug_frame(&bytes), &bases),
-        };
+        let fdes = with_section!(kind, &bytes, |section| index(section, &bases));
         static NEXT_ID: AtomicU64 = AtomicU64::new(0);
         (!fdes.is_empty()).then_some(Table {
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
@@ -168,10 +182,9 @@ impl Table {
 
     /// The rule of the FDE at `offset` for `svma`.
     fn rule(&self, offset: usize, svma: u64) -> Rule {
-        match self.kind {
-            Kind::EhFrame => rule_of(&eh_frame(&self.bytes), &self.bases, offset, svma),
-            Kind::DebugFrame => rule_of(&debug_frame(&self.bytes), &self.bases, offset, svma),
-        }
+        with_section!(self.kind, &self.bytes, |section| {
+            rule_of(section, &self.bases, offset, svma)
+        })
     }
 
     /// The CFA of the frame at `regs`, where the row of the FDE at
@@ -183,24 +196,9 @@ impl Table {
         regs: Regs32,
         stack: &StackView<'_>,
     ) -> Option<u64> {
-        match self.kind {
-            Kind::EhFrame => cfa_by_expression(
-                &eh_frame(&self.bytes),
-                &self.bases,
-                offset,
-                svma,
-                regs,
-                stack,
-            ),
-            Kind::DebugFrame => cfa_by_expression(
-                &debug_frame(&self.bytes),
-                &self.bases,
-                offset,
-                svma,
-                regs,
-                stack,
-            ),
-        }
+        with_section!(self.kind, &self.bytes, |section| {
+            cfa_by_expression(section, &self.bases, offset, svma, regs, stack)
+        })
     }
 }
 
@@ -537,13 +535,7 @@ impl Unwinder {
     /// stack) where the walk stops before the root.
     pub fn unwind(&self, regs: &Regs, stack: &StackView<'_>, callchain: &[u64]) -> Unwound {
         let Regs::X86_64(r) = regs else {
-            let mut frames = vec![regs.ip()];
-            let used_kernel_chain = continue_with_callchain(&mut frames, callchain);
-            return Unwound {
-                frames,
-                clean: false,
-                used_kernel_chain,
-            };
+            return Unwound::ip_then_callchain(regs.ip(), callchain);
         };
         let mut regs = Regs32 {
             ip: r.ip & MASK,

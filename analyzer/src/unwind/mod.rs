@@ -34,6 +34,20 @@ pub(crate) struct Unwound {
     pub used_kernel_chain: bool,
 }
 
+impl Unwound {
+    /// The instruction pointer, then the kernel's callchain beyond it:
+    /// where no unwinder can walk the stack.
+    pub(crate) fn ip_then_callchain(ip: u64, callchain: &[u64]) -> Unwound {
+        let mut frames = vec![ip];
+        let used_kernel_chain = continue_with_callchain(&mut frames, callchain);
+        Unwound {
+            frames,
+            clean: false,
+            used_kernel_chain,
+        }
+    }
+}
+
 /// A framehop unwinder for one process generation, for the trace's arch,
 /// and where its signal handlers return to.
 #[derive(Clone)]
@@ -311,16 +325,7 @@ impl ArchUnwinder {
     pub fn unwind_32(&self, sample: &Sample, stack: &StackView<'_>) -> Unwound {
         match &self.i386 {
             Some(u) => u.unwind(&sample.regs, stack, &sample.kernel_callchain),
-            None => {
-                let mut frames = vec![sample.regs.ip()];
-                let used_kernel_chain =
-                    continue_with_callchain(&mut frames, &sample.kernel_callchain);
-                Unwound {
-                    frames,
-                    clean: false,
-                    used_kernel_chain,
-                }
-            }
+            None => Unwound::ip_then_callchain(sample.regs.ip(), &sample.kernel_callchain),
         }
     }
 

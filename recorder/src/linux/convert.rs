@@ -278,9 +278,6 @@ struct StackCopy<'a> {
     /// The sample does not keep these bytes: they will be there when it
     /// is written (see `replica::Followers`).
     later: Option<Later>,
-    /// The copy is a 32-bit task's stack (4-byte words), and the sample is
-    /// flagged [`SampleFlags::ABI_32`].
-    abi32: bool,
 }
 
 impl StackCopy<'_> {
@@ -291,18 +288,20 @@ impl StackCopy<'_> {
             kernel,
             rebuilt: None,
             later: None,
-            abi32: false,
         }
     }
 }
 
-/// Room the kernel had for a sample's stack copy.
+/// Room the kernel had for a sample's stack copy, and whose stack it was.
 #[derive(Debug, Clone, Copy)]
 struct KernelCopy {
     /// The event's `sample_stack_user`.
     stack_size: u32,
     /// Where the copy starts in the perf record.
     stack_offset: usize,
+    /// A 32-bit task's stack (4-byte words): the sample is flagged
+    /// [`SampleFlags::ABI_32`].
+    abi32: bool,
 }
 
 /// What the converter needs to know of the sampling settings.
@@ -754,7 +753,7 @@ impl Converter {
                 .kernel_addresses
                 .extend(s.kernel_callchain.iter().copied());
         }
-        if s.abi32 {
+        if s.abi32 && (self.heap.is_some() || self.syscall_filter) {
             let name = self.names.get(&s.pid);
             if let Some(heap) = self.heap.as_mut() {
                 note_process(&mut heap.thirty_two_bit, s.pid, name);
@@ -818,6 +817,7 @@ impl Converter {
         let room = KernelCopy {
             stack_size: self.stack_size(s.role),
             stack_offset: s.stack_offset,
+            abi32: s.abi32,
         };
         let taken = self.detached.take();
         // A stack put together from the blocks that changed is read where
@@ -827,7 +827,7 @@ impl Converter {
             _ => None,
         };
         let held = owner.and_then(|(pid, tid)| self.replicas.take(pid, tid));
-        let mut copy = match taken {
+        let copy = match taken {
             Some(Taken::Whole(bytes)) => StackCopy::owned(bytes, Some(room)),
             Some(Taken::Replica { id, later }) => {
                 match held
@@ -839,7 +839,6 @@ impl Converter {
                         kernel: Some(room),
                         rebuilt: Some(id),
                         later: Some(later),
-                        abi32: false,
                     },
                     None => {
                         // Cannot be: the bytes were just put together.
@@ -854,10 +853,8 @@ impl Converter {
                 kernel: Some(room),
                 rebuilt: None,
                 later: None,
-                abi32: false,
             },
         };
-        copy.abi32 = s.abi32;
         let (sample, carried) =
             self.sample_with_stack(s.time, s.pid, s.tid, regs, copy, &s.callchain);
         if let (Some((pid, tid)), Some(held)) = (owner, held) {
@@ -900,8 +897,8 @@ impl Converter {
             kernel,
             rebuilt,
             later,
-            abi32,
         } = copy;
+        let abi32 = kernel.is_some_and(|k| k.abi32);
         let sp = regs.sp();
         let mut live = &stack[..];
         let mut flags = SampleFlags::default();
