@@ -1052,6 +1052,29 @@ fn jit_frames_are_named_from_the_perf_map() {
     let out = ok(&[trace.to_str().unwrap(), "--format", "folded", "-o", "-"]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!stderr.contains("JIT code"), "{stderr}");
+
+    // No map (Node.js without --perf-basic-prof): the stacks still reach
+    // the root by frame pointers, and the analysis says how to name the
+    // addresses its hottest code is.
+    let trace = record(&dir, "jit-nomap", &[], &exe, &["800", "nomap"]);
+    let f = folded(&trace, &[]);
+    let unnamed: u64 = f
+        .iter()
+        .filter(|(s, _)| s[1] == "_start" && s[s.len() - 2] == "call_jit")
+        .filter(|(s, _)| s.last().is_some_and(|l| l.starts_with("0x")))
+        .map(|(_, c)| c)
+        .sum();
+    assert!(unnamed as f64 >= 0.8 * total(&f) as f64, "{f:?}");
+    let out = ok(&["top", trace.to_str().unwrap()]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let warning = stderr
+        .lines()
+        .find(|l| l.contains("are in JIT code that nothing names"));
+    assert!(
+        warning.is_some_and(|w| w.starts_with("warning: ") && w.contains("--perf-basic-prof")),
+        "{stderr}"
+    );
+    remove_scratch_dir(&dir);
 }
 
 /// JIT code that keeps no frame pointer (a JVM's by default): its callers

@@ -480,6 +480,20 @@ impl ProfileBuilder {
                     _ => {}
                 }
             }
+            // Samples in JIT code that nothing names: each address is a
+            // function of its own.
+            if let Some(&l) = s.locations.first() {
+                let jit = match self.frames[l as usize] {
+                    FrameKey::Image { image, .. } | FrameKey::Unresolved { image, .. } => {
+                        images[image as usize].key.kind == ImageKind::Anonymous
+                    }
+                    FrameKey::Outside { .. } => true,
+                    _ => false,
+                };
+                if jit && locations[l as usize].unknown {
+                    stats.unnamed_jit_samples += s.samples;
+                }
+            }
             stats.cut_short_samples += cut.0;
             stats.cut_short_root_samples += if outer_is_root { cut.0 } else { cut.1 };
             stats.samples += s.samples;
@@ -537,6 +551,9 @@ impl ProfileBuilder {
             warnings.push(w);
         }
         if let Some(w) = jit_end_warning(&stats) {
+            warnings.push(w);
+        }
+        if let Some(w) = unnamed_jit_warning(&stats) {
             warnings.push(w);
         }
         if !missing.is_empty() {
@@ -693,6 +710,24 @@ fn jit_end_warning(stats: &Stats) -> Option<String> {
              -XX:+UnlockDiagnosticVMOptions -XX:+DumpPerfMapAtExit \
              -XX:+PreserveFramePointer; Node.js: --perf-basic-prof",
             share(unnamed)
+        )
+    })
+}
+
+/// When at least a tenth of the samples are in JIT code that nothing names
+/// (and [`jit_end_warning`] has not already said how to name it): what to do.
+fn unnamed_jit_warning(stats: &Stats) -> Option<String> {
+    let many = |n: u64| n > 0 && n.saturating_mul(10) >= stats.samples;
+    let n = stats.unnamed_jit_samples;
+    (many(n) && !many(stats.unnamed_end_samples)).then(|| {
+        format!(
+            "{n} samples ({:.1}%) are in JIT code that nothing names (anonymous executable \
+             memory, or code outside every mapped file, with no /tmp/perf-PID.map entry), so \
+             each of its addresses counts as a function of its own. Have the runtime write the \
+             map while it is recorded: Node.js: --perf-basic-prof (Chromium: \
+             --js-flags=--perf-basic-prof); Java: -XX:+UnlockDiagnosticVMOptions \
+             -XX:+DumpPerfMapAtExit, or jcmd PID Compiler.perfmap; Python 3.12 or later: -X perf",
+            100.0 * n as f64 / stats.samples.max(1) as f64
         )
     })
 }
@@ -872,6 +907,25 @@ mod tests {
         let w = jit_end_warning(&unnamed(500)).unwrap();
         assert!(w.starts_with("500 samples (50.0%) stop short"), "{w}");
         assert!(w.contains("DumpPerfMapAtExit"), "{w}");
+    }
+
+    #[test]
+    fn samples_in_unnamed_jit_code_are_told_from_a_tenth_of_the_samples() {
+        let jit = |leaf, stopped| Stats {
+            unnamed_jit_samples: leaf,
+            unnamed_end_samples: stopped,
+            ..stats(1000, 0)
+        };
+        assert_eq!(unnamed_jit_warning(&jit(0, 0)), None);
+        assert_eq!(unnamed_jit_warning(&jit(99, 0)), None);
+        let w = unnamed_jit_warning(&jit(130, 0)).unwrap();
+        assert!(
+            w.starts_with("130 samples (13.0%) are in JIT code that nothing names"),
+            "{w}"
+        );
+        assert!(w.contains("--perf-basic-prof"), "{w}");
+        // Stacks that also stop there: the advice is given once.
+        assert_eq!(unnamed_jit_warning(&jit(500, 500)), None);
     }
 
     fn header(os: Os, kernel_callchain: bool, stack_size: u32) -> TraceHeader {

@@ -241,6 +241,10 @@ pub struct Stats {
     /// code outside every mapped file (JIT code without a JIT map, or an
     /// address that is not code).
     pub unnamed_end_samples: u64,
+    /// Analyzed samples whose leaf is JIT code that nothing names
+    /// (anonymous executable memory, or code outside every mapped file,
+    /// that no JIT map covers).
+    pub unnamed_jit_samples: u64,
     /// Samples lost by the kernel or recorder.
     pub lost_samples: u64,
     /// Time from the first to the last record, in ns.
