@@ -4,6 +4,7 @@
 mod aarch64;
 mod block;
 mod go;
+mod hdr;
 mod i386;
 mod signal;
 mod split;
@@ -153,35 +154,48 @@ type ModuleKey = (u32, u64, u64, u64);
 #[derive(Default)]
 pub(crate) struct ModuleCache {
     modules: Mutex<HashMap<ModuleKey, Arc<[Module<SectionBytes>]>>>,
-    /// What framehop reads of each image's `.debug_frame`, worked out once
+    /// What framehop reads of each image's tables ([`TablesUse`]), worked out once
     /// per image, whatever the number of processes mapping it.
-    debug_frames: Mutex<HashMap<u32, Arc<DebugFrameUse>>>,
+    tables: Mutex<HashMap<u32, Arc<TablesUse>>>,
     /// Signal trampolines by image, searched for on first use.
     trampolines: Mutex<HashMap<u32, Arc<ImageTrampolines>>>,
     /// The unwind tables of i386 processes' images.
     i386_tables: i386::TablesCache,
 }
 
-/// What framehop reads of an image's `.debug_frame`.
+/// What framehop reads of an image's unwind tables besides its sections
+/// as they are: parts of `.debug_frame`, an `.eh_frame_hdr` made here.
 #[derive(Default)]
-struct DebugFrameUse {
-    /// Its bytes, inflated, where a module reads them: images without
-    /// `.eh_frame`, and images whose `.eh_frame` leaves code to it.
+struct TablesUse {
+    /// Its bytes, inflated, where the image has no `.eh_frame`.
     bytes: Option<SectionBytes>,
     /// Where the image also has `.eh_frame`: the SVMA ranges only
-    /// `.debug_frame` describes (see [`split`]).
+    /// `.debug_frame` describes, each with a `.debug_frame` of the FDEs in
+    /// it (see [`split`]).
     only: Vec<std::ops::Range<u64>>,
+    cut: Vec<SectionBytes>,
+    /// An `.eh_frame_hdr` made for an `.eh_frame` without one (see
+    /// [`hdr`]), at `.eh_frame`'s address.
+    made_hdr: Option<SectionBytes>,
 }
 
-impl DebugFrameUse {
-    fn of(data: &crate::image::ImageData) -> DebugFrameUse {
+impl TablesUse {
+    fn of(data: &crate::image::ImageData) -> TablesUse {
+        let made_hdr = made_eh_frame_hdr(data);
+        TablesUse {
+            made_hdr,
+            ..TablesUse::debug_frame_of(data)
+        }
+    }
+
+    fn debug_frame_of(data: &crate::image::ImageData) -> TablesUse {
         let Some(debug_frame) = data.section(".debug_frame").filter(|s| s.has_bytes()) else {
-            return DebugFrameUse::default();
+            return TablesUse::default();
         };
         let eh_frame = data.section(".eh_frame").filter(|s| !s.bytes.is_empty());
         if eh_frame.is_some() && data.is_macho {
             // framehop reads compact unwind info or `__eh_frame` there.
-            return DebugFrameUse::default();
+            return TablesUse::default();
         }
         // framehop reads `.debug_frame` only where there is no `.eh_frame`
         // (Go's linker writes none), and, split off, for the code
@@ -190,25 +204,54 @@ impl DebugFrameUse {
         // or those frames would be found by frame pointer alone.
         let bytes = debug_frame.read();
         let Some(eh_frame) = eh_frame else {
-            return DebugFrameUse {
+            return TablesUse {
                 bytes,
-                only: Vec::new(),
+                ..TablesUse::default()
             };
         };
-        let only = bytes.as_ref().map_or_else(Vec::new, |debug_frame| {
-            split::debug_frame_only(&split::Tables {
-                eh_frame: &eh_frame.bytes,
-                eh_frame_svma: eh_frame.svma,
-                text_svma: data.section(".text").map(|s| s.svma),
-                got_svma: data.section(".got").map(|s| s.svma),
-                debug_frame,
-            })
+        let Some(debug_frame) = bytes else {
+            return TablesUse::default();
+        };
+        let only = split::debug_frame_only(&split::Tables {
+            eh_frame: &eh_frame.bytes,
+            eh_frame_svma: eh_frame.svma,
+            text_svma: data.section(".text").map(|s| s.svma),
+            got_svma: data.section(".got").map(|s| s.svma),
+            debug_frame: &debug_frame,
         });
-        DebugFrameUse {
-            bytes: bytes.filter(|_| !only.is_empty()),
-            only,
+        match split::cut_debug_frame(&debug_frame, &only) {
+            Some(cut) => TablesUse {
+                bytes: None,
+                only,
+                cut: cut
+                    .into_iter()
+                    .map(|c| SectionBytes::whole(Arc::new(c)))
+                    .collect(),
+                made_hdr: None,
+            },
+            None => TablesUse::default(),
         }
     }
+}
+
+/// An `.eh_frame_hdr` for an ELF image whose `.eh_frame` has none here
+/// (one from a trace), so that framehop looks its FDEs up as in the file.
+fn made_eh_frame_hdr(data: &crate::image::ImageData) -> Option<SectionBytes> {
+    if data.is_macho
+        || data
+            .section(".eh_frame_hdr")
+            .is_some_and(|s| !s.bytes.is_empty())
+    {
+        return None;
+    }
+    let eh_frame = data.section(".eh_frame").filter(|s| !s.bytes.is_empty())?;
+    let made = hdr::eh_frame_hdr(
+        &eh_frame.bytes,
+        eh_frame.svma,
+        data.section(".text").map(|s| s.svma),
+        data.section(".got").map(|s| s.svma),
+    )?;
+    Some(SectionBytes::whole(Arc::new(made)))
 }
 
 impl ModuleCache {
@@ -224,12 +267,12 @@ impl ModuleCache {
         if let Some(modules) = self.lock_modules().get(&key) {
             return Some(modules.clone());
         }
-        let debug_frame = self
-            .debug_frames
+        let tables = self
+            .tables
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .entry(m.image)
-            .or_insert_with(|| Arc::new(DebugFrameUse::of(data)))
+            .or_insert_with(|| Arc::new(TablesUse::of(data)))
             .clone();
         let range = |name: &str| {
             data.section(name)
@@ -240,7 +283,9 @@ impl ModuleCache {
                 .filter(|s| !s.bytes.is_empty())
                 .map(|s| s.bytes.clone())
         };
-        let info = |reads_debug_frame: bool| {
+        // `Some(range)`: a module reading that range's `.debug_frame`.
+        let info = |only: Option<usize>| {
+            let reads_debug_frame = only.is_some();
             let eh = |name: &str| bytes(name).filter(|_| !reads_debug_frame);
             ExplicitModuleSectionInfo {
                 base_svma: data.base_svma,
@@ -252,9 +297,18 @@ impl ModuleCache {
                 unwind_info: bytes("__unwind_info"),
                 eh_frame_svma: range(".eh_frame"),
                 eh_frame: eh(".eh_frame"),
-                eh_frame_hdr_svma: range(".eh_frame_hdr"),
-                eh_frame_hdr: eh(".eh_frame_hdr"),
-                debug_frame: debug_frame.bytes.clone(),
+                eh_frame_hdr_svma: match &tables.made_hdr {
+                    Some(made) => range(".eh_frame").map(|r| r.start..r.start + made.len() as u64),
+                    None => range(".eh_frame_hdr"),
+                },
+                eh_frame_hdr: match &tables.made_hdr {
+                    Some(made) => Some(made.clone()).filter(|_| !reads_debug_frame),
+                    None => eh(".eh_frame_hdr"),
+                },
+                debug_frame: match only {
+                    Some(i) => tables.cut.get(i).cloned(),
+                    None => tables.bytes.clone(),
+                },
                 text_segment_svma: range("__TEXT"),
                 text_segment: bytes("__TEXT"),
             }
@@ -264,10 +318,10 @@ impl ModuleCache {
         // panic on them, the image is unwound without its data.
         let modules: Arc<[Module<SectionBytes>]> =
             std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                split::segments(m.start..m.end, &debug_frame.only, bias)
+                split::segments(m.start..m.end, &tables.only, bias)
                     .into_iter()
-                    .map(|(avma, reads_debug_frame)| {
-                        let info = info(reads_debug_frame);
+                    .map(|(avma, only)| {
+                        let info = info(only);
                         Module::new(image.key.path.clone(), avma, base_avma, info)
                     })
                     .collect()

@@ -15,15 +15,25 @@
 //! `.eh_frame` is used, as framehop does for a whole image. Code built
 //! without unwind tables (musl's libc) gets its `.debug_frame` from its
 //! instructions ([`lrnprof_image::code_debug_frame`]) and is split alike.
+//!
+//! Each `.debug_frame` module gets a `.debug_frame` of the FDEs in its own
+//! range ([`cut_debug_frame`]), so the indexes framehop builds add up to one
+//! of the whole section however many ranges there are. A program's code
+//! without CFI lies in many separate stretches between functions with it
+//! (Node.js: 24, the hand-written assembly of libgmp: 21), and the rules
+//! for all of them must be read alike whether they come from the file (all
+//! its functions) or from a trace (those it reaches), or the same trace
+//! gives other stacks on another machine.
 
-use gimli::{BaseAddresses, DebugFrame, EhFrame, LittleEndian};
+use gimli::{BaseAddresses, CieOrFde, DebugFrame, EhFrame, LittleEndian, UnwindSection};
 use lrnprof_image::fde_ranges;
+use std::collections::HashMap;
 use std::ops::Range;
 
 /// Most `.debug_frame`-only ranges an image is split at: each becomes a
-/// framehop module that indexes the whole `.debug_frame`. An image past
-/// this is read from `.eh_frame` alone, as framehop would.
-const MAX_RANGES: usize = 16;
+/// framehop module of its own, between two that read `.eh_frame`. An image
+/// past this is read from `.eh_frame` alone, as framehop would.
+const MAX_RANGES: usize = 4096;
 
 /// Where in an image the unwind tables are.
 pub(crate) struct Tables<'a> {
@@ -61,6 +71,78 @@ pub(crate) fn debug_frame_only(tables: &Tables<'_>) -> Vec<Range<u64>> {
         return Vec::new();
     }
     only
+}
+
+/// `.debug_frame` `section` cut into one section per range of `only`
+/// (sorted, not overlapping): the FDEs that start in the range, after the
+/// CIEs they use, their CIE pointers set to where those now are. `None`
+/// where the section does not parse.
+pub(crate) fn cut_debug_frame(section: &[u8], only: &[Range<u64>]) -> Option<Vec<Vec<u8>>> {
+    let mut debug_frame = DebugFrame::new(section, LittleEndian);
+    debug_frame.set_address_size(8);
+    let bases = BaseAddresses::default();
+    // Per range: (offset of the CIE, offset of the FDE) in `section`.
+    let mut fdes: Vec<Vec<(usize, usize)>> = vec![Vec::new(); only.len()];
+    let mut entries = debug_frame.entries(&bases);
+    while let Some(entry) = entries.next().ok()? {
+        let CieOrFde::Fde(partial) = entry else {
+            continue;
+        };
+        let fde = partial.parse(DebugFrame::cie_from_offset).ok()?;
+        let start = fde.initial_address();
+        let i = only.partition_point(|r| r.end <= start);
+        if only.get(i).is_some_and(|r| r.contains(&start)) {
+            fdes[i].push((fde.cie().offset(), fde.offset()));
+        }
+    }
+    fdes.into_iter()
+        .map(|fdes| {
+            let mut out = Vec::new();
+            let mut cies: HashMap<usize, usize> = HashMap::new();
+            for &(cie, _) in &fdes {
+                if let std::collections::hash_map::Entry::Vacant(e) = cies.entry(cie) {
+                    e.insert(out.len());
+                    out.extend_from_slice(section.get(entry_range(section, cie)?)?);
+                }
+            }
+            for (cie, fde) in fdes {
+                let at = out.len();
+                out.extend_from_slice(section.get(entry_range(section, fde)?)?);
+                let new = cies[&cie];
+                // The CIE pointer follows the length: 4 bytes of it in
+                // 32-bit DWARF, 12 (0xffffffff and 8) in 64-bit.
+                if out.get(at..at + 4)? == [0xff; 4] {
+                    out.get_mut(at + 12..at + 20)?
+                        .copy_from_slice(&(new as u64).to_le_bytes());
+                } else {
+                    out.get_mut(at + 4..at + 8)?
+                        .copy_from_slice(&u32::try_from(new).ok()?.to_le_bytes());
+                }
+            }
+            Some(out)
+        })
+        .collect()
+}
+
+/// The bytes of the entry at `at` of a `.debug_frame`, its length field
+/// included.
+fn entry_range(section: &[u8], at: usize) -> Option<Range<usize>> {
+    let u32_at = |i: usize| {
+        let b = section.get(i..i.checked_add(4)?)?;
+        Some(u32::from_le_bytes(b.try_into().ok()?))
+    };
+    let (header, length) = match u32_at(at)? {
+        u32::MAX => {
+            let b = section.get(at.checked_add(4)?..at.checked_add(12)?)?;
+            (
+                12,
+                usize::try_from(u64::from_le_bytes(b.try_into().ok()?)).ok()?,
+            )
+        }
+        length => (4, length as usize),
+    };
+    let end = at.checked_add(header)?.checked_add(length)?;
+    (end <= section.len()).then_some(at..end)
 }
 
 /// The ranges of `debug` that no range of `eh` overlaps, joined where no
@@ -107,29 +189,30 @@ impl Covered {
 }
 
 /// A mapping's address range cut at the `.debug_frame`-only ranges:
-/// (AVMA range, whether its module reads `.debug_frame`), in order,
+/// (AVMA range, the index in `only` of the range whose module reads
+/// `.debug_frame`, or `None` for one that reads `.eh_frame`), in order,
 /// covering `avma` without gaps. `bias` is AVMA minus SVMA.
 pub(crate) fn segments(
     avma: Range<u64>,
     only: &[Range<u64>],
     bias: u64,
-) -> Vec<(Range<u64>, bool)> {
+) -> Vec<(Range<u64>, Option<usize>)> {
     let mut out = Vec::new();
     let mut at = avma.start;
-    for r in only {
+    for (i, r) in only.iter().enumerate() {
         let start = r.start.wrapping_add(bias).clamp(at, avma.end);
         let end = r.end.wrapping_add(bias).clamp(start, avma.end);
         if start == end {
             continue;
         }
         if at < start {
-            out.push((at..start, false));
+            out.push((at..start, None));
         }
-        out.push((start..end, true));
+        out.push((start..end, Some(i)));
         at = end;
     }
     if at < avma.end || out.is_empty() {
-        out.push((at..avma.end, false));
+        out.push((at..avma.end, None));
     }
     out
 }
@@ -192,22 +275,102 @@ mod tests {
         assert_eq!(
             seg,
             vec![
-                (0x1000..0x1100, false),
-                (0x1100..0x1200, true),
-                (0x1200..0x1400, false),
-                (0x1400..0x1500, true),
-                (0x1500..0x9000, false),
+                (0x1000..0x1100, None),
+                (0x1100..0x1200, Some(0)),
+                (0x1200..0x1400, None),
+                (0x1400..0x1500, Some(1)),
+                (0x1500..0x9000, None),
             ]
         );
         // Ranges outside the mapping are dropped; one reaching its end ends it.
         let seg = segments(0x11000..0x12000, &[0..0x10, 0x10f00..0x15000], 0x1000);
         assert_eq!(
             seg,
-            vec![(0x11000..0x11f00, false), (0x11f00..0x12000, true)]
+            vec![(0x11000..0x11f00, None), (0x11f00..0x12000, Some(1))]
         );
         assert_eq!(
             segments(0x1000..0x2000, &[], 0),
-            vec![(0x1000..0x2000, false)]
+            vec![(0x1000..0x2000, None)]
         );
+    }
+
+    /// A `.debug_frame` entry: 32-bit DWARF length, then `id` and `body`.
+    fn entry(out: &mut Vec<u8>, id: u32, body: &[u8]) {
+        out.extend_from_slice(&(4 + body.len() as u32).to_le_bytes());
+        out.extend_from_slice(&id.to_le_bytes());
+        out.extend_from_slice(body);
+    }
+
+    /// A version 1 CIE (no augmentation, code alignment 1, data alignment
+    /// -8, return address register 16) with `initial` instructions.
+    fn cie(out: &mut Vec<u8>, initial: &[u8]) -> u32 {
+        let at = out.len() as u32;
+        let mut body = vec![1, 0, 1, 0x78, 16];
+        body.extend_from_slice(initial);
+        while (body.len() + 8) % 8 != 0 {
+            body.push(0); // DW_CFA_nop
+        }
+        entry(out, u32::MAX, &body);
+        at
+    }
+
+    /// An FDE of `cie` for `start..start + len`, with `instructions`.
+    fn fde(out: &mut Vec<u8>, cie: u32, start: u64, len: u64, instructions: &[u8]) {
+        let mut body = Vec::new();
+        body.extend_from_slice(&start.to_le_bytes());
+        body.extend_from_slice(&len.to_le_bytes());
+        body.extend_from_slice(instructions);
+        while (body.len() + 8) % 8 != 0 {
+            body.push(0);
+        }
+        entry(out, cie, &body);
+    }
+
+    /// (start, CFA offset from rsp) of each FDE of a cut section, as gimli
+    /// reads it.
+    fn read(section: &[u8]) -> Vec<(u64, i64)> {
+        let mut debug_frame = DebugFrame::new(section, LittleEndian);
+        debug_frame.set_address_size(8);
+        let bases = BaseAddresses::default();
+        let mut ctx = gimli::UnwindContext::new();
+        let mut out = Vec::new();
+        let mut entries = debug_frame.entries(&bases);
+        while let Some(entry) = entries.next().unwrap() {
+            if let CieOrFde::Fde(partial) = entry {
+                let fde = partial.parse(DebugFrame::cie_from_offset).unwrap();
+                let row = fde
+                    .unwind_info_for_address(&debug_frame, &bases, &mut ctx, fde.initial_address())
+                    .unwrap();
+                let gimli::CfaRule::RegisterAndOffset { offset, .. } = *row.cfa() else {
+                    panic!("{:?}", row.cfa());
+                };
+                out.push((fde.initial_address(), offset));
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn each_range_gets_its_own_fdes_after_the_cies_they_use() {
+        // Two CIEs (CFA rsp+8 and rsp+16), FDEs of both, out of order.
+        let mut section = Vec::new();
+        let a = cie(&mut section, &[0x0c, 7, 8]); // DW_CFA_def_cfa rsp, 8
+        let b = cie(&mut section, &[0x0c, 7, 16]);
+        fde(&mut section, a, 0x3000, 0x10, &[]);
+        fde(&mut section, b, 0x1000, 0x10, &[]);
+        fde(&mut section, a, 0x1010, 0x10, &[0x0e, 24]); // DW_CFA_def_cfa_offset 24
+        fde(&mut section, b, 0x5000, 0x10, &[]);
+        let only = [0x1000..0x1020, 0x3000..0x3010, 0x4000..0x4010];
+        let cut = cut_debug_frame(&section, &only).unwrap();
+        assert_eq!(cut.len(), 3);
+        assert_eq!(read(&cut[0]), [(0x1000, 16), (0x1010, 24)]);
+        assert_eq!(read(&cut[1]), [(0x3000, 8)]);
+        assert!(cut[2].is_empty());
+        // One CIE each where only one is used.
+        let one = [only[1].clone()];
+        let cut = cut_debug_frame(&section, &one).unwrap();
+        assert_eq!(cut[0].len(), (b - a) as usize + 24);
+        // Truncated: no cut.
+        assert!(cut_debug_frame(&section[..section.len() - 1], &only).is_none());
     }
 }

@@ -263,6 +263,61 @@ fn cold_parts_of_functions_without_unwind_tables_run_at_their_function_s_frame()
     remove_scratch_dir(&dir);
 }
 
+/// Code without unwind tables in more separate stretches than the
+/// analyzer once split an image into (16), as in Node.js's V8 builtins
+/// (24) and libgmp's assembly (21): all its rules were dropped when read
+/// from the file (all its functions), and kept from a trace that reached
+/// fewer, so the same trace gave other stacks on another machine.
+#[test]
+#[cfg_attr(
+    not(target_arch = "x86_64"),
+    ignore = "the fixture is x86-64 assembly, and rules are made from x86-64 code only"
+)]
+fn many_stretches_of_code_without_unwind_tables_unwind_alike_here_and_offline() {
+    require_perf!();
+    let dir = scratch_dir("an-hops");
+    let flags = [NO_FP, &["-fno-toplevel-reorder"]].concat();
+    let exe = build_c(&["an_hops.c"], &flags, &dir, "an_hops");
+    let trace = record(&dir, "hops", &[], &exe, &["500"]);
+    let chain: Vec<String> = ["main".to_string()]
+        .into_iter()
+        .chain((0..24).flat_map(|k| [format!("step_{k}"), format!("hop_{k}")]))
+        .chain(["spin".to_string()])
+        .collect();
+    let f = folded(&trace, &[]);
+    let whole: u64 = f
+        .iter()
+        .filter(|(s, _)| s[1] == "_start" && s.ends_with(&chain))
+        .map(|(_, c)| c)
+        .sum();
+    assert!(whole as f64 >= 0.9 * total(&f) as f64, "{f:?}");
+    assert_eq!(folded(&trace, &["--offline"]), f);
+    remove_scratch_dir(&dir);
+}
+
+/// A sample in code below every FDE of its image (the C runtime's
+/// `_init`) was unwound one way from the file and another from the trace,
+/// whose `.eh_frame` comes without its `.eh_frame_hdr`: framehop's search
+/// of the header finds the first FDE and uses its rule for code no FDE
+/// covers, its own index of the FDEs finds none and follows the frame
+/// pointer. The analyzer now makes the header where there is none.
+#[test]
+fn code_below_every_fde_unwinds_alike_here_and_offline() {
+    require_perf!();
+    let dir = scratch_dir("an-init");
+    let exe = build_c(&["an_init.c"], NO_FP, &dir, "an_init");
+    let trace = record(&dir, "init", &[], &exe, &["500"]);
+    let f = folded(&trace, &[]);
+    let in_init: u64 = f
+        .iter()
+        .filter(|(s, _)| s.last().is_some_and(|l| l == "_init"))
+        .map(|(_, c)| c)
+        .sum();
+    assert!(in_init as f64 >= 0.3 * total(&f) as f64, "{f:?}");
+    assert_eq!(folded(&trace, &["--offline"]), f);
+    remove_scratch_dir(&dir);
+}
+
 /// Whether `info --json` notes, for the image at `path`, unwind rules made
 /// from its instructions.
 fn made_rules_noted(info: &str, path: &Path) -> bool {
