@@ -109,7 +109,7 @@ pub use options::{
 };
 pub use report::{NoReporter, RecordStatus, RecordWarning, Reporter};
 pub use stop::{StopReason, StopRequest, StopToken};
-pub use summary::{RecordSummary, TargetExit};
+pub use summary::{own_cpu, RecordSummary, TargetExit};
 
 /// Record `options.target` into `options.out` until it exits, the duration
 /// passes, or `stop` is stopped. Status and warnings go to `reporter`.

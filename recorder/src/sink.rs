@@ -139,6 +139,9 @@ pub(crate) struct SinkTotals {
     pub frames_named: FramesNamed,
     /// What the converter had to warn about when finishing.
     pub warnings: Vec<RecordWarning>,
+    /// The process's CPU time when the recording stopped, before the
+    /// converter finished the trace.
+    pub cpu_while_recording: Option<std::time::Duration>,
 }
 
 /// The trace file while recording starts. Until [`keep`](Self::keep) it is
@@ -464,6 +467,7 @@ fn run<C: Convert>(
     let end_time = end_time.ok_or_else(|| {
         RecordError::Internal("recording stopped without finishing the trace".into())
     })?;
+    let cpu_while_recording = crate::summary::own_cpu();
     let mut warnings = Vec::new();
     converter.finish(&mut records, &mut warnings)?;
     // Blobs go in blocks of their own, so their size in the file is known.
@@ -494,6 +498,7 @@ fn run<C: Convert>(
         blob_file_bytes,
         frames_named: converter.frames_named(),
         warnings,
+        cpu_while_recording,
     })
 }
 

@@ -57,6 +57,24 @@ pub struct RecordSummary {
     /// the million a second floods the recorder, and the advice on lost
     /// events names what lightens that.
     pub syscall_stack_every_call: bool,
+    /// The recorder's own CPU time ([`own_cpu`]) when the recording
+    /// stopped, before it finished the trace (named code addresses,
+    /// embedded image data).
+    pub cpu_while_recording: Option<Duration>,
+}
+
+/// CPU time this process has used: every thread of it, not its children
+/// (a recorded command).
+pub fn own_cpu() -> Option<Duration> {
+    // SAFETY: getrusage fills the struct it is given.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) } != 0 {
+        return None;
+    }
+    let time = |t: libc::timeval| {
+        Duration::from_secs(t.tv_sec.max(0) as u64) + Duration::from_micros(t.tv_usec.max(0) as u64)
+    };
+    Some(time(usage.ru_utime) + time(usage.ru_stime))
 }
 
 impl RecordSummary {
@@ -82,6 +100,7 @@ impl RecordSummary {
             frame_addresses_cached: totals.frames_named.from_cache,
             target_exit,
             syscall_stack_every_call: false,
+            cpu_while_recording: totals.cpu_while_recording,
         }
     }
 }
@@ -210,6 +229,7 @@ mod tests {
             frame_addresses_cached: 0,
             target_exit: None,
             syscall_stack_every_call: false,
+            cpu_while_recording: None,
         }
     }
 

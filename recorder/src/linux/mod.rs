@@ -460,6 +460,8 @@ pub(crate) fn record(
     let drained = drain_all(&mut events, &layouts, &outlet, heap.as_mut(), true);
     drop(urgency);
     let end = sys::monotonic_ns();
+    // How long sampling ran: not the finishing of the trace after it.
+    let duration = deadline.started().elapsed();
     drop(sender);
     // A failed writer (disk full) is the root cause of any sending error.
     let totals = sink.finish(Timestamp(end))?;
@@ -473,13 +475,7 @@ pub(crate) fn record(
     let (reason, target_exit) = outcome?;
     tallied?;
     drained?;
-    let mut summary = RecordSummary::new(
-        &options.out,
-        &totals,
-        deadline.started().elapsed(),
-        reason,
-        target_exit,
-    );
+    let mut summary = RecordSummary::new(&options.out, &totals, duration, reason, target_exit);
     summary.syscall_stack_every_call = options
         .syscalls
         .as_ref()

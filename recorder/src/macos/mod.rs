@@ -340,6 +340,10 @@ fn start(
         .join()
         .map_err(|_| RecordError::Internal("the sampling thread panicked".into()))?;
     let end = Timestamp(clock.now_ns());
+    // How long sampling ran, and what it cost, before the images are
+    // embedded here (not on the writer thread, as on Linux).
+    let duration = deadline.started().elapsed();
+    let cpu_while_recording = crate::summary::own_cpu();
     if reason == StopReason::TargetExited {
         let code = exit.map(|e| e.shell_code());
         tx.send(Record::Process(ProcessRecord {
@@ -384,13 +388,9 @@ fn start(
     for warning in &totals.warnings {
         reporter.warning(warning);
     }
-    Ok(RecordSummary::new(
-        &options.out,
-        &totals,
-        deadline.started().elapsed(),
-        reason,
-        exit,
-    ))
+    let mut summary = RecordSummary::new(&options.out, &totals, duration, reason, exit);
+    summary.cpu_while_recording = cpu_while_recording;
+    Ok(summary)
 }
 
 /// How our child `pid` ended, if it has.

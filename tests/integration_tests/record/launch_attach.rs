@@ -32,6 +32,25 @@ fn launch_records_named_threads_images_and_samples() {
         stderr.contains("samples") && stderr.contains("bytes/sample"),
         "{stderr}"
     );
+    // The recorder's CPU, split where the recording stopped: the parts
+    // add up to the whole (each rounded to a millisecond).
+    let cpu = stderr
+        .lines()
+        .find_map(|l| l.strip_prefix("lrnprof-rec: recorder CPU "))
+        .unwrap_or_else(|| panic!("no recorder CPU line: {stderr}"));
+    let seconds: Vec<f64> = cpu
+        .split([' ', ':', ',', '('])
+        .filter_map(|w| w.parse().ok())
+        .collect();
+    assert!(
+        cpu.contains(" s while recording (") && cpu.contains(" µs per sample), "),
+        "{cpu}"
+    );
+    let [total, during, per_sample, after] = seconds[..] else {
+        panic!("{cpu}");
+    };
+    assert!((during + after - total).abs() <= 0.0015, "{cpu}");
+    assert!(per_sample > 0.0, "{cpu}");
 
     let (reader, records) = load_complete(&out);
     assert_time_ordered(&records);

@@ -10,8 +10,8 @@ mod terminal;
 use anyhow::Result;
 use clap::Parser;
 use lrnprof_recorder::{
-    record, CpuEvent, EmbedLevel, FrameCache, HeapOptions, OffCpuOptions, RecordOptions, StopToken,
-    SyscallOptions, TargetSpec, DEFAULT_FREQUENCY_HZ, DEFAULT_HEAP_INTERVAL,
+    own_cpu, record, CpuEvent, EmbedLevel, FrameCache, HeapOptions, OffCpuOptions, RecordOptions,
+    StopToken, SyscallOptions, TargetSpec, DEFAULT_FREQUENCY_HZ, DEFAULT_HEAP_INTERVAL,
     DEFAULT_OFF_CPU_STACK_SIZE, DEFAULT_STACK_SIZE, DEFAULT_SYSCALL_STACK_SIZE, MAX_RING_SIZE,
     MIN_RING_SIZE,
 };
@@ -237,7 +237,7 @@ fn run(args: Args) -> Result<ExitCode> {
     let summary = recorded?;
     terminal::say(&summary.to_string());
     if let Some(cpu) = own_cpu() {
-        terminal::say(&cpu_line(cpu, summary.samples));
+        terminal::say(&cpu_line(cpu, summary.cpu_while_recording, summary.samples));
     }
     if summary.samples > 0 {
         terminal::say(&format!(
@@ -251,34 +251,29 @@ fn run(args: Args) -> Result<ExitCode> {
     })
 }
 
-/// CPU time this process has used (every recorder thread; not the
-/// recorded command, a child).
-fn own_cpu() -> Option<Duration> {
-    // SAFETY: getrusage fills the struct it is given.
-    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
-    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) } != 0 {
-        return None;
-    }
-    let time = |t: libc::timeval| {
-        Duration::from_secs(t.tv_sec.max(0) as u64) + Duration::from_micros(t.tv_usec.max(0) as u64)
-    };
-    Some(time(usage.ru_utime) + time(usage.ru_stime))
-}
-
-/// What recording cost the recorder itself, start and end included.
-fn cpu_line(cpu: Duration, samples: u64) -> String {
-    let per_sample = if samples > 0 {
+/// What recording cost the recorder itself, start and end included, and,
+/// where known, how much of it the recording took (the per-sample cost)
+/// and how much finishing the trace after it (naming code addresses and
+/// embedding image data, which a large program's images make long).
+fn cpu_line(cpu: Duration, while_recording: Option<Duration>, samples: u64) -> String {
+    let per_sample = |cpu: Duration| {
         format!(
-            ", {:.1} µs per sample",
+            "{:.1} µs per sample",
             cpu.as_secs_f64() * 1e6 / samples as f64
         )
-    } else {
-        String::new()
     };
-    format!(
-        "lrnprof-rec: recorder CPU {:.3} s{per_sample}",
-        cpu.as_secs_f64()
-    )
+    let total = cpu.as_secs_f64();
+    match while_recording.filter(|&w| w <= cpu) {
+        _ if samples == 0 => format!("lrnprof-rec: recorder CPU {total:.3} s"),
+        None => format!("lrnprof-rec: recorder CPU {total:.3} s, {}", per_sample(cpu)),
+        Some(during) => format!(
+            "lrnprof-rec: recorder CPU {total:.3} s: {:.3} s while recording ({}), {:.3} s after it, \
+             naming code and embedding image data",
+            during.as_secs_f64(),
+            per_sample(during),
+            (cpu - during).as_secs_f64()
+        ),
+    }
 }
 
 /// `4096`, `512K`, `1M`, `2G` (powers of 1024), at least 1.
@@ -373,12 +368,22 @@ mod tests {
     #[test]
     fn the_recorder_cpu_line_gives_time_per_sample() {
         assert_eq!(
-            cpu_line(Duration::from_millis(650), 25_000),
+            cpu_line(Duration::from_millis(650), None, 25_000),
             "lrnprof-rec: recorder CPU 0.650 s, 26.0 µs per sample"
         );
         assert_eq!(
-            cpu_line(Duration::from_millis(20), 0),
+            cpu_line(Duration::from_millis(20), None, 0),
             "lrnprof-rec: recorder CPU 0.020 s"
+        );
+        // A large program's images: most of it after the recording.
+        assert_eq!(
+            cpu_line(
+                Duration::from_millis(406),
+                Some(Duration::from_millis(90)),
+                450
+            ),
+            "lrnprof-rec: recorder CPU 0.406 s: 0.090 s while recording (200.0 µs per \
+             sample), 0.316 s after it, naming code and embedding image data"
         );
         assert!(own_cpu().is_some());
     }
