@@ -10,7 +10,7 @@ use crate::options::{AnalyzeOptions, Progress, SampleFilter};
 use crate::symbolicate::JitMap;
 use crate::timeline::{chunk_blocks, generation_index, scan, Generation, Mapping, Timeline};
 use crate::unwind::{
-    ArchCache, ArchUnwinder, ModuleCache, Unwound, MAX_FRAMES, MAX_UNWINDERS_SHARING_CACHE,
+    ArchCache, ArchUnwinder, ModuleCache, Unwound, MAX_FRAMES, MAX_GENERATIONS_SHARING_CACHE,
 };
 use lrnprof_format::{
     Arch, BlockInfo, Endian, ImageKind, Pid, Record, Regs, Sample, SampleKind, Tid, Timestamp,
@@ -292,9 +292,10 @@ pub(crate) fn prepare_keeping<D: AsRef<[u8]> + Sync>(
         .collect();
     let unwinders_share_cache = unwinders
         .values()
-        .map(|p: &ProcessUnwind| p.unwinders.len())
+        .flat_map(|p: &ProcessUnwind| &p.unwinders)
+        .map(|u| u.generations)
         .sum::<usize>()
-        < MAX_UNWINDERS_SHARING_CACHE;
+        < MAX_GENERATIONS_SHARING_CACHE;
     Prepared {
         timeline,
         images,

@@ -10,14 +10,17 @@
 //! address), and zeros (`DW_CFA_nop`) for the rest. A zero length would
 //! end the section, so none is written.
 //!
-//! The unwinder (framehop, without `.eh_frame_hdr`) indexes the FDEs by
-//! initial address and, for a lookup address, takes the one with the
-//! greatest initial address at or below it: its rule if it covers the
-//! address, the fallback rule (frame pointers) if not, nothing if there is
-//! none. The cut section is checked to give the same outcome as the whole
-//! one for every lookup address; anything unusual (pointer encodings other
-//! than absolute or pc-relative, FDEs sharing the initial address a lookup
-//! picks, entries that do not parse) keeps the section whole.
+//! The analyzer makes an `.eh_frame_hdr` for the section (a trace carries
+//! none), and its unwinder (framehop) takes, for a lookup address, the FDE
+//! with the greatest initial address at or below it: its rule if it covers
+//! the address, the rule for code no FDE covers if not. (Below every FDE
+//! the header's search takes the first, which does not cover it either.)
+//! The cut section is checked to give the same outcome as the whole one
+//! for every lookup address, telling "below every FDE" apart from "not
+//! covered" as if no header were made, which is stricter than needed;
+//! anything unusual (pointer encodings other than absolute or pc-relative,
+//! FDEs sharing the initial address a lookup picks, entries that do not
+//! parse) keeps the section whole.
 
 use gimli::{
     BaseAddresses, CieOrFde, EhFrame, EhFrameOffset, EndianSlice, LittleEndian, Reader,

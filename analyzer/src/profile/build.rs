@@ -714,18 +714,22 @@ fn jit_end_warning(stats: &Stats) -> Option<String> {
     })
 }
 
-/// When at least a tenth of the samples are in JIT code that nothing names
-/// (and [`jit_end_warning`] has not already said how to name it): what to do.
+/// When at least a tenth of the samples are in code that nothing names,
+/// in anonymous executable memory or outside every mapped file (JIT code
+/// without a map), and [`jit_end_warning`] has not already said how to
+/// name it: what to do.
 fn unnamed_jit_warning(stats: &Stats) -> Option<String> {
     let many = |n: u64| n > 0 && n.saturating_mul(10) >= stats.samples;
     let n = stats.unnamed_jit_samples;
-    (many(n) && !many(stats.unnamed_end_samples)).then(|| {
+    let told = many(stats.unnamed_end_samples) && !many(stats.jit_end_samples);
+    (many(n) && !told).then(|| {
         format!(
-            "{n} samples ({:.1}%) are in JIT code that nothing names (anonymous executable \
-             memory, or code outside every mapped file, with no /tmp/perf-PID.map entry), so \
-             each of its addresses counts as a function of its own. Have the runtime write the \
-             map while it is recorded: Node.js: --perf-basic-prof (Chromium: \
-             --js-flags=--perf-basic-prof); Java: -XX:+UnlockDiagnosticVMOptions \
+            "{n} samples ({:.1}%) are in code that nothing names, in anonymous executable \
+             memory or outside every mapped file: if the program runs a JIT compiler \
+             (Node.js, Chromium, a JVM), that is its code, named only from the \
+             /tmp/perf-PID.map the runtime writes, and each of its addresses counts as a \
+             function of its own. Node.js: --perf-basic-prof; Chromium: --no-sandbox \
+             --js-flags=--perf-basic-prof; Java: -XX:+UnlockDiagnosticVMOptions \
              -XX:+DumpPerfMapAtExit, or jcmd PID Compiler.perfmap; Python 3.12 or later: -X perf",
             100.0 * n as f64 / stats.samples.max(1) as f64
         )
@@ -920,12 +924,25 @@ mod tests {
         assert_eq!(unnamed_jit_warning(&jit(99, 0)), None);
         let w = unnamed_jit_warning(&jit(130, 0)).unwrap();
         assert!(
-            w.starts_with("130 samples (13.0%) are in JIT code that nothing names"),
+            w.starts_with("130 samples (13.0%) are in code that nothing names"),
             "{w}"
         );
         assert!(w.contains("--perf-basic-prof"), "{w}");
         // Stacks that also stop there: the advice is given once.
         assert_eq!(unnamed_jit_warning(&jit(500, 500)), None);
+        assert!(jit_end_warning(&jit(500, 500))
+            .unwrap()
+            .contains("DumpPerfMapAtExit"));
+        // Unless the other warning is about named JIT code without frame
+        // pointers: then this one says how to name the rest.
+        let both = Stats {
+            jit_end_samples: 300,
+            ..jit(500, 500)
+        };
+        assert!(!jit_end_warning(&both)
+            .unwrap()
+            .contains("DumpPerfMapAtExit"));
+        assert!(unnamed_jit_warning(&both).is_some());
     }
 
     fn header(os: Os, kernel_callchain: bool, stack_size: u32) -> TraceHeader {

@@ -64,7 +64,10 @@ pub(crate) fn eh_frame_hdr(
         let fde_svma = eh_frame_svma.checked_add(fde.offset() as u64)?;
         rows.push((start, offset(start)?, offset(fde_svma)?));
     }
+    // FDEs sharing a start (code folded by a linker): the first, so that
+    // the search does not pick one by where it lands.
     rows.sort_by_key(|&(start, ..)| start);
+    rows.dedup_by_key(|&mut (start, ..)| start);
     let mut out = vec![1, PCREL_SDATA4, UDATA4, DATAREL_SDATA4];
     // `.eh_frame`'s address, from the field's own (4 bytes in).
     out.extend_from_slice(&offset(eh_frame_svma.wrapping_sub(4))?.to_le_bytes());
@@ -136,5 +139,15 @@ mod tests {
         assert_eq!(parsed.eh_frame_ptr(), Pointer::Direct(svma));
         // Not an `.eh_frame`: none.
         assert_eq!(eh_frame_hdr(&[7, 0, 0, 0, 1], svma, None, None), None);
+    }
+
+    #[test]
+    fn fdes_sharing_a_start_give_the_first() {
+        let svma = 0x3000;
+        let section = eh_frame(svma, &[(0x1100, 0x20), (0x1100, 0x10)]);
+        let hdr = eh_frame_hdr(&section, svma, None, None).unwrap();
+        // One row: the first FDE (after the CIE, at 24).
+        assert_eq!(u32::from_le_bytes(hdr[8..12].try_into().unwrap()), 1);
+        assert_eq!(i32::from_le_bytes(hdr[16..20].try_into().unwrap()), 24);
     }
 }

@@ -57,6 +57,9 @@ pub(crate) struct ArchUnwinder {
     trampolines: Trampolines,
     /// For the 32-bit samples of an x86-64 trace's i386 process.
     i386: Option<Arc<i386::Unwinder>>,
+    /// framehop's modules generations it took: one for the unwinder, one
+    /// per module added (see [`MAX_GENERATIONS_SHARING_CACHE`]).
+    pub generations: usize,
 }
 
 #[derive(Clone)]
@@ -129,18 +132,21 @@ impl ArchCache {
     /// Keep this cache for the worker's next block: the unwind rules found
     /// for the addresses of one block serve the next ones, where a new
     /// cache per block looked every rule up again. framehop tags each rule
-    /// with its unwinder's modules generation, a process-wide counter, so
-    /// one cache serves every unwinder of an analysis (callers keep none
-    /// when an analysis has so many unwinders that the 16-bit counter
-    /// could wrap).
+    /// with its unwinder's modules generation, a process-wide counter that
+    /// each new unwinder and each module added moves on, so one cache
+    /// serves every unwinder of an analysis (callers keep none when an
+    /// analysis moves the 16-bit counter so far that it could wrap).
     pub fn keep(self) {
         KEPT_CACHE.with(|k| *k.borrow_mut() = Some(self));
     }
 }
 
-/// Unwinders an analysis may have for workers to keep their caches
-/// between blocks: below framehop's 16-bit modules generation counter.
-pub(crate) const MAX_UNWINDERS_SHARING_CACHE: usize = u16::MAX as usize;
+/// framehop modules generations an analysis may take
+/// ([`ArchUnwinder::generations`]) for workers to keep their caches
+/// between blocks: below framehop's 16-bit counter. An image split into
+/// many modules (see [`split`]) takes one per module in every unwinder
+/// that maps it.
+pub(crate) const MAX_GENERATIONS_SHARING_CACHE: usize = u16::MAX as usize;
 
 thread_local! {
     static KEPT_CACHE: std::cell::RefCell<Option<ArchCache>> = const { std::cell::RefCell::new(None) };
@@ -219,6 +225,9 @@ impl TablesUse {
             got_svma: data.section(".got").map(|s| s.svma),
             debug_frame: &debug_frame,
         });
+        if only.is_empty() {
+            return TablesUse::default();
+        }
         match split::cut_debug_frame(&debug_frame, &only) {
             Some(cut) => TablesUse {
                 bytes: None,
@@ -267,13 +276,15 @@ impl ModuleCache {
         if let Some(modules) = self.lock_modules().get(&key) {
             return Some(modules.clone());
         }
-        let tables = self
-            .tables
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .entry(m.image)
-            .or_insert_with(|| Arc::new(TablesUse::of(data)))
-            .clone();
+        // Worked out outside the lock (it parses every FDE of the image),
+        // so generations being built in parallel wait for none but their
+        // own; two working out the same image keep the first.
+        let lock_tables = || self.tables.lock().unwrap_or_else(|e| e.into_inner());
+        let known = lock_tables().get(&m.image).cloned();
+        let tables = known.unwrap_or_else(|| {
+            let tables = Arc::new(TablesUse::of(data));
+            lock_tables().entry(m.image).or_insert(tables).clone()
+        });
         let range = |name: &str| {
             data.section(name)
                 .map(|s| s.svma..s.svma.saturating_add(s.size))
@@ -298,7 +309,8 @@ impl ModuleCache {
                 eh_frame_svma: range(".eh_frame"),
                 eh_frame: eh(".eh_frame"),
                 eh_frame_hdr_svma: match &tables.made_hdr {
-                    Some(made) => range(".eh_frame").map(|r| r.start..r.start + made.len() as u64),
+                    Some(made) => range(".eh_frame")
+                        .map(|r| r.start..r.start.saturating_add(made.len() as u64)),
                     None => range(".eh_frame_hdr"),
                 },
                 eh_frame_hdr: match &tables.made_hdr {
@@ -349,11 +361,13 @@ impl ArchUnwinder {
         cache: &ModuleCache,
         abi32: bool,
     ) -> ArchUnwinder {
+        let mut generations = 1;
         let modules = mappings
             .iter()
             .filter(|m| m.executable)
             .filter_map(|m| cache.modules(m, &images[m.image as usize]))
-            .flat_map(|modules| modules.to_vec());
+            .flat_map(|modules| modules.to_vec())
+            .inspect(|_| generations += 1);
         let unwinder = match arch {
             Arch::X86_64 => ArchKind::X86_64(x86_64::build(modules)),
             Arch::Aarch64 => ArchKind::Aarch64(aarch64::build(modules)),
@@ -370,6 +384,7 @@ impl ArchUnwinder {
             unwinder,
             trampolines,
             i386,
+            generations,
         }
     }
 

@@ -76,7 +76,10 @@ pub(crate) fn debug_frame_only(tables: &Tables<'_>) -> Vec<Range<u64>> {
 /// `.debug_frame` `section` cut into one section per range of `only`
 /// (sorted, not overlapping): the FDEs that start in the range, after the
 /// CIEs they use, their CIE pointers set to where those now are. `None`
-/// where the section does not parse.
+/// where the section does not parse, or where the cut sections would take
+/// more than twice its size and [`CUT_SLACK`]: each range copies the CIEs
+/// it uses, and a malformed trace's section could have every range use one
+/// huge CIE.
 pub(crate) fn cut_debug_frame(section: &[u8], only: &[Range<u64>]) -> Option<Vec<Vec<u8>>> {
     let mut debug_frame = DebugFrame::new(section, LittleEndian);
     debug_frame.set_address_size(8);
@@ -84,17 +87,29 @@ pub(crate) fn cut_debug_frame(section: &[u8], only: &[Range<u64>]) -> Option<Vec
     // Per range: (offset of the CIE, offset of the FDE) in `section`.
     let mut fdes: Vec<Vec<(usize, usize)>> = vec![Vec::new(); only.len()];
     let mut entries = debug_frame.entries(&bases);
+    // FDEs mostly follow their CIE: parse each CIE once.
+    let mut last_cie = None;
     while let Some(entry) = entries.next().ok()? {
-        let CieOrFde::Fde(partial) = entry else {
-            continue;
+        let partial = match entry {
+            CieOrFde::Cie(cie) => {
+                last_cie = Some(cie);
+                continue;
+            }
+            CieOrFde::Fde(partial) => partial,
         };
-        let fde = partial.parse(DebugFrame::cie_from_offset).ok()?;
+        let fde = partial
+            .parse(|s, b, at| match &last_cie {
+                Some(cie) if cie.offset() == at.0 => Ok(cie.clone()),
+                _ => s.cie_from_offset(b, at),
+            })
+            .ok()?;
         let start = fde.initial_address();
         let i = only.partition_point(|r| r.end <= start);
         if only.get(i).is_some_and(|r| r.contains(&start)) {
             fdes[i].push((fde.cie().offset(), fde.offset()));
         }
     }
+    let mut budget = section.len().saturating_mul(2).saturating_add(CUT_SLACK);
     fdes.into_iter()
         .map(|fdes| {
             let mut out = Vec::new();
@@ -108,7 +123,7 @@ pub(crate) fn cut_debug_frame(section: &[u8], only: &[Range<u64>]) -> Option<Vec
             for (cie, fde) in fdes {
                 let at = out.len();
                 out.extend_from_slice(section.get(entry_range(section, fde)?)?);
-                let new = cies[&cie];
+                let new = *cies.get(&cie)?;
                 // The CIE pointer follows the length: 4 bytes of it in
                 // 32-bit DWARF, 12 (0xffffffff and 8) in 64-bit.
                 if out.get(at..at + 4)? == [0xff; 4] {
@@ -119,10 +134,15 @@ pub(crate) fn cut_debug_frame(section: &[u8], only: &[Range<u64>]) -> Option<Vec
                         .copy_from_slice(&u32::try_from(new).ok()?.to_le_bytes());
                 }
             }
+            budget = budget.checked_sub(out.len())?;
             Some(out)
         })
         .collect()
 }
+
+/// Bytes the sections [`cut_debug_frame`] makes may take beyond twice the
+/// section's: the CIEs copied into each of many ranges.
+const CUT_SLACK: usize = 64 << 10;
 
 /// The bytes of the entry at `at` of a `.debug_frame`, its length field
 /// included.
@@ -372,5 +392,64 @@ mod tests {
         assert_eq!(cut[0].len(), (b - a) as usize + 24);
         // Truncated: no cut.
         assert!(cut_debug_frame(&section[..section.len() - 1], &only).is_none());
+    }
+
+    /// A 64-bit DWARF entry: 0xffffffff, the length in 8 bytes, `id` in 8.
+    fn entry64(out: &mut Vec<u8>, id: u64, body: &[u8]) {
+        out.extend_from_slice(&[0xff; 4]);
+        out.extend_from_slice(&(8 + body.len() as u64).to_le_bytes());
+        out.extend_from_slice(&id.to_le_bytes());
+        out.extend_from_slice(body);
+    }
+
+    #[test]
+    fn cies_after_their_fdes_and_64_bit_entries_are_cut_alike() {
+        // A 32-bit FDE (24 bytes) before its CIE, at 24.
+        let mut section = Vec::new();
+        fde(&mut section, 24, 0x2000, 0x10, &[]);
+        assert_eq!(section.len(), 24);
+        cie(&mut section, &[0x0c, 7, 24]);
+        // Then a 64-bit version 4 CIE (address size 8) and its FDE.
+        let cie64 = section.len() as u64;
+        let mut cie_body = vec![4, 0, 8, 0, 1, 0x78, 16, 0x0c, 7, 40];
+        while (cie_body.len() + 20) % 8 != 0 {
+            cie_body.push(0);
+        }
+        entry64(&mut section, u64::MAX, &cie_body);
+        let mut fde_body = Vec::new();
+        fde_body.extend_from_slice(&0x4000u64.to_le_bytes());
+        fde_body.extend_from_slice(&0x10u64.to_le_bytes());
+        while (fde_body.len() + 20) % 8 != 0 {
+            fde_body.push(0);
+        }
+        entry64(&mut section, cie64, &fde_body);
+        assert_eq!(read(&section), [(0x2000, 24), (0x4000, 40)]);
+        let cut = cut_debug_frame(&section, &[0x2000..0x2010, 0x4000..0x4010]).unwrap();
+        assert_eq!(read(&cut[0]), [(0x2000, 24)]);
+        assert_eq!(read(&cut[1]), [(0x4000, 40)]);
+    }
+
+    #[test]
+    fn one_huge_cie_used_by_many_ranges_is_not_copied_into_each() {
+        let mut section = Vec::new();
+        let a = cie(&mut section, &[0x0c, 7, 8]);
+        let mut nops = vec![0x0c, 7, 8];
+        nops.resize(256 << 10, 0); // DW_CFA_nop
+        let huge = cie(&mut section, &nops);
+        let only: Vec<Range<u64>> = (0..8u64)
+            .map(|i| 0x1000 * (i + 1)..0x1000 * (i + 1) + 0x10)
+            .collect();
+        for r in &only {
+            fde(&mut section, huge, r.start, 0x10, &[]);
+        }
+        assert!(cut_debug_frame(&section, &only).is_none());
+        // A few copies of a small one are no matter.
+        let mut small = Vec::new();
+        let a2 = cie(&mut small, &[0x0c, 7, 8]);
+        assert_eq!(a, a2);
+        for r in &only {
+            fde(&mut small, a2, r.start, 0x10, &[]);
+        }
+        assert_eq!(cut_debug_frame(&small, &only).unwrap().len(), 8);
     }
 }

@@ -618,9 +618,9 @@ pub(crate) fn image_kind(path: &str) -> ImageKind {
 
 /// `blobs` of one image without the sections an analyzer derives from
 /// others: `.eh_frame_hdr` is a sorted index of `.eh_frame` (which the
-/// unwinder rebuilds from `.eh_frame` itself when the header is missing)
-/// and compresses badly, about a quarter of what the unwind tables of a
-/// large image take in the trace.
+/// analyzer makes again from `.eh_frame` when the header is missing) and
+/// compresses badly, about a quarter of what the unwind tables of a large
+/// image take in the trace.
 fn without_derived_sections(mut blobs: Vec<Blob>) -> Vec<Blob> {
     let is_section = |b: &Blob, section: &str| matches!(&b.kind, BlobKind::Section { name, .. } if name == section);
     if blobs.iter().any(|b| is_section(b, ".eh_frame")) {
