@@ -46,7 +46,8 @@
 
 use crate::cfi_write::{advance, entry, fde_header, push_uleb, X86_64_CIE};
 use gimli::{
-    BaseAddresses, CieOrFde, EhFrame, EndianSlice, LittleEndian, UnwindOffset, UnwindSection,
+    BaseAddresses, CieOrFde, EhFrame, EndianSlice, FrameDescriptionEntry, LittleEndian,
+    UnwindOffset, UnwindSection,
 };
 use iced_x86::{
     Decoder, DecoderOptions, FlowControl, Instruction, InstructionInfoFactory, Mnemonic, OpAccess,
@@ -144,6 +145,26 @@ where
     S: UnwindSection<EndianSlice<'a, LittleEndian>>,
 {
     let mut ranges = Vec::new();
+    for_each_fde(section, bases, |fde| {
+        let start = fde.initial_address();
+        if let Some(end) = start.checked_add(fde.len()).filter(|&end| end > start) {
+            ranges.push(start..end);
+        }
+    })?;
+    ranges.sort_by_key(|r| r.start);
+    Some(ranges)
+}
+
+/// Each FDE of `section`, parsed, in the section's order; `None` (after
+/// those before it) at the first entry that does not parse.
+pub fn for_each_fde<'a, S>(
+    section: &S,
+    bases: &BaseAddresses,
+    mut each: impl FnMut(FrameDescriptionEntry<EndianSlice<'a, LittleEndian>>),
+) -> Option<()>
+where
+    S: UnwindSection<EndianSlice<'a, LittleEndian>>,
+{
     let mut entries = section.entries(bases);
     // FDEs mostly follow their CIE: parse each CIE once.
     let mut last_cie = None;
@@ -161,13 +182,9 @@ where
                 _ => s.cie_from_offset(b, offset),
             })
             .ok()?;
-        let start = fde.initial_address();
-        if let Some(end) = start.checked_add(fde.len()).filter(|&end| end > start) {
-            ranges.push(start..end);
-        }
+        each(fde);
     }
-    ranges.sort_by_key(|r| r.start);
-    Some(ranges)
+    Some(())
 }
 
 /// [`fde_ranges`] of an `.eh_frame` (`data`, at `svma`) whose FDEs all

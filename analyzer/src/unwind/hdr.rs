@@ -12,7 +12,8 @@
 //! file and another from the trace. With a header made here from the
 //! FDEs, framehop searches alike in both.
 
-use gimli::{BaseAddresses, CieOrFde, EhFrame, LittleEndian, UnwindSection};
+use gimli::{BaseAddresses, EhFrame, LittleEndian};
+use lrnprof_image::for_each_fde;
 
 /// `DW_EH_PE_pcrel | DW_EH_PE_sdata4`.
 const PCREL_SDATA4: u8 = 0x1b;
@@ -43,25 +44,13 @@ pub(crate) fn eh_frame_hdr(
     section.set_address_size(8);
     let hdr_svma = eh_frame_svma;
     let offset = |to: u64| i32::try_from(to.wrapping_sub(hdr_svma) as i64).ok();
-    let mut rows: Vec<(u64, i32, i32)> = Vec::new();
-    let mut entries = section.entries(&bases);
-    let mut last_cie = None;
-    while let Some(entry) = entries.next().ok()? {
-        let partial = match entry {
-            CieOrFde::Cie(cie) => {
-                last_cie = Some(cie);
-                continue;
-            }
-            CieOrFde::Fde(partial) => partial,
-        };
-        let fde = partial
-            .parse(|s, b, at| match &last_cie {
-                Some(cie) if cie.offset() == at.0 => Ok(cie.clone()),
-                _ => s.cie_from_offset(b, at),
-            })
-            .ok()?;
-        let start = fde.initial_address();
-        let fde_svma = eh_frame_svma.checked_add(fde.offset() as u64)?;
+    let mut fdes: Vec<(u64, usize)> = Vec::new();
+    for_each_fde(&section, &bases, |fde| {
+        fdes.push((fde.initial_address(), fde.offset()))
+    })?;
+    let mut rows: Vec<(u64, i32, i32)> = Vec::with_capacity(fdes.len());
+    for (start, at) in fdes {
+        let fde_svma = eh_frame_svma.checked_add(at as u64)?;
         rows.push((start, offset(start)?, offset(fde_svma)?));
     }
     // FDEs sharing a start (code folded by a linker): the first, so that
@@ -82,7 +71,7 @@ pub(crate) fn eh_frame_hdr(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use gimli::{EhFrameHdr, Pointer};
+    use gimli::{EhFrameHdr, Pointer, UnwindSection};
 
     /// An `.eh_frame` with one CIE and an FDE per (start, length), with
     /// pc-relative 4-byte addresses (augmentation "zR", encoding 0x1b).

@@ -25,8 +25,8 @@
 //! its functions) or from a trace (those it reaches), or the same trace
 //! gives other stacks on another machine.
 
-use gimli::{BaseAddresses, CieOrFde, DebugFrame, EhFrame, LittleEndian, UnwindSection};
-use lrnprof_image::fde_ranges;
+use gimli::{BaseAddresses, DebugFrame, EhFrame, LittleEndian};
+use lrnprof_image::{fde_ranges, for_each_fde};
 use std::collections::HashMap;
 use std::ops::Range;
 
@@ -86,29 +86,13 @@ pub(crate) fn cut_debug_frame(section: &[u8], only: &[Range<u64>]) -> Option<Vec
     let bases = BaseAddresses::default();
     // Per range: (offset of the CIE, offset of the FDE) in `section`.
     let mut fdes: Vec<Vec<(usize, usize)>> = vec![Vec::new(); only.len()];
-    let mut entries = debug_frame.entries(&bases);
-    // FDEs mostly follow their CIE: parse each CIE once.
-    let mut last_cie = None;
-    while let Some(entry) = entries.next().ok()? {
-        let partial = match entry {
-            CieOrFde::Cie(cie) => {
-                last_cie = Some(cie);
-                continue;
-            }
-            CieOrFde::Fde(partial) => partial,
-        };
-        let fde = partial
-            .parse(|s, b, at| match &last_cie {
-                Some(cie) if cie.offset() == at.0 => Ok(cie.clone()),
-                _ => s.cie_from_offset(b, at),
-            })
-            .ok()?;
+    for_each_fde(&debug_frame, &bases, |fde| {
         let start = fde.initial_address();
         let i = only.partition_point(|r| r.end <= start);
         if only.get(i).is_some_and(|r| r.contains(&start)) {
             fdes[i].push((fde.cie().offset(), fde.offset()));
         }
-    }
+    })?;
     let mut budget = section.len().saturating_mul(2).saturating_add(CUT_SLACK);
     fdes.into_iter()
         .map(|fdes| {
@@ -240,6 +224,7 @@ pub(crate) fn segments(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use gimli::{CieOrFde, UnwindSection};
 
     #[test]
     fn overlap_counts_any_eh_frame_range_reaching_in() {
