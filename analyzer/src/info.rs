@@ -396,6 +396,16 @@ impl TraceInfo {
         }
         let _ = writeln!(s, "images:");
         for i in &self.images {
+            if i.jit {
+                // No data of its own, and its frames count under no image.
+                let _ = writeln!(s, "  {} (anonymous executable memory: JIT code)", i.path);
+                let _ = writeln!(
+                    s,
+                    "      unwind: {}; symbols: {}",
+                    i.unwind_data, i.symbol_data
+                );
+                continue;
+            }
             let _ = writeln!(
                 s,
                 "  {} (build id {})",

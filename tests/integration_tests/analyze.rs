@@ -1036,8 +1036,17 @@ fn jit_frames_are_named_from_the_perf_map() {
     let dir = scratch_dir("an-jit");
     let exe = build_c(&["an_jit.c"], NO_FP, &dir, "an_jit");
     let trace = record(&dir, "jit", &[], &exe, &["800"]);
-    let pid = String::from_utf8(ok(&["info", trace.to_str().unwrap(), "--json"]).stdout).unwrap();
-    let pid = json_number(&pid, "pid") as u32;
+    let json = String::from_utf8(ok(&["info", trace.to_str().unwrap(), "--json"]).stdout).unwrap();
+    let pid = json_number(&json, "pid") as u32;
+    // The JIT code's mapping is listed as such, not as an image whose data
+    // is missing.
+    assert!(json.contains(r#""jit": true"#), "{json}");
+    let text = String::from_utf8(ok(&["info", trace.to_str().unwrap()]).stdout).unwrap();
+    assert!(
+        text.contains("//anon (anonymous executable memory: JIT code)"),
+        "{text}"
+    );
+    assert!(!text.contains("unwind: missing"), "{text}");
     let map = PathBuf::from(format!("/tmp/perf-{pid}.map"));
     let f = folded(&trace, &[]);
     let _ = std::fs::remove_file(&map);

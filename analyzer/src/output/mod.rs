@@ -152,6 +152,7 @@ pub(crate) mod testing {
                 has_debug_info: true,
                 notes: vec![],
                 frames: 9,
+                jit: false,
             }],
             functions: vec![
                 f("leaf", Some("a.c"), Some(3)),

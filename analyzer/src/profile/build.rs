@@ -533,14 +533,26 @@ impl ProfileBuilder {
                         hex(&img.key.build_id).unwrap_or_else(|| "no build id".into())
                     ));
                 }
+                let jit = img.key.kind == lrnprof_format::ImageKind::Anonymous;
+                let (unwind_data, symbol_data) = match jit {
+                    true => (
+                        "frame pointers only (JIT code has no unwind tables)".to_string(),
+                        "the runtime's /tmp/perf-PID.map, where it wrote one".to_string(),
+                    ),
+                    false => (
+                        source_text(&img.unwind_source),
+                        source_text(&img.symbol_source),
+                    ),
+                };
                 ImageInfo {
                     path: img.key.path.clone(),
                     build_id: hex(&img.key.build_id),
-                    unwind_data: source_text(&img.unwind_source),
-                    symbol_data: source_text(&img.symbol_source),
+                    unwind_data,
+                    symbol_data,
                     has_debug_info,
                     notes: img.notes.clone(),
                     frames,
+                    jit,
                 }
             })
             .collect();

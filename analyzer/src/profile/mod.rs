@@ -135,6 +135,10 @@ pub struct ImageInfo {
     pub notes: Vec<String>,
     /// Frames that fell into this image.
     pub frames: u64,
+    /// Anonymous executable memory (JIT code), which has no data of its
+    /// own: its frames are named from the process's JIT map and counted
+    /// under no image.
+    pub jit: bool,
 }
 
 /// A function (for inlined code, the inlined function).
