@@ -537,6 +537,7 @@ impl Timeline {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
 
     #[test]
     fn a_renamed_thread_has_each_name_for_its_time() {
@@ -563,8 +564,6 @@ mod tests {
         assert_eq!(t.name_at(Timestamp(u64::MAX)), Some(&last));
         assert_eq!(t.names.len(), MAX_NAMES);
     }
-
-    use super::*;
 
     /// The first pass holds an item per record of the blocks in flight: a
     /// syscall's arguments made every item 104 bytes.

@@ -73,8 +73,9 @@ pub use stack::{
     common_prefix_len, same_runs, SameRuns, StackHint, MAX_BASES, MAX_STACK_LEN, MIN_SAME_RUN,
 };
 pub use syscall_names::{
-    errno_name, is_syscall_error, resolve_known_syscalls, resolve_syscall_filter, syscall_name,
-    syscall_number, syscall_table, SyscallAbi, SyscallClass, UnknownSyscall,
+    errno_name, is_syscall_error, resolve_known_syscalls, resolve_syscall_filter,
+    syscall_filter_words, syscall_name, syscall_number, syscall_table, SyscallAbi, SyscallClass,
+    UnknownSyscall,
 };
 pub use types::{
     Arch, BlockOffset, BuildId, Clock, Endian, EventSettings, HeapSettings, OffCpuSettings, Os,

@@ -245,18 +245,25 @@ pub fn resolve_known_syscalls<'a>(
     resolve(abi.into(), words, true).unwrap_or_default()
 }
 
+/// The words of syscall filters as given (`--syscall write,%network
+/// --syscall file`): split at commas, trimmed, empty ones left out.
+pub fn syscall_filter_words<'a>(
+    words: impl IntoIterator<Item = &'a str>,
+) -> impl Iterator<Item = &'a str> {
+    words
+        .into_iter()
+        .flat_map(|w| w.split(','))
+        .map(str::trim)
+        .filter(|w| !w.is_empty())
+}
+
 fn resolve<'a>(
     abi: SyscallAbi,
     words: impl IntoIterator<Item = &'a str>,
     lenient: bool,
 ) -> Result<Vec<u32>, UnknownSyscall> {
     let mut numbers = Vec::new();
-    for word in words
-        .into_iter()
-        .flat_map(|w| w.split(','))
-        .map(str::trim)
-        .filter(|w| !w.is_empty())
-    {
+    for word in syscall_filter_words(words) {
         if !word.starts_with('%') {
             if let Some(nr) = syscall_number(abi, word) {
                 numbers.push(nr);

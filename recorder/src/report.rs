@@ -295,10 +295,7 @@ impl fmt::Display for RecordWarning {
                 let named: Vec<String> = processes
                     .iter()
                     .take(SHOWN)
-                    .map(|(pid, name)| match name {
-                        Some(n) => format!("{n} (pid {pid})"),
-                        None => format!("pid {pid}"),
-                    })
+                    .map(|(pid, name)| named_process(*pid, name.as_deref()))
                     .collect();
                 let more = match processes.len().saturating_sub(SHOWN) {
                     0 => String::new(),
@@ -371,14 +368,19 @@ impl StatusTicker {
     }
 }
 
+/// "NAME (pid PID)", or "pid PID" where the name is not known.
+fn named_process(pid: u32, name: Option<&str>) -> String {
+    match name {
+        Some(n) => format!("{n} (pid {pid})"),
+        None => format!("pid {pid}"),
+    }
+}
+
 /// "NAME (pid PID), ... runs" / "run": processes as a warning's subject.
 fn named_running(processes: &[(u32, Option<String>)]) -> String {
     let named: Vec<String> = processes
         .iter()
-        .map(|(pid, name)| match name {
-            Some(n) => format!("{n} (pid {pid})"),
-            None => format!("pid {pid}"),
-        })
+        .map(|(pid, name)| named_process(*pid, name.as_deref()))
         .collect();
     let verb = if processes.len() == 1 { "runs" } else { "run" };
     format!("{} {verb}", named.join(", "))

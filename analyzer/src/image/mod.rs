@@ -272,6 +272,19 @@ impl ImageData {
         self.sections.get(name)
     }
 
+    /// What gimli needs to read the pointers of this image's `.eh_frame`
+    /// (at `eh_frame_svma`): the SVMAs they may be relative to.
+    pub fn eh_frame_bases(&self, eh_frame_svma: u64) -> gimli::BaseAddresses {
+        let mut bases = gimli::BaseAddresses::default().set_eh_frame(eh_frame_svma);
+        if let Some(text) = self.section(".text") {
+            bases = bases.set_text(text.svma);
+        }
+        if let Some(got) = self.section(".got") {
+            bases = bases.set_got(got.svma);
+        }
+        bases
+    }
+
     /// Whether an unwind table's bytes are here.
     pub fn has_unwind_data(&self) -> bool {
         UNWIND_TABLES

@@ -25,8 +25,9 @@ use crate::symbolicate::symbolicate;
 use crate::tallies::CallCounts;
 use crate::unwind::ArchCache;
 use lrnprof_format::{
-    errno_name, is_syscall_error, resolve_known_syscalls, resolve_syscall_filter, syscall_name,
-    Pid, SampleDetail, SampleFlags, SampleKind, SyscallAbi, Tid, Timestamp, TraceReader,
+    errno_name, is_syscall_error, resolve_known_syscalls, resolve_syscall_filter,
+    syscall_filter_words, syscall_name, Pid, SampleDetail, SampleFlags, SampleKind, SyscallAbi,
+    Tid, Timestamp, TraceReader,
 };
 use rayon::prelude::*;
 use serde::Serialize;
@@ -194,13 +195,7 @@ impl Keep {
     /// is only i386's); one that names nothing in both is an error.
     fn new(arch: lrnprof_format::Arch, words: &[String]) -> Result<Keep, AnalyzeError> {
         let abi32 = SyscallAbi::of(arch, true);
-        let split = || {
-            words
-                .iter()
-                .flat_map(|w| w.split(','))
-                .map(str::trim)
-                .filter(|w| !w.is_empty())
-        };
+        let split = || syscall_filter_words(words.iter().map(String::as_str));
         for word in split() {
             if let Err(e) = resolve_syscall_filter(arch, [word]) {
                 if resolve_syscall_filter(abi32, [word]).is_err() {

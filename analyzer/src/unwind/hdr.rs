@@ -22,30 +22,22 @@ const UDATA4: u8 = 0x03;
 /// `DW_EH_PE_datarel | DW_EH_PE_sdata4`.
 const DATAREL_SDATA4: u8 = 0x3b;
 
-/// An `.eh_frame_hdr` for `eh_frame` (at `eh_frame_svma`), placed at that
-/// same address (only its offsets to code and FDEs matter): version 1, a
-/// sorted table of (start, FDE) with 4-byte offsets from the header, as
-/// linkers write it. `None` where `eh_frame` does not parse or an offset
-/// does not fit in 4 bytes.
+/// An `.eh_frame_hdr` for `eh_frame` (at `eh_frame_svma`, its pointers
+/// read with `bases`), placed at that same address (only its offsets to
+/// code and FDEs matter): version 1, a sorted table of (start, FDE) with
+/// 4-byte offsets from the header, as linkers write it. `None` where
+/// `eh_frame` does not parse or an offset does not fit in 4 bytes.
 pub(crate) fn eh_frame_hdr(
     eh_frame: &[u8],
     eh_frame_svma: u64,
-    text_svma: Option<u64>,
-    got_svma: Option<u64>,
+    bases: &BaseAddresses,
 ) -> Option<Vec<u8>> {
-    let mut bases = BaseAddresses::default().set_eh_frame(eh_frame_svma);
-    if let Some(text) = text_svma {
-        bases = bases.set_text(text);
-    }
-    if let Some(got) = got_svma {
-        bases = bases.set_got(got);
-    }
     let mut section = EhFrame::new(eh_frame, LittleEndian);
     section.set_address_size(8);
     let hdr_svma = eh_frame_svma;
     let offset = |to: u64| i32::try_from(to.wrapping_sub(hdr_svma) as i64).ok();
     let mut fdes: Vec<(u64, usize)> = Vec::new();
-    for_each_fde(&section, &bases, |fde| {
+    for_each_fde(&section, bases, |fde| {
         fdes.push((fde.initial_address(), fde.offset()))
     })?;
     let mut rows: Vec<(u64, i32, i32)> = Vec::with_capacity(fdes.len());
@@ -103,7 +95,8 @@ mod tests {
         let svma = 0x3000;
         // Out of address order, as a cut `.eh_frame` may be.
         let section = eh_frame(svma, &[(0x1200, 0x10), (0x1100, 0x20), (0x1400, 8)]);
-        let hdr = eh_frame_hdr(&section, svma, None, None).unwrap();
+        let hdr =
+            eh_frame_hdr(&section, svma, &BaseAddresses::default().set_eh_frame(svma)).unwrap();
         let bases = BaseAddresses::default()
             .set_eh_frame(svma)
             .set_eh_frame_hdr(svma);
@@ -127,14 +120,18 @@ mod tests {
         assert_eq!(start_at(0x1000), 0x1100);
         assert_eq!(parsed.eh_frame_ptr(), Pointer::Direct(svma));
         // Not an `.eh_frame`: none.
-        assert_eq!(eh_frame_hdr(&[7, 0, 0, 0, 1], svma, None, None), None);
+        assert_eq!(
+            eh_frame_hdr(&[7, 0, 0, 0, 1], svma, &BaseAddresses::default()),
+            None
+        );
     }
 
     #[test]
     fn fdes_sharing_a_start_give_the_first() {
         let svma = 0x3000;
         let section = eh_frame(svma, &[(0x1100, 0x20), (0x1100, 0x10)]);
-        let hdr = eh_frame_hdr(&section, svma, None, None).unwrap();
+        let hdr =
+            eh_frame_hdr(&section, svma, &BaseAddresses::default().set_eh_frame(svma)).unwrap();
         // One row: the first FDE (after the CIE, at 24).
         assert_eq!(u32::from_le_bytes(hdr[8..12].try_into().unwrap()), 1);
         assert_eq!(i32::from_le_bytes(hdr[16..20].try_into().unwrap()), 24);

@@ -220,9 +220,7 @@ impl TablesUse {
         };
         let only = split::debug_frame_only(&split::Tables {
             eh_frame: &eh_frame.bytes,
-            eh_frame_svma: eh_frame.svma,
-            text_svma: data.section(".text").map(|s| s.svma),
-            got_svma: data.section(".got").map(|s| s.svma),
+            eh_frame_bases: data.eh_frame_bases(eh_frame.svma),
             debug_frame: &debug_frame,
         });
         if only.is_empty() {
@@ -254,12 +252,8 @@ fn made_eh_frame_hdr(data: &crate::image::ImageData) -> Option<SectionBytes> {
         return None;
     }
     let eh_frame = data.section(".eh_frame").filter(|s| !s.bytes.is_empty())?;
-    let made = hdr::eh_frame_hdr(
-        &eh_frame.bytes,
-        eh_frame.svma,
-        data.section(".text").map(|s| s.svma),
-        data.section(".got").map(|s| s.svma),
-    )?;
+    let bases = data.eh_frame_bases(eh_frame.svma);
+    let made = hdr::eh_frame_hdr(&eh_frame.bytes, eh_frame.svma, &bases)?;
     Some(SectionBytes::whole(Arc::new(made)))
 }
 

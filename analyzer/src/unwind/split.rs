@@ -38,9 +38,8 @@ const MAX_RANGES: usize = 4096;
 /// Where in an image the unwind tables are.
 pub(crate) struct Tables<'a> {
     pub eh_frame: &'a [u8],
-    pub eh_frame_svma: u64,
-    pub text_svma: Option<u64>,
-    pub got_svma: Option<u64>,
+    /// What `.eh_frame`'s pointers are read with.
+    pub eh_frame_bases: gimli::BaseAddresses,
     pub debug_frame: &'a [u8],
 }
 
@@ -49,19 +48,12 @@ pub(crate) struct Tables<'a> {
 /// joined where no `.eh_frame` FDE lies between them. Empty where there are
 /// none, where either table is malformed, or past [`MAX_RANGES`].
 pub(crate) fn debug_frame_only(tables: &Tables<'_>) -> Vec<Range<u64>> {
-    let mut bases = BaseAddresses::default().set_eh_frame(tables.eh_frame_svma);
-    if let Some(text) = tables.text_svma {
-        bases = bases.set_text(text);
-    }
-    if let Some(got) = tables.got_svma {
-        bases = bases.set_got(got);
-    }
     let mut eh_frame = EhFrame::new(tables.eh_frame, LittleEndian);
     eh_frame.set_address_size(8);
     let mut debug_frame = DebugFrame::new(tables.debug_frame, LittleEndian);
     debug_frame.set_address_size(8);
     let (Some(eh), Some(debug)) = (
-        fde_ranges(&eh_frame, &bases),
+        fde_ranges(&eh_frame, &tables.eh_frame_bases),
         fde_ranges(&debug_frame, &BaseAddresses::default()),
     ) else {
         return Vec::new();
@@ -266,9 +258,7 @@ mod tests {
     fn malformed_tables_give_no_ranges() {
         let tables = Tables {
             eh_frame: &[],
-            eh_frame_svma: 0,
-            text_svma: None,
-            got_svma: None,
+            eh_frame_bases: BaseAddresses::default(),
             debug_frame: &[0x10, 0, 0, 0, 1, 2, 3],
         };
         assert!(debug_frame_only(&tables).is_empty());

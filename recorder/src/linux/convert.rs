@@ -1307,6 +1307,10 @@ fn note_process(noted: &mut BTreeMap<u32, Option<String>>, pid: u32, name: Optio
 
 #[cfg(test)]
 mod tests {
+    use super::super::replica::tests::random_below;
+    use super::super::ring::Keeper;
+    use super::*;
+    use lrnprof_format::{TraceHeader, TraceReader, TraceWriter};
 
     #[test]
     fn noted_processes_keep_their_latest_name_up_to_a_bound() {
@@ -1322,11 +1326,6 @@ mod tests {
         }
         assert_eq!(noted.len(), NAMED_PROCESSES);
     }
-
-    use super::super::replica::tests::random_below;
-    use super::super::ring::Keeper;
-    use super::*;
-    use lrnprof_format::{TraceHeader, TraceReader, TraceWriter};
 
     #[test]
     fn exec_names_are_cut_like_the_kernel_does() {
