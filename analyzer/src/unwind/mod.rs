@@ -908,11 +908,17 @@ pub(crate) fn continue_with_callchain(frames: &mut Vec<u64>, chain: &[u64]) -> b
     };
     // Where the chain holds our outermost frame. Recursion repeats
     // addresses, and the frame-pointer walk may skip a frame or two, so
-    // take the occurrence nearest to the same depth.
+    // take the occurrence nearest to the same depth. The chain's first
+    // entry is the sample's instruction pointer, so only a walk that found
+    // nothing past it ends there: a deeper frame at the same address (the
+    // instruction a signal interrupted, where the handler's own leaf is the
+    // same instruction) is not the chain's leaf, and what follows the leaf
+    // in the chain is the handler's callers, not the interrupted code's.
     let depth = frames.len() - 1;
     let Some(pos) = chain
         .iter()
         .enumerate()
+        .skip(usize::from(depth > 0))
         .filter(|(_, &a)| a == last)
         .map(|(i, _)| i)
         .min_by_key(|&i| i.abs_diff(depth))
@@ -1000,6 +1006,23 @@ mod tests {
         let chain = [0x10, 0x20, 0x20, 0x20, 0x20, 0x30, 0x40];
         assert!(continue_with_callchain(&mut frames, &chain));
         assert_eq!(frames, vec![0x10, 0x20, 0x20, 0x20, 0x20, 0x30, 0x40]);
+    }
+
+    /// A signal interrupted the instruction the handler's sample is at
+    /// (both in the vDSO's clock_gettime): the walk crossed the signal
+    /// frame and stopped at that instruction, outside the copy of the
+    /// handler's alternate stack. The chain's leaf is the same address,
+    /// but what follows it there is the handler's callers.
+    #[test]
+    fn callchain_leaf_does_not_continue_a_deeper_frame() {
+        let mut frames = vec![0xbe1, 0xcf438, 0x1189, 0x11f9, 0x3c04f, 0xbe1];
+        let chain = [PERF_CONTEXT_MAX + 0x200, 0xbe1, 0xcf438, 0xcf438];
+        assert!(!continue_with_callchain(&mut frames, &chain));
+        assert_eq!(frames, vec![0xbe1, 0xcf438, 0x1189, 0x11f9, 0x3c04f, 0xbe1]);
+        // A walk that found only the leaf goes on with the chain.
+        let mut frames = vec![0xbe1];
+        assert!(continue_with_callchain(&mut frames, &chain));
+        assert_eq!(frames, vec![0xbe1, 0xcf438, 0xcf438]);
     }
 
     #[test]
