@@ -755,7 +755,13 @@ fn empty_trace_warning(stats: &Stats, header: &TraceHeader) -> Option<String> {
         return None;
     }
     let hz = header.sampling.frequency_hz;
-    Some(if header.events.cpu && hz > 0 {
+    Some(if !stats.finished {
+        // The recorder stopped (killed, out of disk) before it wrote a
+        // whole block: how much the threads ran says nothing.
+        "the readable part of the trace holds no samples or events: the recorder wrote no \
+         whole block of them before it stopped (or before this read, if it still records)"
+            .to_string()
+    } else if header.events.cpu && hz > 0 {
         format!(
             "the trace holds no samples: the recorded threads used less CPU time than one \
              sampling interval ({:.2} ms at {hz} Hz), or were recorded while they slept; \
@@ -900,6 +906,7 @@ mod tests {
         Stats {
             samples,
             past_copy_samples,
+            finished: true,
             ..Default::default()
         }
     }
@@ -999,6 +1006,14 @@ mod tests {
         h.events.cpu = false;
         let w = empty_trace_warning(&none, &h).unwrap();
         assert!(w.starts_with("the trace holds no samples or events"), "{w}");
+        // A trace cut off before its first block of samples.
+        h.events.cpu = true;
+        none.finished = false;
+        let w = empty_trace_warning(&none, &h).unwrap();
+        assert!(
+            w.starts_with("the readable part of the trace holds no samples"),
+            "{w}"
+        );
     }
 
     #[test]
