@@ -107,7 +107,7 @@ pub use options::{
     DEFAULT_FREQUENCY_HZ, DEFAULT_HEAP_INTERVAL, DEFAULT_OFF_CPU_STACK_SIZE, DEFAULT_STACK_SIZE,
     DEFAULT_SYSCALL_STACK_SIZE, MAX_RING_SIZE, MIN_RING_SIZE,
 };
-pub use report::{NoReporter, RecordStatus, RecordWarning, Reporter};
+pub use report::{NoReporter, RecordStatus, RecordWarning, Reporter, FAST_SOFTWARE_CLOCK_HZ};
 pub use stop::{StopReason, StopRequest, StopToken};
 pub use summary::{own_cpu, RecordSummary, TargetExit};
 

@@ -64,6 +64,10 @@ impl fmt::Display for RecordStatus {
     }
 }
 
+/// Above this rate, the software CPU clock gets a warning
+/// ([`RecordWarning::FastSoftwareClock`]).
+pub const FAST_SOFTWARE_CLOCK_HZ: u32 = 20_000;
+
 /// Something that did not stop the recording but that the user should
 /// know. `Display` writes one line that says what to do, if anything.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -76,6 +80,14 @@ pub enum RecordWarning {
         requested_hz: u32,
         /// Samples per second used.
         used_hz: u32,
+    },
+    /// The software CPU clock samples faster than [`FAST_SOFTWARE_CLOCK_HZ`]:
+    /// the kernel does not lower its rate when taking samples uses up most
+    /// of the CPU (as it does for hardware counters), so the target can
+    /// run many times slower.
+    FastSoftwareClock {
+        /// Samples per second used.
+        hz: u32,
     },
     /// A stack size asked for is more than the kernel copies per event
     /// (just under 64 KiB on Linux): the most it copies is used.
@@ -235,6 +247,14 @@ impl fmt::Display for RecordWarning {
                  kernel.perf_event_mlock_kb allows) holds 32 samples; deeper stacks need root \
                  or a higher limit",
                 human_bytes(*ring_bytes)
+            ),
+            RecordWarning::FastSoftwareClock { hz } => write!(
+                f,
+                "{hz} Hz on the software clock (cpu-clock) can slow the target many times over: \
+                 the kernel does not lower that rate when sampling takes most of the CPU (on a \
+                 test machine a python loop ran 2x slower at 30000 Hz, 5x at 40000, over 1000x \
+                 at 100000, as under perf record); at {FAST_SOFTWARE_CLOCK_HZ} Hz or less the \
+                 cost grows only in proportion to the rate"
             ),
             RecordWarning::NotEmbedded { path, reason } => {
                 write!(f, "not embedding {path}: {reason}")
@@ -438,6 +458,17 @@ mod tests {
         assert_eq!(
             w.to_string(),
             "200000 Hz is above kernel.perf_event_max_sample_rate; sampling at 100000 Hz"
+        );
+        let w = RecordWarning::FastSoftwareClock { hz: 40_000 };
+        assert!(
+            w.to_string()
+                .starts_with("40000 Hz on the software clock (cpu-clock) can slow the target"),
+            "{w}"
+        );
+        assert!(
+            w.to_string()
+                .ends_with("at 20000 Hz or less the cost grows only in proportion to the rate"),
+            "{w}"
         );
         let w = RecordWarning::NotEmbedded {
             path: "/lib/x.so".into(),

@@ -152,6 +152,12 @@ pub(crate) fn record(
             used_hz: frequency_hz,
         });
     }
+    if options.cpu
+        && options.event == CpuEvent::CpuClock
+        && frequency_hz > crate::report::FAST_SOFTWARE_CLOCK_HZ
+    {
+        reporter.warning(&RecordWarning::FastSoftwareClock { hz: frequency_hz });
+    }
     let asked = [
         ("--stack-size", Some(options.stack_size)),
         (

@@ -309,3 +309,34 @@ fn frequency_above_the_kernel_maximum_is_clamped() {
     assert_eq!(reader.header().sampling.frequency_hz, max);
     remove_scratch_dir(&dir);
 }
+
+/// The software clock above 20 kHz gets a warning: the kernel does not
+/// lower its rate when sampling takes most of the CPU.
+#[test]
+fn a_fast_software_clock_is_warned_about() {
+    require_perf!();
+    let dir = scratch_dir("rec-fast-clock");
+    let out = dir.join("t.lpt");
+    for (hz, warned) in [("30000", true), ("20000", false)] {
+        let result = rec(&[
+            os("--out"),
+            out.as_os_str(),
+            os("--freq"),
+            os(hz),
+            os("--embed"),
+            os("none"),
+            os("--"),
+            os("true"),
+        ]);
+        let stderr = String::from_utf8_lossy(&result.stderr);
+        assert!(result.status.success(), "{stderr}");
+        assert_eq!(
+            stderr.contains(&format!(
+                "warning: {hz} Hz on the software clock (cpu-clock) can slow the target"
+            )),
+            warned,
+            "{stderr}"
+        );
+    }
+    remove_scratch_dir(&dir);
+}
