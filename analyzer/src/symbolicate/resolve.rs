@@ -4,8 +4,12 @@ use super::{DwarfSections, FrameLine, JitMap, Symbolizer};
 use crate::image::LoadedImage;
 use crate::options::Progress;
 use crate::pipeline::FrameKey;
+use gimli::{BaseAddresses, DebugFrame, EhFrame, LittleEndian};
+use lrnprof_image::fde_ranges;
 use rayon::prelude::*;
 use std::collections::HashMap;
+use std::ops::Range;
+use std::sync::OnceLock;
 
 /// A frame's function levels (innermost first) and whether it was resolved.
 pub(crate) type Resolved = (Vec<FrameLine>, bool);
@@ -65,6 +69,12 @@ pub(crate) fn symbolicate(
             Some((img, sections))
         })
         .collect();
+    // Where each image's functions start, worked out only for an image
+    // with a frame that nothing names, shared by its chunks.
+    let starts: HashMap<u32, OnceLock<Vec<Range<u64>>>> = groups
+        .iter()
+        .filter_map(|(img, _)| Some(((*img)?, OnceLock::new())))
+        .collect();
     let total = work.len() as u64;
     let done = std::sync::atomic::AtomicU64::new(0);
     let results: Vec<Vec<(usize, Resolved)>> = work
@@ -83,8 +93,19 @@ pub(crate) fn symbolicate(
                         }))
                         .ok()
                     });
+                    let starts = || {
+                        starts[img]
+                            .get_or_init(|| {
+                                image.data.as_ref().map_or_else(Vec::new, fde_ranges_of)
+                            })
+                            .as_slice()
+                    };
                     idx.iter()
-                        .map(|&i| (i, resolve_in(image, symbolizer.as_ref(), frames[i], inline)))
+                        .map(|&i| {
+                            let r =
+                                resolve_in(image, symbolizer.as_ref(), &starts, frames[i], inline);
+                            (i, r)
+                        })
                         .collect()
                 }
             };
@@ -125,10 +146,14 @@ fn resolve_outside(
 /// A frame in `image`: named by its symbolizer, else shown as
 /// `IMAGE+OFFSET` (from the image's base for an SVMA, which is the
 /// `__TEXT` address on Mach-O and 0 on ELF; the file offset when the image
-/// has no data).
-fn resolve_in(
+/// has no data). The offset is that of the function's start where an
+/// unwind entry of the image (`starts()`: their ranges, sorted) holds
+/// the address: a function that no symbol names (a stripped library's
+/// static functions) is then one function, not one per address sampled.
+fn resolve_in<'a>(
     image: &LoadedImage,
     symbolizer: Option<&Symbolizer>,
+    starts: &dyn Fn() -> &'a [Range<u64>],
     frame: FrameKey,
     inline: bool,
 ) -> Resolved {
@@ -148,7 +173,9 @@ fn resolve_in(
                 return (lines, true);
             }
             let base = image.data.as_ref().map_or(0, |d| d.base_svma);
-            svma.0.wrapping_sub(base)
+            function_start(starts(), svma.0)
+                .unwrap_or(svma.0)
+                .wrapping_sub(base)
         }
         FrameKey::Unresolved { offset, .. } => offset.0,
         FrameKey::Outside { avma, .. } | FrameKey::Kernel { avma } => avma.0,
@@ -157,6 +184,38 @@ fn resolve_in(
         vec![line(format!("{}+{offset:#x}", image.short_name()))],
         false,
     )
+}
+
+/// The SVMA ranges of the FDEs of an ELF image's `.eh_frame` and
+/// `.debug_frame`, sorted by start: where its functions start. Empty for
+/// Mach-O (whose code its symbols name) and where the tables do not parse.
+fn fde_ranges_of(data: &crate::image::ImageData) -> Vec<Range<u64>> {
+    if data.is_macho || !data.little_endian {
+        return Vec::new();
+    }
+    let mut out = Vec::new();
+    if let Some(s) = data.section(".eh_frame").filter(|s| !s.bytes.is_empty()) {
+        let mut eh_frame = EhFrame::new(&s.bytes, LittleEndian);
+        eh_frame.set_address_size(8);
+        out.extend(fde_ranges(&eh_frame, &data.eh_frame_bases(s.svma)).unwrap_or_default());
+    }
+    if let Some(bytes) = data.section(".debug_frame").and_then(|s| s.read()) {
+        let mut debug_frame = DebugFrame::new(&bytes, LittleEndian);
+        debug_frame.set_address_size(8);
+        out.extend(fde_ranges(&debug_frame, &BaseAddresses::default()).unwrap_or_default());
+    }
+    out.sort_by_key(|r| r.start);
+    out
+}
+
+/// The start of the range of `ranges` (sorted by start) that holds
+/// `svma`: the last one starting at or below it, if it reaches it.
+fn function_start(ranges: &[Range<u64>], svma: u64) -> Option<u64> {
+    let below = ranges.partition_point(|r| r.start <= svma);
+    ranges[..below]
+        .last()
+        .filter(|r| r.contains(&svma))
+        .map(|r| r.start)
 }
 
 fn line(function: String) -> FrameLine {

@@ -495,3 +495,66 @@ fn debug_file_named_by_gnu_debuglink_travels_in_the_frame_table() {
     );
     remove_scratch_dir(&dir);
 }
+
+/// A stripped program's functions, which no symbol names once `.symtab`
+/// is gone, are each one frame named by where their unwind entry starts,
+/// not one per address sampled, and alike from the trace alone.
+#[test]
+fn functions_no_symbol_names_are_one_frame_each() {
+    use object::{Object, ObjectSymbol};
+    require_perf!();
+    let dir = scratch_dir("an-unnamed");
+    let exe = build_c(&["an_cold.c"], &["-O2"], &dir, "an_cold");
+    let bytes = std::fs::read(&exe).unwrap();
+    let file = object::File::parse(&*bytes).unwrap();
+    let starts: Vec<u64> = file
+        .symbols()
+        .filter(|s| s.kind() == object::SymbolKind::Text && s.size() > 0)
+        .map(|s| s.address())
+        .collect();
+    let work = file
+        .symbols()
+        .find(|s| s.name() == Ok("work.cold"))
+        .map(|s| s.address())
+        .expect("gcc made no work.cold of tests/fixtures/an_cold.c");
+    drop(file);
+    let stripped = dir.join("an_cold_stripped");
+    let out = Command::new("strip")
+        .arg("-s")
+        .arg("-o")
+        .arg(&stripped)
+        .arg(&exe)
+        .output()
+        .expect("binutils' strip");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let trace = record(&dir, "unnamed", &[], &stripped, &["400"]);
+    let f = folded(&trace, &[]);
+    assert_eq!(folded(&trace, &["--offline"]), f);
+    let unnamed = |frame: &str| {
+        frame
+            .strip_prefix("an_cold_stripped+0x")
+            .map(|a| u64::from_str_radix(a, 16).unwrap())
+    };
+    for frame in f.keys().flatten() {
+        if let Some(a) = unnamed(frame) {
+            assert!(starts.contains(&a), "{frame} is no function's start: {f:?}");
+        }
+    }
+    // The loop, in `work.cold` (a function of its own, at `work`'s frame),
+    // is the leaf of most samples, as one frame.
+    let work_name = format!("an_cold_stripped+{work:#x}");
+    let under_work: u64 = f
+        .iter()
+        .filter(|(s, _)| s.last() == Some(&work_name))
+        .map(|(_, c)| c)
+        .sum();
+    assert!(
+        under_work as f64 >= 0.9 * total(&f) as f64,
+        "{work_name}: {f:?}"
+    );
+    remove_scratch_dir(&dir);
+}
