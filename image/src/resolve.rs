@@ -76,21 +76,31 @@ impl<'a, R: gimli::Reader> Resolver<'a, R> {
     /// outermost level when DWARF has no name for it, or the address when
     /// DWARF knows nothing of it.
     pub fn lookup(&self, svma: u64, inline: bool) -> Vec<FrameLine> {
-        let mut lines = self.lookup_dwarf(svma);
+        let (mut lines, outer_mangled) = self.lookup_dwarf(svma);
         if !inline && lines.len() > 1 {
             lines.drain(..lines.len() - 1);
         }
         let sym = self.symbol_name(svma);
         match lines.last_mut() {
             Some(outer) if outer.function.is_empty() => {
-                outer.function = sym.unwrap_or_default();
+                outer.function = sym.map(|(name, _)| name).unwrap_or_default();
                 if outer.function.is_empty() {
                     lines.clear();
                 }
             }
+            // DWARF of line tables only (rustc's `debug =
+            // "line-tables-only"`, clang's `-gline-tables-only`) names a
+            // function without its linkage name: `{async_fn#0}` where the
+            // symbol is `app::work::{{closure}}`, `run` for
+            // `Server::run(int)`. The symbol's name says which one.
+            Some(outer) if !outer_mangled => {
+                if let Some((name, true)) = sym {
+                    outer.function = name;
+                }
+            }
             Some(_) => {}
             None => {
-                if let Some(name) = sym {
+                if let Some((name, _)) = sym {
                     lines.push(FrameLine {
                         function: name,
                         file: None,
@@ -104,12 +114,14 @@ impl<'a, R: gimli::Reader> Resolver<'a, R> {
     }
 
     /// The levels DWARF gives for `svma`, innermost first (names may be
-    /// empty).
-    fn lookup_dwarf(&self, svma: u64) -> Vec<FrameLine> {
+    /// empty), and whether the outermost one's name is a mangled linkage
+    /// name.
+    fn lookup_dwarf(&self, svma: u64) -> (Vec<FrameLine>, bool) {
         let Some(ctx) = &self.dwarf else {
-            return Vec::new();
+            return (Vec::new(), false);
         };
         let mut out = Vec::new();
+        let mut mangled = false;
         let mut lookup = ctx.find_frames(svma);
         let frames = loop {
             match lookup {
@@ -121,7 +133,7 @@ impl<'a, R: gimli::Reader> Resolver<'a, R> {
             }
         };
         let Ok(mut frames) = frames else {
-            return out;
+            return (out, false);
         };
         while let Ok(Some(frame)) = frames.next() {
             let function = frame
@@ -129,6 +141,7 @@ impl<'a, R: gimli::Reader> Resolver<'a, R> {
                 .as_ref()
                 .and_then(|f| {
                     let raw = f.raw_name().ok()?;
+                    mangled = is_mangled(&raw);
                     Some(
                         addr2line::demangle_auto(Cow::Owned(raw.into_owned()), f.language)
                             .into_owned(),
@@ -148,7 +161,7 @@ impl<'a, R: gimli::Reader> Resolver<'a, R> {
                 break;
             }
         }
-        out
+        (out, mangled)
     }
 
     /// The demangled name of the symbol holding `svma`, or where none
@@ -158,13 +171,19 @@ impl<'a, R: gimli::Reader> Resolver<'a, R> {
     /// at the byte before, in the padding outside every function: it is
     /// named after the function it returns into. (A call's own return
     /// address minus one is in the function that called.)
-    fn symbol_name(&self, svma: u64) -> Option<String> {
+    /// Also whether the symbol's name is mangled.
+    fn symbol_name(&self, svma: u64) -> Option<(String, bool)> {
         let at = symbol_at(self.symbols, svma).or_else(|| {
             let next = svma.checked_add(1)?;
             symbol_at(self.symbols, next).filter(|s| s.svma == next)
         });
-        at.map(|s| demangle(&s.name))
+        at.map(|s| (demangle(&s.name), is_mangled(&s.name)))
     }
+}
+
+/// Whether `name` is a C++ (Itanium) or Rust (legacy or v0) mangled name.
+fn is_mangled(name: &str) -> bool {
+    name.starts_with("_Z") || name.starts_with("_R")
 }
 
 /// `lines`, all levels of one address as [`Resolver::lookup`] gives them

@@ -33,7 +33,7 @@ use std::path::{Path, PathBuf};
 /// demangling, how a debug file is picked), so that tables resolved
 /// before are not used. With the crate's version it names the directory
 /// entries live in.
-const LAYOUT: u32 = 3;
+const LAYOUT: u32 = 4;
 
 /// Most bytes of one entry. Past it an entry keeps only what the last
 /// recording resolved.

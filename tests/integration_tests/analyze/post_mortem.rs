@@ -456,6 +456,40 @@ fn default_trace_gives_the_same_rust_profile_without_the_files() {
     remove_scratch_dir(&dir);
 }
 
+/// Built with line tables only, a Rust program's DWARF names functions
+/// without their paths (`crunch`, `{closure#0}`): a function that was not
+/// inlined takes its symbol's name (`an_threads_inline::crunch`), here
+/// and without the files alike; inlined ones keep DWARF's.
+#[test]
+fn line_tables_only_name_functions_by_their_symbols() {
+    require_perf!();
+    let dir = scratch_dir("an-line-tables");
+    let app = dir.join("app");
+    std::fs::create_dir_all(&app).unwrap();
+    let exe = lrnprof_tests::build_rust(
+        "an_threads_inline.rs",
+        &[
+            "--edition",
+            "2021",
+            "-O",
+            "-C",
+            "debuginfo=line-tables-only",
+        ],
+        &app,
+        "an_threads_inline_rs",
+    );
+    let folded = same_profile_without_the_files(&dir, &app, &exe);
+    assert!(
+        folded.contains(";an_threads_inline::crunch;fold<core::ops::range::Range<u64>,"),
+        "{folded}"
+    );
+    assert!(
+        folded.contains(";an_threads_inline::main;checksum;"),
+        "{folded}"
+    );
+    remove_scratch_dir(&dir);
+}
+
 /// A program whose DWARF lives in a separate debug file that only its
 /// `.gnu_debuglink` names (`.debug/NAME` next to it, as `objcopy
 /// --only-keep-debug` and `--add-gnu-debuglink` leave it): recorded with
