@@ -406,12 +406,15 @@ impl TraceInfo {
                 );
                 continue;
             }
-            let _ = writeln!(
-                s,
-                "  {} (build id {})",
-                i.path,
-                i.build_id.as_deref().unwrap_or("none")
-            );
+            let content = lrnprof_format::BuildId(lrnprof_format::CONTENT_ID_PREFIX.to_vec());
+            let id = match i.build_id.as_deref() {
+                Some(h) if h.len() == 40 && h.starts_with(&content.to_hex()) => {
+                    format!("no build id note; content id {h}")
+                }
+                Some(h) => format!("build id {h}"),
+                None => "build id none".to_string(),
+            };
+            let _ = writeln!(s, "  {} ({id})", i.path);
             let _ = writeln!(
                 s,
                 "      unwind: {}; symbols: {}{}; {} frames",

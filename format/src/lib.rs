@@ -80,6 +80,7 @@ pub use syscall_names::{
 pub use types::{
     Arch, BlockOffset, BuildId, Clock, Endian, EventSettings, HeapSettings, OffCpuSettings, Os,
     Pid, SampleEvent, SamplingSettings, SyscallSettings, Target, Tid, Timestamp, TraceHeader,
+    CONTENT_ID_PREFIX,
 };
 pub use write::{TraceWriter, WriterOptions};
 

@@ -22,11 +22,25 @@ pub struct Timestamp(pub u64);
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct BlockOffset(pub u64);
 
-/// An image's identity: the ELF GNU build id note, or the Mach-O `LC_UUID`.
+/// An image's identity: the ELF GNU build id note, or the Mach-O `LC_UUID`;
+/// for an ELF image with neither a GNU nor a Go build id note, an id made
+/// from its content ([`CONTENT_ID_PREFIX`]).
 #[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct BuildId(#[serde(with = "serde_bytes")] pub Vec<u8>);
 
+/// The first bytes of a content id: an ELF image without a build id note
+/// is identified by these 4 bytes and the first 16 bytes of the SHA-256 of
+/// its whole file (20 bytes, as long as a GNU build id).
+pub const CONTENT_ID_PREFIX: [u8; 4] = *b"LRNc";
+
 impl BuildId {
+    /// Whether this id was made from the image's content (see
+    /// [`CONTENT_ID_PREFIX`]) rather than read from a note: no debug file
+    /// or debuginfod server knows it.
+    pub fn is_content_id(&self) -> bool {
+        self.0.len() == 20 && self.0.starts_with(&CONTENT_ID_PREFIX)
+    }
+
     /// Lowercase hex, the spelling `file`, `readelf -n` and debuginfod use.
     pub fn to_hex(&self) -> String {
         let mut s = String::with_capacity(self.0.len() * 2);

@@ -1,42 +1,82 @@
 //! An image's identity: the GNU build-id note of an ELF image (lacking
 //! one, Go's build ID note), the `LC_UUID` of a Mach-O image. Found through the program headers or the
 //! load commands only, so reading a file touches a few hundred bytes of it,
-//! whatever its size.
+//! whatever its size. An ELF image with no such note (linked with
+//! `--build-id=none`, or by a linker that writes none by default) is
+//! identified by its content instead: a content id
+//! ([`lrnprof_format::CONTENT_ID_PREFIX`]), for which the whole file is read
+//! once.
 
-use lrnprof_format::BuildId;
+use lrnprof_format::{BuildId, CONTENT_ID_PREFIX};
 use object::read::elf::{FileHeader, ProgramHeader};
 use object::read::macho::MachHeader;
 use object::{elf, FileKind, ReadCache, ReadRef};
+use sha2::{Digest, Sha256};
+use std::io::{Seek, SeekFrom};
 use std::path::Path;
 
 /// Bound on the program header table and on a note segment: what a corrupt
 /// header can make us read. Real ones are a few hundred bytes.
 const MAX_NOTES_LEN: u64 = 1 << 16;
 
-/// The build id of the ELF or thin Mach-O image `data` (e.g. the vDSO, read
-/// from memory): its GNU build-id note or its `LC_UUID`. `None` if it has
-/// none or is not such an image.
+/// The build id of the ELF or thin Mach-O image `data` (the whole file, or
+/// the vDSO read from memory): its GNU build-id note or its `LC_UUID`; for
+/// an ELF image without a note, its content id. `None` if it is not such
+/// an image, or a Mach-O image without `LC_UUID`.
 pub fn build_id_of_bytes(data: &[u8]) -> Option<BuildId> {
-    build_id(data)
+    match noted_id(data)? {
+        Noted::Id(id) => Some(BuildId(id)),
+        Noted::ElfWithout => Some(content_id(Sha256::digest(data))),
+    }
 }
 
 /// [`build_id_of_bytes`] for the file at `path`, reading only the headers
-/// and the note segments. `None` if the file is unreadable, not an image,
-/// or without a build id.
+/// and the note segments, and for an ELF image without a note the whole
+/// file. `None` if the file is unreadable, not an image, or a Mach-O image
+/// without `LC_UUID`.
 pub fn build_id_of_file(path: &Path) -> Option<BuildId> {
     let file = std::fs::File::open(path).ok()?;
-    build_id(&ReadCache::new(file))
+    let cache = ReadCache::new(file);
+    match noted_id(&cache)? {
+        Noted::Id(id) => Some(BuildId(id)),
+        Noted::ElfWithout => {
+            let mut file = cache.into_inner();
+            file.seek(SeekFrom::Start(0)).ok()?;
+            let mut hasher = Sha256::new();
+            std::io::copy(&mut file, &mut hasher).ok()?;
+            Some(content_id(hasher.finalize()))
+        }
+    }
 }
 
-fn build_id<'data, R: ReadRef<'data>>(data: R) -> Option<BuildId> {
-    let id = match FileKind::parse(data).ok()? {
+/// The id of an image that has no build id note: see
+/// [`lrnprof_format::CONTENT_ID_PREFIX`].
+fn content_id(sha256: impl AsRef<[u8]>) -> BuildId {
+    let mut id = CONTENT_ID_PREFIX.to_vec();
+    id.extend_from_slice(&sha256.as_ref()[..16]);
+    BuildId(id)
+}
+
+/// What an image's headers say of its identity.
+enum Noted {
+    /// Its build id note or `LC_UUID`.
+    Id(Vec<u8>),
+    /// An ELF image without a build id note.
+    ElfWithout,
+}
+
+fn noted_id<'data, R: ReadRef<'data>>(data: R) -> Option<Noted> {
+    match FileKind::parse(data).ok()? {
         FileKind::Elf32 => elf_build_id::<elf::FileHeader32<object::Endianness>, R>(data),
         FileKind::Elf64 => elf_build_id::<elf::FileHeader64<object::Endianness>, R>(data),
-        FileKind::MachO32 => macho_uuid::<object::macho::MachHeader32<object::Endianness>, R>(data),
-        FileKind::MachO64 => macho_uuid::<object::macho::MachHeader64<object::Endianness>, R>(data),
+        FileKind::MachO32 => {
+            macho_uuid::<object::macho::MachHeader32<object::Endianness>, R>(data).map(Noted::Id)
+        }
+        FileKind::MachO64 => {
+            macho_uuid::<object::macho::MachHeader64<object::Endianness>, R>(data).map(Noted::Id)
+        }
         _ => None,
-    }?;
-    Some(BuildId(id))
+    }
 }
 
 /// Type of the note in which Go's linker writes a binary's build ID
@@ -47,8 +87,9 @@ const NT_GO_BUILD_ID: u32 = 4;
 /// The descriptor of the first `NT_GNU_BUILD_ID` note named `GNU` in a
 /// `PT_NOTE` segment; failing that, of the first Go build ID note (whose
 /// descriptor is the ID's text, a hash of the binary's content), so that
-/// Go binaries are identified, and their data embedded, too.
-fn elf_build_id<'data, Elf: FileHeader, R: ReadRef<'data>>(data: R) -> Option<Vec<u8>> {
+/// Go binaries are identified, and their data embedded, too. `None` where
+/// the headers do not parse or there are no program headers.
+fn elf_build_id<'data, Elf: FileHeader, R: ReadRef<'data>>(data: R) -> Option<Noted> {
     let header = Elf::parse(data).ok()?;
     let endian = header.endian().ok()?;
     let phnum = header.phnum(endian, data).ok()? as u64;
@@ -62,25 +103,42 @@ fn elf_build_id<'data, Elf: FileHeader, R: ReadRef<'data>>(data: R) -> Option<Ve
         .iter()
         .filter(|ph| ph.p_type(endian) == elf::PT_NOTE)
         .filter(|ph| ph.p_filesz(endian).into() <= MAX_NOTES_LEN);
+    // A note segment past the end of the data (a truncated file) or a
+    // malformed note may have held the id: such an image gets no content
+    // id.
+    let mut unread = false;
     for ph in segments {
         let Ok(Some(mut notes)) = ph.notes(endian, data) else {
+            unread = true;
             continue;
         };
         // A malformed note ends the search in its segment.
-        while let Ok(Some(note)) = notes.next() {
+        loop {
+            let note = match notes.next() {
+                Ok(Some(note)) => note,
+                Ok(None) => break,
+                Err(_) => {
+                    unread = true;
+                    break;
+                }
+            };
             let (name, kind, desc) = (note.name(), note.n_type(endian), note.desc());
             if desc.is_empty() {
                 continue;
             }
             if name == elf::ELF_NOTE_GNU && kind == elf::NT_GNU_BUILD_ID {
-                return Some(desc.to_vec());
+                return Some(Noted::Id(desc.to_vec()));
             }
             if name == b"Go" && kind == NT_GO_BUILD_ID && go.is_none() {
                 go = Some(desc.to_vec());
             }
         }
     }
-    go
+    match go {
+        Some(id) => Some(Noted::Id(id)),
+        None if unread => None,
+        None => Some(Noted::ElfWithout),
+    }
 }
 
 /// The `LC_UUID` of a thin Mach-O image.
@@ -151,14 +209,30 @@ mod tests {
         }
     }
 
+    /// Other notes are no build id: the image gets a content id, the
+    /// same for the same bytes, another for other bytes, from a file as
+    /// from memory.
     #[test]
     fn ignores_other_notes() {
-        assert_eq!(build_id_of_bytes(&tiny_elf(b"GNU\0", 1)), None);
-        assert_eq!(
-            build_id_of_bytes(&tiny_elf(b"Go\0\0", elf::NT_GNU_BUILD_ID)),
-            None
-        );
-        assert_eq!(build_id_of_bytes(&tiny_elf(b"GNU\0", NT_GO_BUILD_ID)), None);
+        let other = [
+            tiny_elf(b"GNU\0", 1),
+            tiny_elf(b"Go\0\0", elf::NT_GNU_BUILD_ID),
+            tiny_elf(b"GNU\0", NT_GO_BUILD_ID),
+        ];
+        let ids: Vec<BuildId> = other
+            .iter()
+            .map(|elf| build_id_of_bytes(elf).unwrap())
+            .collect();
+        for (id, elf) in ids.iter().zip(&other) {
+            assert!(id.is_content_id(), "{id}");
+            assert_eq!(&id.0[4..], &Sha256::digest(elf)[..16]);
+        }
+        assert_ne!(ids[0], ids[1]);
+        let path = std::env::temp_dir().join(format!("lrnprof-content-id-{}", std::process::id()));
+        std::fs::write(&path, &other[0]).unwrap();
+        let from_file = build_id_of_file(&path);
+        std::fs::remove_file(&path).unwrap();
+        assert_eq!(from_file.as_ref(), Some(&ids[0]));
     }
 
     #[test]

@@ -245,7 +245,7 @@ pub(crate) fn load_image(key: &ImageKey, blobs: &BlobStore, opts: &LocateOptions
                 let asked = key
                     .build_id
                     .as_ref()
-                    .filter(|id| opts.debuginfod && reached(id));
+                    .filter(|id| opts.debuginfod && !id.is_content_id() && reached(id));
                 // The image itself, where neither a file here nor the trace
                 // has its unwind tables (a trace recorded with --embed none).
                 if let Some(id) =
@@ -497,19 +497,19 @@ pub(crate) fn own_vdso() -> Option<Vec<u8>> {
 
 fn look_for_debug_file(key: &ImageKey, found: &mut Found, opts: &LocateOptions) {
     let link = found.main.as_ref().and_then(|(_, f)| f.debuglink.clone());
-    let candidates = debug_file_candidates(
-        &key.path,
-        key.build_id.as_ref(),
-        link.as_deref(),
-        &opts.debug_roots,
-    );
+    // An image without a build id note (a content id) has a debug file only
+    // by its `.gnu_debuglink`, whose content differs: taken unchecked, as
+    // the image's own file is where nothing identifies it.
+    let want = key.build_id.clone().filter(|id| !id.is_content_id());
+    let candidates =
+        debug_file_candidates(&key.path, want.as_ref(), link.as_deref(), &opts.debug_roots);
     for c in candidates {
         if found.debug.is_some() {
             break;
         }
-        if let Some(f) = read_candidate(&c, key.build_id.as_ref()) {
+        if let Some(f) = read_candidate(&c, want.as_ref()) {
             if f.data.has_dwarf() || !f.data.symbols.is_empty() {
-                found.offer(c, f, &key.build_id);
+                found.offer(c, f, &want);
             }
         }
     }

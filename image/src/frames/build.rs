@@ -526,10 +526,17 @@ fn find_debug_file<'data, R: ReadRef<'data>>(
         .ok()
         .flatten()
         .map(|(name, _crc)| String::from_utf8_lossy(name).into_owned());
-    debug_file_candidates(path, Some(build_id), debuglink.as_deref(), roots)
+    // An image without a build id note (a content id) has a debug file
+    // only by its `.gnu_debuglink`, whose content differs: taken unchecked,
+    // as the analyzer takes it.
+    let (want, wanted) = match build_id.is_content_id() {
+        true => (None, Wanted::AnyDebugFile),
+        false => (Some(build_id), Wanted::DebugFile),
+    };
+    debug_file_candidates(path, want, debuglink.as_deref(), roots)
         .into_iter()
         .find_map(|c| {
-            let file = file_matching(&c, &build_id.0, Wanted::DebugFile)?;
+            let file = file_matching(&c, &build_id.0, wanted)?;
             Some((c, file))
         })
 }
@@ -548,6 +555,8 @@ fn find_alt_file(file: &std::path::Path, name: &str, id: &[u8], roots: &[PathBuf
 enum Wanted {
     /// A debug file: the build id, and DWARF.
     DebugFile,
+    /// A debug file of any build id: DWARF.
+    AnyDebugFile,
     /// A supplementary debug file: the build id, or the checksum of its
     /// `.debug_sup`.
     Supplementary,
@@ -565,6 +574,7 @@ fn file_matching(path: &std::path::Path, id: &[u8], wanted: Wanted) -> Option<Fi
         let obj = object::File::parse(&cache).ok()?;
         match wanted {
             Wanted::DebugFile => obj.build_id().ok().flatten() == Some(id) && has_dwarf(&obj),
+            Wanted::AnyDebugFile => has_dwarf(&obj),
             Wanted::Supplementary => supplementary_id(&obj).as_deref() == Some(id),
         }
     };

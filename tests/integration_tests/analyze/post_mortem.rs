@@ -592,3 +592,36 @@ fn functions_no_symbol_names_are_one_frame_each() {
     );
     remove_scratch_dir(&dir);
 }
+
+/// A program linked without a build id note is identified by its content:
+/// its data travels in the trace as any image's, so the trace alone names
+/// and unwinds it as its file does, and a different file at its path is
+/// refused, not used to name the trace's addresses.
+#[test]
+fn a_program_without_a_build_id_is_identified_by_its_content() {
+    require_perf!();
+    let dir = scratch_dir("an-no-build-id");
+    let flags = ["-O2", "-g", "-Wl,--build-id=none"];
+    let exe = build_c(&["an_cold.c"], &flags, &dir, "an_cold");
+    let id = lrnprof_image::build_id_of_file(&exe).expect("an id");
+    assert!(id.is_content_id(), "{id}");
+    let trace = record(&dir, "noid", &[], &exe, &["400"]);
+    let here = folded(&trace, &[]);
+    let in_work: u64 = here
+        .iter()
+        .filter(|(s, _)| s.ends_with(&["main".to_string(), "work".to_string()]))
+        .map(|(_, c)| c)
+        .sum();
+    assert!(in_work as f64 >= 0.9 * total(&here) as f64, "{here:?}");
+    assert_eq!(folded(&trace, &["--offline"]), here);
+    // Another program in its place.
+    build_c(&["an_signal.c"], &flags, &dir, "an_cold");
+    assert_eq!(folded(&trace, &[]), here);
+    let i = info(&trace, &[]);
+    assert!(
+        i.contains(&format!("differs from the recorded {id}")),
+        "{i}"
+    );
+    assert!(i.contains(&format!("\"build_id\": \"{id}\"")), "{i}");
+    remove_scratch_dir(&dir);
+}
