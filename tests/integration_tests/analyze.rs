@@ -191,6 +191,24 @@ fn names_inlined(f: &BTreeMap<Vec<String>, u64>, outer: &str, inner: &str) -> bo
     inlined >= 100 && alone * 20 <= inlined
 }
 
+/// A copy of `exe` at `out` without its symbol table and debug sections
+/// (`strip -s`); returns `out`.
+fn strip_all(exe: &Path, out: &Path) -> PathBuf {
+    let result = Command::new("strip")
+        .arg("-s")
+        .arg("-o")
+        .arg(out)
+        .arg(exe)
+        .output()
+        .expect("binutils' strip");
+    assert!(
+        result.status.success(),
+        "{}",
+        String::from_utf8_lossy(&result.stderr)
+    );
+    out.to_path_buf()
+}
+
 fn total(f: &BTreeMap<Vec<String>, u64>) -> u64 {
     f.values().sum()
 }
@@ -1084,6 +1102,35 @@ fn jit_frames_are_named_from_the_perf_map() {
         "{stderr}"
     );
     assert!(!stderr.contains("stop short"), "{stderr}");
+    remove_scratch_dir(&dir);
+}
+
+/// JIT code of a process in a container (a PID namespace of its own, a
+/// private `/tmp` that goes when it exits) is named from the perf map it
+/// wrote there, under the pid it knows itself by (1).
+#[test]
+#[cfg_attr(
+    not(target_arch = "x86_64"),
+    ignore = "the JIT fixture writes x86_64 machine code"
+)]
+fn jit_frames_of_a_process_in_a_container_are_named() {
+    require_perf!();
+    let dir = scratch_dir("an-jit-ns");
+    let exe = build_c(&["an_jit.c"], NO_FP, &dir, "an_jit");
+    // Run from its directory: the private /tmp hides a scratch directory
+    // under /tmp, not the working directory.
+    let script = format!(
+        "cd {} && mount -t tmpfs tmpfs /tmp && exec ./an_jit 600",
+        dir.display()
+    );
+    let args = ["--pid", "--mount", "--fork", "sh", "-c", &script];
+    let trace = record(&dir, "jit-ns", &[], Path::new("unshare"), &args);
+    let f = folded(&trace, &[]);
+    assert!(
+        calls(&f, "", "call_jit", "jit_loop") as f64 >= 0.8 * total(&f) as f64,
+        "{f:?}"
+    );
+    assert!(!Path::new("/tmp/perf-1.map").exists());
     remove_scratch_dir(&dir);
 }
 

@@ -49,6 +49,15 @@ pub(crate) struct SeenImage {
 const MAX_FRAME_TABLE_BYTES: usize = 4 << 20;
 const MAX_FRAME_TABLES_BYTES: usize = 16 << 20;
 
+/// Where a process writes its perf map (`/tmp/perf-PID.map`, by the pid
+/// it sees and under its root).
+struct JitPlace {
+    /// Its pid in its own PID namespace, where that is not ours.
+    own_pid: Option<u32>,
+    /// Its `/tmp`, open, where it may not be ours.
+    tmp: Option<std::fs::File>,
+}
+
 /// Image book-keeping for the converter.
 pub(crate) struct Images {
     embed: EmbedLevel,
@@ -66,6 +75,10 @@ pub(crate) struct Images {
     open_files: usize,
     /// Roots of processes that are not ours, open, by device and inode.
     roots: HashMap<(u64, u64), std::sync::Arc<std::fs::File>>,
+    /// Where each process with anonymous executable memory (JIT code)
+    /// writes its perf map, learned while it runs: the pid it sees itself
+    /// as (in a PID namespace: a container's) and its root if not ours.
+    jit_places: HashMap<u32, JitPlace>,
     /// Frame tables kept between recordings.
     cache: Option<FrameCache>,
     /// Code addresses named in the frame tables so far, and how many of
@@ -86,6 +99,7 @@ impl Images {
             touched: Touched::new(embed >= EmbedLevel::Symbols),
             open_files: 0,
             roots: HashMap::new(),
+            jit_places: HashMap::new(),
             cache: None,
             named: Default::default(),
         }
@@ -264,9 +278,22 @@ impl Images {
         let mut pids: Vec<u32> = pids.iter().copied().collect();
         pids.sort_unstable();
         for pid in pids {
-            let host = format!("/tmp/perf-{pid}.map");
-            let in_root = format!("/proc/{pid}/root/tmp/perf-{pid}.map");
-            if let Some(data) = [host, in_root].iter().find_map(|p| std::fs::read(p).ok()) {
+            let place = self.jit_places.get(&pid);
+            let own = place.and_then(|p| p.own_pid).unwrap_or(pid);
+            let mut places = Vec::new();
+            // In its own /tmp (a container's, open since it ran), by the
+            // pid it knows itself by; in ours, by either.
+            match place.and_then(|p| p.tmp.as_ref()) {
+                Some(tmp) => {
+                    let fd = tmp.as_raw_fd();
+                    places.push(format!("/proc/self/fd/{fd}/perf-{own}.map"));
+                }
+                None => places.push(format!("/tmp/perf-{own}.map")),
+            }
+            places.push(format!("/tmp/perf-{pid}.map"));
+            places.push(format!("/proc/{pid}/root/tmp/perf-{own}.map"));
+            places.dedup();
+            if let Some(data) = places.iter().find_map(|p| std::fs::read(p).ok()) {
                 out.extend(split_blob(
                     &BuildId(Vec::new()),
                     BlobKind::JitMap { pid: Pid(pid) },
@@ -462,6 +489,16 @@ impl Images {
             }
             (_, ImageKind::File) => self.file_build_id(pid, start, end, path),
             (_, ImageKind::Vdso) => self.vdso_build_id(pid, start, end),
+            (_, ImageKind::Anonymous) => {
+                if !self.jit_places.contains_key(&pid) {
+                    let place = JitPlace {
+                        own_pid: procfs::namespaced_pid(pid),
+                        tmp: self.jit_tmp(pid),
+                    };
+                    self.jit_places.insert(pid, place);
+                }
+                None
+            }
             _ => None,
         };
         Some(Record::ImageMap(ImageMapRecord {
@@ -493,6 +530,23 @@ impl Images {
         let root = std::sync::Arc::new(std::fs::File::open(procfs::root_path(pid, "")).ok()?);
         self.roots.insert(key, root.clone());
         Some(root)
+    }
+
+    /// The `/tmp` directory process `pid` sees, open, if it may not be
+    /// ours: its root is not, or it has a mount namespace of its own (a
+    /// container's private `/tmp`). Open, it stays readable after the
+    /// process exits, even where its namespace and mounts go with it.
+    fn jit_tmp(&mut self, pid: u32) -> Option<std::fs::File> {
+        let same = |a: &str, b: &str| {
+            let id = |p: &str| std::fs::metadata(p).ok().map(|m| (m.dev(), m.ino()));
+            id(a).is_some_and(|a| Some(a) == id(b))
+        };
+        if same(&format!("/proc/{pid}/ns/mnt"), "/proc/self/ns/mnt")
+            && same(&procfs::root_path(pid, "").to_string_lossy(), "/")
+        {
+            return None;
+        }
+        std::fs::File::open(procfs::root_path(pid, "/tmp")).ok()
     }
 
     /// Open an image file to embed later, within the open-file budget.

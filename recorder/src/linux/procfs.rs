@@ -221,6 +221,22 @@ pub(crate) fn thread_group(tid: u32) -> Option<u32> {
     parse_status_field(&s, "Tgid")?.parse().ok()
 }
 
+/// The pid a process has in its own PID namespace (the last of
+/// `NSpid`), if that is not `pid`: a process in a container knows itself
+/// by it, and names its perf map after it.
+pub(crate) fn namespaced_pid(pid: u32) -> Option<u32> {
+    let s = read_lossy(format!("/proc/{pid}/status")).ok()?;
+    parse_namespaced_pid(&s).filter(|&own| own != pid)
+}
+
+/// The last pid of the `NSpid` field of a `/proc/PID/status` text.
+pub(crate) fn parse_namespaced_pid(status: &str) -> Option<u32> {
+    status.lines().find_map(|l| {
+        let v = l.strip_prefix("NSpid:")?;
+        v.split_whitespace().last()?.parse().ok()
+    })
+}
+
 /// The real uid owning a process, if known.
 pub(crate) fn owner_uid(pid: u32) -> Option<u32> {
     let s = read_lossy(format!("/proc/{pid}/status")).ok()?;
@@ -332,6 +348,14 @@ mod tests {
         assert_eq!(parse_loadavg_running("0.52 0.58 0.59"), None);
         assert_eq!(parse_loadavg_running("0.52 0.58 0.59 x/4 1"), None);
         assert!(running_threads().is_some_and(|n| n >= 1));
+    }
+
+    #[test]
+    fn namespaced_pid_is_the_innermost() {
+        let status = "Name:\tnode\nTgid:\t4242\nNSpid:\t4242\t7\nNSpgid:\t4242\t7\n";
+        assert_eq!(parse_namespaced_pid(status), Some(7));
+        assert_eq!(parse_namespaced_pid("NSpid:\t99\n"), Some(99));
+        assert_eq!(parse_namespaced_pid("Name:\tx\n"), None);
     }
 
     #[test]

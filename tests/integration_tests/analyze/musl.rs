@@ -210,19 +210,7 @@ fn cold_parts_of_functions_without_unwind_tables_run_at_their_function_s_frame()
     );
     drop(file);
     // Without symbols the cold part is code no function start reaches.
-    let stripped = dir.join("an_cold_stripped");
-    let out = Command::new("strip")
-        .arg("-s")
-        .arg("-o")
-        .arg(&stripped)
-        .arg(&exe)
-        .output()
-        .expect("binutils' strip");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let stripped = strip_all(&exe, &dir.join("an_cold_stripped"));
     // The stripped copy has no symbol for its entry code (`_start`), which
     // shows as an address in it: within the entry function.
     let entry = {

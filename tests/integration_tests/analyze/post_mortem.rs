@@ -552,19 +552,7 @@ fn functions_no_symbol_names_are_one_frame_each() {
         .map(|s| s.address())
         .expect("gcc made no work.cold of tests/fixtures/an_cold.c");
     drop(file);
-    let stripped = dir.join("an_cold_stripped");
-    let out = Command::new("strip")
-        .arg("-s")
-        .arg("-o")
-        .arg(&stripped)
-        .arg(&exe)
-        .output()
-        .expect("binutils' strip");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let stripped = strip_all(&exe, &dir.join("an_cold_stripped"));
     let trace = record(&dir, "unnamed", &[], &stripped, &["400"]);
     let f = folded(&trace, &[]);
     assert_eq!(folded(&trace, &["--offline"]), f);
