@@ -1116,7 +1116,7 @@ fn jit_frames_are_named_from_the_perf_map() {
 fn jit_frames_of_a_process_in_a_container_are_named() {
     require_perf!();
     let dir = scratch_dir("an-jit-ns");
-    let exe = build_c(&["an_jit.c"], NO_FP, &dir, "an_jit");
+    build_c(&["an_jit.c"], NO_FP, &dir, "an_jit");
     // Run from its directory: the private /tmp hides a scratch directory
     // under /tmp, not the working directory.
     let script = format!(
