@@ -406,11 +406,8 @@ impl TraceInfo {
                 );
                 continue;
             }
-            let content = lrnprof_format::BuildId(lrnprof_format::CONTENT_ID_PREFIX.to_vec());
             let id = match i.build_id.as_deref() {
-                Some(h) if h.len() == 40 && h.starts_with(&content.to_hex()) => {
-                    format!("no build id note; content id {h}")
-                }
+                Some(h) if is_content_id_hex(h) => format!("no build id note; content id {h}"),
                 Some(h) => format!("build id {h}"),
                 None => "build id none".to_string(),
             };
@@ -436,4 +433,11 @@ impl TraceInfo {
         }
         s
     }
+}
+
+/// Whether `hex`, a build id in hex, is a content id
+/// ([`lrnprof_format::BuildId::is_content_id`]).
+pub(crate) fn is_content_id_hex(hex: &str) -> bool {
+    let prefix = lrnprof_format::BuildId(lrnprof_format::CONTENT_ID_PREFIX.to_vec()).to_hex();
+    hex.len() == 40 && hex.starts_with(&prefix)
 }

@@ -96,7 +96,10 @@ fn image_blobs(
             let Ok(dparsed) = parse_file(Arc::new(dbytes)) else {
                 continue;
             };
-            if dparsed.build_id.as_ref() != Some(&id.0) {
+            // An image without a build id note (a content id) has a debug
+            // file only by its `.gnu_debuglink`, whose content differs:
+            // taken unchecked, as the analysis takes it.
+            if !id.is_content_id() && dparsed.build_id.as_ref() != Some(&id.0) {
                 continue;
             }
             for b in blobs_for_file(&c, id, level).map_err(|e| e.to_string())? {

@@ -2,10 +2,10 @@
 //! one, Go's build ID note), the `LC_UUID` of a Mach-O image. Found through the program headers or the
 //! load commands only, so reading a file touches a few hundred bytes of it,
 //! whatever its size. An ELF image with no such note (linked with
-//! `--build-id=none`, or by a linker that writes none by default) is
-//! identified by its content instead: a content id
-//! ([`lrnprof_format::CONTENT_ID_PREFIX`]), for which the whole file is read
-//! once.
+//! `--build-id=none`, or by a linker that writes none by default) of at
+//! most [`MAX_CONTENT_BYTES`] is identified by its content instead: a
+//! content id ([`lrnprof_format::CONTENT_ID_PREFIX`]), for which the whole
+//! file is read.
 
 use lrnprof_format::{BuildId, CONTENT_ID_PREFIX};
 use object::read::elf::{FileHeader, ProgramHeader};
@@ -14,6 +14,11 @@ use object::{elf, FileKind, ReadCache, ReadRef};
 use sha2::{Digest, Sha256};
 use std::io::{Seek, SeekFrom};
 use std::path::Path;
+
+/// Largest image given a content id: the recorder reads such a file whole
+/// when it first sees it mapped, while it records (SHA-256 of 64 MiB: a few
+/// tens of ms).
+pub const MAX_CONTENT_BYTES: u64 = 64 << 20;
 
 /// Bound on the program header table and on a note segment: what a corrupt
 /// header can make us read. Real ones are a few hundred bytes.
@@ -26,7 +31,10 @@ const MAX_NOTES_LEN: u64 = 1 << 16;
 pub fn build_id_of_bytes(data: &[u8]) -> Option<BuildId> {
     match noted_id(data)? {
         Noted::Id(id) => Some(BuildId(id)),
-        Noted::ElfWithout => Some(content_id(Sha256::digest(data))),
+        Noted::ElfWithout if data.len() as u64 <= MAX_CONTENT_BYTES => {
+            Some(content_id(Sha256::digest(data)))
+        }
+        Noted::ElfWithout => None,
     }
 }
 
@@ -41,6 +49,9 @@ pub fn build_id_of_file(path: &Path) -> Option<BuildId> {
         Noted::Id(id) => Some(BuildId(id)),
         Noted::ElfWithout => {
             let mut file = cache.into_inner();
+            if file.metadata().ok()?.len() > MAX_CONTENT_BYTES {
+                return None;
+            }
             file.seek(SeekFrom::Start(0)).ok()?;
             let mut hasher = Sha256::new();
             std::io::copy(&mut file, &mut hasher).ok()?;
@@ -99,15 +110,16 @@ fn elf_build_id<'data, Elf: FileHeader, R: ReadRef<'data>>(data: R) -> Option<No
     }
     let phdrs = header.program_headers(endian, data).ok()?;
     let mut go = None;
-    let segments = phdrs
-        .iter()
-        .filter(|ph| ph.p_type(endian) == elf::PT_NOTE)
-        .filter(|ph| ph.p_filesz(endian).into() <= MAX_NOTES_LEN);
-    // A note segment past the end of the data (a truncated file) or a
-    // malformed note may have held the id: such an image gets no content
-    // id.
+    // A note segment past the end of the data (a truncated file) or too
+    // large to read, or a malformed note, may have held the id: such an
+    // image gets no content id.
     let mut unread = false;
+    let segments = phdrs.iter().filter(|ph| ph.p_type(endian) == elf::PT_NOTE);
     for ph in segments {
+        if ph.p_filesz(endian).into() > MAX_NOTES_LEN {
+            unread = true;
+            continue;
+        }
         let Ok(Some(mut notes)) = ph.notes(endian, data) else {
             unread = true;
             continue;
@@ -289,6 +301,11 @@ mod tests {
             Some(id) => Some(BuildId(id.to_vec())),
             None => file.mach_uuid().unwrap().map(|u| BuildId(u.to_vec())),
         };
+        // Without either, an ELF test binary small enough has a content id.
+        let elf = file.format() == object::BinaryFormat::Elf;
+        let small = bytes.len() as u64 <= MAX_CONTENT_BYTES;
+        let by_sections =
+            by_sections.or_else(|| (elf && small).then(|| content_id(Sha256::digest(&bytes))));
         assert_eq!(build_id_of_bytes(&bytes), by_sections);
         assert_eq!(build_id_of_file(&exe), by_sections);
         assert_eq!(build_id_of_file(Path::new("/nonexistent")), None);

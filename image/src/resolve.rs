@@ -92,10 +92,13 @@ impl<'a, R: gimli::Reader> Resolver<'a, R> {
             // "line-tables-only"`, clang's `-gline-tables-only`) names a
             // function without its linkage name: `{async_fn#0}` where the
             // symbol is `app::work::{{closure}}`, `run` for
-            // `Server::run(int)`. The symbol's name says which one.
+            // `Server::run(int)`. The symbol's name says which one, where
+            // it is a name of that function (not an alias of folded code).
             Some(outer) if !outer_mangled => {
                 if let Some((name, true)) = sym {
-                    outer.function = name;
+                    if same_function(&name, &outer.function) {
+                        outer.function = without_clone_suffix(&name).to_string();
+                    }
                 }
             }
             Some(_) => {}
@@ -181,6 +184,37 @@ impl<'a, R: gimli::Reader> Resolver<'a, R> {
     }
 }
 
+/// Whether the demangled `symbol` names the function DWARF calls `bare`:
+/// their last path components agree, without generic arguments and
+/// parameters; closures and async blocks (`{{closure}}`, `{closure#0}`,
+/// `{async_fn#0}`) agree with one another.
+fn same_function(symbol: &str, bare: &str) -> bool {
+    fn last(name: &str) -> String {
+        let name = name.split('(').next().unwrap_or(name);
+        let mut depth = 0u32;
+        let flat: String = name
+            .chars()
+            .filter(|&c| {
+                match c {
+                    '<' => depth += 1,
+                    '>' => depth = depth.saturating_sub(1),
+                    _ => return depth == 0,
+                }
+                false
+            })
+            .collect();
+        flat.rsplit("::").next().unwrap_or("").to_string()
+    }
+    let (a, b) = (last(symbol), last(bare));
+    !a.is_empty() && (a == b || (a.starts_with('{') && b.starts_with('{')))
+}
+
+/// `name` without a trailing ` [clone .cold]` (gcc's part of the same
+/// function, which DWARF names as the function).
+fn without_clone_suffix(name: &str) -> &str {
+    name.find(" [clone ").map_or(name, |i| &name[..i])
+}
+
 /// Whether `name` is a C++ (Itanium) or Rust (legacy or v0) mangled name.
 fn is_mangled(name: &str) -> bool {
     name.starts_with("_Z") || name.starts_with("_R")
@@ -212,6 +246,28 @@ where
 mod tests {
     use super::*;
     use gimli::{EndianSlice, RunTimeEndian};
+
+    /// A symbol replaces DWARF's bare name only where it names the same
+    /// function.
+    #[test]
+    fn symbols_that_name_a_bare_dwarf_function() {
+        assert!(same_function("app::Server::run(long)", "run"));
+        assert!(same_function(
+            "tok::hash_chain::{{closure}}",
+            "{async_fn#0}"
+        ));
+        assert!(same_function(
+            "<core::ops::range::Range<u64> as core::iter::traits::iterator::Iterator>::fold",
+            "fold<core::ops::range::Range<u64>, u64>"
+        ));
+        assert!(same_function("ns::f<int>(int)", "f<int>"));
+        assert!(same_function("ns::bar() [clone .cold]", "bar"));
+        // Folded code, named by another function's symbol.
+        assert!(!same_function("app::other", "crunch"));
+        assert!(!same_function("", "crunch"));
+        assert_eq!(without_clone_suffix("ns::bar() [clone .cold]"), "ns::bar()");
+        assert_eq!(without_clone_suffix("ns::bar()"), "ns::bar()");
+    }
 
     #[test]
     fn without_dwarf_symbols_name_addresses() {

@@ -218,10 +218,14 @@ pub(crate) fn load_image(key: &ImageKey, blobs: &BlobStore, opts: &LocateOptions
         ImageKind::Vdso => {}
         ImageKind::File | ImageKind::SharedCache => {
             if !opts.offline {
+                // Files given with --symbols for an image without a build
+                // id note (a content id) are its unstripped build or its
+                // debug file, whose content differs: taken unchecked.
+                let given = key.build_id.clone().filter(|id| !id.is_content_id());
                 for dir in &opts.symbols_dirs {
                     for c in candidates_in_dir(dir, key) {
-                        if let Some(f) = read_candidate(&c, key.build_id.as_ref()) {
-                            found.offer(c, f, &key.build_id);
+                        if let Some(f) = read_candidate(&c, given.as_ref()) {
+                            found.offer(c, f, &given);
                         }
                     }
                 }

@@ -145,9 +145,15 @@ pub(crate) fn encode(profile: &Profile) -> Vec<u8> {
             .uint(3, limits[i])
             .uint(4, 0)
             .int(5, strings.id(&image.path) as i64)
+            // A content id is lrnprof's: pprof would take it for a build id
+            // that a local binary must have.
             .int(
                 6,
-                strings.id(image.build_id.as_deref().unwrap_or("")) as i64,
+                strings.id(image
+                    .build_id
+                    .as_deref()
+                    .filter(|h| !crate::info::is_content_id_hex(h))
+                    .unwrap_or("")) as i64,
             )
             .uint(7, u64::from(all_known[i]))
             .uint(8, u64::from(has_lines[i]))

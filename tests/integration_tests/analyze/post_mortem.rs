@@ -602,6 +602,16 @@ fn a_program_without_a_build_id_is_identified_by_its_content() {
         .sum();
     assert!(in_work as f64 >= 0.9 * total(&here) as f64, "{here:?}");
     assert_eq!(folded(&trace, &["--offline"]), here);
+    // pprof would take it for a build id that a local binary must have.
+    let pprof = dir.join("noid.pb.gz");
+    ok(&[trace.to_str().unwrap(), "-o", pprof.to_str().unwrap()]);
+    let raw = Command::new("gzip")
+        .arg("-dc")
+        .arg(&pprof)
+        .output()
+        .expect("gzip");
+    let raw = String::from_utf8_lossy(&raw.stdout);
+    assert!(raw.contains("an_cold") && !raw.contains(&id.to_hex()));
     // Another program in its place.
     build_c(&["an_signal.c"], &flags, &dir, "an_cold");
     assert_eq!(folded(&trace, &[]), here);
