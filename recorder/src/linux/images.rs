@@ -536,6 +536,8 @@ impl Images {
     /// ours: its root is not, or it has a mount namespace of its own (a
     /// container's private `/tmp`). Open, it stays readable after the
     /// process exits, even where its namespace and mounts go with it.
+    /// Counted with the image files kept open: past that budget a later
+    /// process's map is read by path at the end.
     fn jit_tmp(&mut self, pid: u32) -> Option<std::fs::File> {
         let same = |a: &str, b: &str| {
             let id = |p: &str| std::fs::metadata(p).ok().map(|m| (m.dev(), m.ino()));
@@ -546,7 +548,12 @@ impl Images {
         {
             return None;
         }
-        std::fs::File::open(procfs::root_path(pid, "/tmp")).ok()
+        if self.open_files >= MAX_OPEN_IMAGE_FILES {
+            return None;
+        }
+        let tmp = std::fs::File::open(procfs::root_path(pid, "/tmp")).ok()?;
+        self.open_files += 1;
+        Some(tmp)
     }
 
     /// Open an image file to embed later, within the open-file budget.
