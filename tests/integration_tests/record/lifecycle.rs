@@ -281,14 +281,20 @@ fn duration_stops_recording_and_leaves_the_command_running() {
     remove_scratch_dir(&dir);
 }
 
-#[test]
-fn frequency_above_the_kernel_maximum_is_clamped() {
-    require_perf!();
-    let max: u32 = std::fs::read_to_string("/proc/sys/kernel/perf_event_max_sample_rate")
+/// `kernel.perf_event_max_sample_rate`: the kernel lowers it after slow
+/// sampling interrupts.
+fn max_sample_rate() -> u32 {
+    std::fs::read_to_string("/proc/sys/kernel/perf_event_max_sample_rate")
         .unwrap()
         .trim()
         .parse()
-        .unwrap();
+        .unwrap()
+}
+
+#[test]
+fn frequency_above_the_kernel_maximum_is_clamped() {
+    require_perf!();
+    let max = max_sample_rate();
     let dir = scratch_dir("rec-freq");
     let out = dir.join("t.lpt");
     let too_high = (max + 1).to_string();
@@ -317,11 +323,7 @@ fn a_fast_software_clock_is_warned_about() {
     require_perf!();
     // The kernel may have lowered its maximum (after slow sampling
     // interrupts): the rate above 20 kHz is what it allows.
-    let max: u32 = std::fs::read_to_string("/proc/sys/kernel/perf_event_max_sample_rate")
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap();
+    let max = max_sample_rate();
     let fast = 30_000.min(max);
     if fast <= 20_000 {
         skip!("kernel.perf_event_max_sample_rate is {max}: no rate above 20 kHz");
