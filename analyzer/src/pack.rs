@@ -98,8 +98,13 @@ fn image_blobs(
             };
             // An image without a build id note (a content id) has a debug
             // file only by its `.gnu_debuglink`, whose content differs:
-            // taken unchecked, as the analysis takes it.
-            if !id.is_content_id() && dparsed.build_id.as_ref() != Some(&id.0) {
+            // checked by the link's CRC-32, as the analysis checks it.
+            let matches = match (id.is_content_id(), parsed.debuglink_crc) {
+                (true, Some(crc)) => lrnprof_image::debuglink_crc_matches(&c, crc),
+                (true, None) => false,
+                (false, _) => dparsed.build_id.as_ref() == Some(&id.0),
+            };
+            if !matches {
                 continue;
             }
             for b in blobs_for_file(&c, id, level).map_err(|e| e.to_string())? {

@@ -40,6 +40,26 @@ pub fn debug_file_candidates(
     candidates
 }
 
+/// Whether the file at `path` has the CRC-32 a `.gnu_debuglink` gives for
+/// it (`crc`): the one check of a debug file for an image that no build id
+/// identifies (a content id), whose debug file a rebuild may have left
+/// stale. Reads the whole file.
+pub fn debuglink_crc_matches(path: &Path, crc: u32) -> bool {
+    let Ok(mut file) = std::fs::File::open(path) else {
+        return false;
+    };
+    let mut hasher = crc32fast::Hasher::new();
+    let mut buf = vec![0u8; 1 << 16];
+    loop {
+        match std::io::Read::read(&mut file, &mut buf) {
+            Ok(0) => return hasher.finalize() == crc,
+            Ok(n) => hasher.update(&buf[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(_) => return false,
+        }
+    }
+}
+
 /// Where the supplementary debug file a `.gnu_debugaltlink` section names
 /// may be, in the order to try: the build-id tree (`usr/lib/debug/.build-id/
 /// xx/rest.debug`, by the supplementary file's own build id), then the

@@ -82,7 +82,8 @@ mod universal;
 pub use build_id::{build_id_of_bytes, build_id_of_file};
 pub use code_cfi::{code_debug_frame, debug_frame_of_code, fde_ranges, for_each_fde};
 pub use debug_file::{
-    alt_file_candidates, debug_file_candidates, supplementary_id, supplementary_link,
+    alt_file_candidates, debug_file_candidates, debuglink_crc_matches, supplementary_id,
+    supplementary_link,
 };
 pub use demangle::demangle;
 pub use eh_frame::{cut_eh_frame, CutEhFrame};

@@ -502,14 +502,19 @@ pub(crate) fn own_vdso() -> Option<Vec<u8>> {
 fn look_for_debug_file(key: &ImageKey, found: &mut Found, opts: &LocateOptions) {
     let link = found.main.as_ref().and_then(|(_, f)| f.debuglink.clone());
     // An image without a build id note (a content id) has a debug file only
-    // by its `.gnu_debuglink`, whose content differs: taken unchecked, as
-    // the image's own file is where nothing identifies it.
-    let want = key.build_id.clone().filter(|id| !id.is_content_id());
+    // by its `.gnu_debuglink`, whose content differs: checked by the
+    // link's CRC-32 instead.
+    let content = key.build_id.as_ref().is_some_and(|id| id.is_content_id());
+    let crc = found.main.as_ref().and_then(|(_, f)| f.debuglink_crc);
+    let want = key.build_id.clone().filter(|_| !content);
     let candidates =
         debug_file_candidates(&key.path, want.as_ref(), link.as_deref(), &opts.debug_roots);
     for c in candidates {
         if found.debug.is_some() {
             break;
+        }
+        if content && !crc.is_some_and(|crc| lrnprof_image::debuglink_crc_matches(&c, crc)) {
+            continue;
         }
         if let Some(f) = read_candidate(&c, want.as_ref()) {
             if f.data.has_dwarf() || !f.data.symbols.is_empty() {

@@ -11,6 +11,8 @@ pub(crate) struct ParsedFile {
     pub data: ImageData,
     pub build_id: Option<Vec<u8>>,
     pub debuglink: Option<String>,
+    /// The CRC-32 its `.gnu_debuglink` gives for the debug file.
+    pub debuglink_crc: Option<u32>,
     /// The supplementary debug file (`dwz -m`) its `.gnu_debugaltlink`
     /// or `.debug_sup` names, with the id that file answers to.
     pub altlink: Option<(Vec<u8>, Vec<u8>)>,
@@ -178,17 +180,16 @@ pub(crate) fn parse_bytes(bytes: Arc<FileBytes>) -> Result<ParsedFile, String> {
         Ok(Some(id)) => Some(id.to_vec()),
         _ => lrnprof_image::build_id_of_bytes(&bytes).map(|id| id.0),
     };
-    let debuglink = obj
-        .gnu_debuglink()
-        .ok()
-        .flatten()
-        .map(|(name, _crc)| String::from_utf8_lossy(name).into_owned());
+    let link = obj.gnu_debuglink().ok().flatten();
+    let debuglink = link.map(|(name, _)| String::from_utf8_lossy(name).into_owned());
+    let debuglink_crc = link.map(|(_, crc)| crc);
     let altlink = lrnprof_image::supplementary_link(&obj);
     let supplementary_id = lrnprof_image::supplementary_id(&obj);
     Ok(ParsedFile {
         data,
         build_id,
         debuglink,
+        debuglink_crc,
         altlink,
         supplementary_id,
     })

@@ -521,17 +521,15 @@ fn find_debug_file<'data, R: ReadRef<'data>>(
     build_id: &BuildId,
     roots: &[PathBuf],
 ) -> Option<(PathBuf, File)> {
-    let debuglink = image
-        .gnu_debuglink()
-        .ok()
-        .flatten()
-        .map(|(name, _crc)| String::from_utf8_lossy(name).into_owned());
+    let link = image.gnu_debuglink().ok().flatten();
+    let debuglink = link.map(|(name, _)| String::from_utf8_lossy(name).into_owned());
     // An image without a build id note (a content id) has a debug file
-    // only by its `.gnu_debuglink`, whose content differs: taken unchecked,
-    // as the analyzer takes it.
-    let (want, wanted) = match build_id.is_content_id() {
-        true => (None, Wanted::AnyDebugFile),
-        false => (Some(build_id), Wanted::DebugFile),
+    // only by its `.gnu_debuglink`, checked by the link's CRC-32, as the
+    // analyzer checks it.
+    let (want, wanted) = match (build_id.is_content_id(), link) {
+        (true, Some((_, crc))) => (None, Wanted::LinkCrc(crc)),
+        (true, None) => return None,
+        (false, _) => (Some(build_id), Wanted::DebugFile),
     };
     debug_file_candidates(path, want, debuglink.as_deref(), roots)
         .into_iter()
@@ -555,8 +553,8 @@ fn find_alt_file(file: &std::path::Path, name: &str, id: &[u8], roots: &[PathBuf
 enum Wanted {
     /// A debug file: the build id, and DWARF.
     DebugFile,
-    /// A debug file of any build id: DWARF.
-    AnyDebugFile,
+    /// A debug file with this CRC-32 (a `.gnu_debuglink`'s), and DWARF.
+    LinkCrc(u32),
     /// A supplementary debug file: the build id, or the checksum of its
     /// `.debug_sup`.
     Supplementary,
@@ -574,7 +572,7 @@ fn file_matching(path: &std::path::Path, id: &[u8], wanted: Wanted) -> Option<Fi
         let obj = object::File::parse(&cache).ok()?;
         match wanted {
             Wanted::DebugFile => obj.build_id().ok().flatten() == Some(id) && has_dwarf(&obj),
-            Wanted::AnyDebugFile => has_dwarf(&obj),
+            Wanted::LinkCrc(crc) => has_dwarf(&obj) && crate::debuglink_crc_matches(path, crc),
             Wanted::Supplementary => supplementary_id(&obj).as_deref() == Some(id),
         }
     };

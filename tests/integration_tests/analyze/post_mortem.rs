@@ -623,3 +623,68 @@ fn a_program_without_a_build_id_is_identified_by_its_content() {
     assert!(i.contains(&format!("\"build_id\": \"{id}\"")), "{i}");
     remove_scratch_dir(&dir);
 }
+
+/// A stripped program without a build id note finds its DWARF in the debug
+/// file its `.gnu_debuglink` names, checked by the link's CRC-32, by the
+/// recorder for the frame table and by the analyzer: a debug file of
+/// another build at that name is not used.
+#[test]
+fn the_debug_file_of_a_program_without_a_build_id_is_checked_by_its_crc() {
+    require_perf!();
+    let dir = scratch_dir("an-no-build-id-link");
+    let flags = ["-O2", "-g", "-Wl,--build-id=none"];
+    let exe = build_c(&["an_cold.c"], &flags, &dir, "an_cold");
+    let objcopy = |args: &[&str]| {
+        let out = Command::new("objcopy")
+            .args(args)
+            .current_dir(&dir)
+            .output()
+            .expect("binutils' objcopy");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    objcopy(&["--only-keep-debug", "an_cold", "an_cold.debug"]);
+    objcopy(&[
+        "--strip-debug",
+        "--add-gnu-debuglink=an_cold.debug",
+        "an_cold",
+    ]);
+    // The loop's frame: `work` by DWARF, `work.cold` by the symbol table.
+    let leaf = |f: &BTreeMap<Vec<String>, u64>| {
+        let mut leaves: Vec<&String> = f.keys().filter_map(|s| s.last()).collect();
+        leaves.sort();
+        leaves.dedup();
+        if leaves.contains(&&"work".to_string()) {
+            "work"
+        } else if leaves.contains(&&"work.cold".to_string()) {
+            "work.cold"
+        } else {
+            panic!("no loop frame: {f:?}")
+        }
+    };
+    let trace = record(&dir, "link", &[], &exe, &["300"]);
+    assert_eq!(leaf(&folded(&trace, &["--offline"])), "work");
+    let bare = record(&dir, "link-bare", EMBED_NONE, &exe, &["300"]);
+    assert_eq!(leaf(&folded(&bare, &[])), "work");
+    // A debug file of another build under the linked name.
+    let other = build_c(
+        &["an_cold.c"],
+        &["-O1", "-g", "-Wl,--build-id=none"],
+        &dir,
+        "other",
+    );
+    let out = Command::new("objcopy")
+        .arg("--only-keep-debug")
+        .arg(&other)
+        .arg(dir.join("an_cold.debug"))
+        .output()
+        .expect("binutils' objcopy");
+    assert!(out.status.success());
+    assert_eq!(leaf(&folded(&bare, &[])), "work.cold");
+    let stale = record(&dir, "link-stale", &[], &exe, &["300"]);
+    assert_eq!(leaf(&folded(&stale, &["--offline"])), "work.cold");
+    remove_scratch_dir(&dir);
+}
