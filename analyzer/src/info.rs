@@ -407,7 +407,7 @@ impl TraceInfo {
                 continue;
             }
             let id = match i.build_id.as_deref() {
-                Some(h) if is_content_id_hex(h) => format!("no build id note; content id {h}"),
+                Some(h) if i.content_id => format!("no build id note; content id {h}"),
                 Some(h) => format!("build id {h}"),
                 None => "build id none".to_string(),
             };
@@ -433,11 +433,4 @@ impl TraceInfo {
         }
         s
     }
-}
-
-/// Whether `hex`, a build id in hex, is a content id
-/// ([`lrnprof_format::BuildId::is_content_id`]).
-pub(crate) fn is_content_id_hex(hex: &str) -> bool {
-    let prefix = lrnprof_format::BuildId(lrnprof_format::CONTENT_ID_PREFIX.to_vec()).to_hex();
-    hex.len() == 40 && hex.starts_with(&prefix)
 }

@@ -153,6 +153,7 @@ pub(crate) mod testing {
                 notes: vec![],
                 frames: 9,
                 jit: false,
+                content_id: false,
             }],
             functions: vec![
                 f("leaf", Some("a.c"), Some(3)),

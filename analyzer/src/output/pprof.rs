@@ -152,7 +152,7 @@ pub(crate) fn encode(profile: &Profile) -> Vec<u8> {
                 strings.id(image
                     .build_id
                     .as_deref()
-                    .filter(|h| !crate::info::is_content_id_hex(h))
+                    .filter(|_| !image.content_id)
                     .unwrap_or("")) as i64,
             )
             .uint(7, u64::from(all_known[i]))

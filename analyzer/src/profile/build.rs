@@ -553,6 +553,11 @@ impl ProfileBuilder {
                     notes: img.notes.clone(),
                     frames,
                     jit,
+                    content_id: img
+                        .key
+                        .build_id
+                        .as_ref()
+                        .is_some_and(|id| id.is_content_id()),
                 }
             })
             .collect();

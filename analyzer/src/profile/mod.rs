@@ -139,6 +139,10 @@ pub struct ImageInfo {
     /// own: its frames are named from the process's JIT map and counted
     /// under no image.
     pub jit: bool,
+    /// Its id was made from its content (no build id note): lrnprof's own,
+    /// which no other tool knows (see `BuildId::is_content_id`).
+    #[serde(skip)]
+    pub content_id: bool,
 }
 
 /// A function (for inlined code, the inlined function).

@@ -50,7 +50,7 @@ const MAX_FRAME_TABLE_BYTES: usize = 4 << 20;
 const MAX_FRAME_TABLES_BYTES: usize = 16 << 20;
 
 /// Where a process writes its perf map (`/tmp/perf-PID.map`, by the pid
-/// it sees and under its root).
+/// it sees, in the `/tmp` it sees).
 struct JitPlace {
     /// Its pid in its own PID namespace, where that is not ours.
     own_pid: Option<u32>,
@@ -77,7 +77,8 @@ pub(crate) struct Images {
     roots: HashMap<(u64, u64), std::sync::Arc<std::fs::File>>,
     /// Where each process with anonymous executable memory (JIT code)
     /// writes its perf map, learned while it runs: the pid it sees itself
-    /// as (in a PID namespace: a container's) and its root if not ours.
+    /// as (in a PID namespace: a container's) and its `/tmp` if that may
+    /// not be ours.
     jit_places: HashMap<u32, JitPlace>,
     /// Frame tables kept between recordings.
     cache: Option<FrameCache>,
@@ -548,15 +549,11 @@ impl Images {
         {
             return None;
         }
-        if self.open_files >= MAX_OPEN_IMAGE_FILES {
-            return None;
-        }
-        let tmp = std::fs::File::open(procfs::root_path(pid, "/tmp")).ok()?;
-        self.open_files += 1;
-        Some(tmp)
+        self.open_image_file(&procfs::root_path(pid, "/tmp"))
     }
 
-    /// Open an image file to embed later, within the open-file budget.
+    /// Open an image file to embed later (or a container's `/tmp`, see
+    /// [`Self::jit_tmp`]), within the open-file budget.
     fn open_image_file(&mut self, path: &std::path::Path) -> Option<std::fs::File> {
         if self.open_files >= MAX_OPEN_IMAGE_FILES {
             return None;

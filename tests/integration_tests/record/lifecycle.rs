@@ -281,6 +281,20 @@ fn duration_stops_recording_and_leaves_the_command_running() {
     remove_scratch_dir(&dir);
 }
 
+/// `lrnprof-rec --freq HZ` of `true` into `out`, without embedded data.
+fn rec_true_at(out: &std::path::Path, hz: &str) -> std::process::Output {
+    rec(&[
+        os("--out"),
+        out.as_os_str(),
+        os("--freq"),
+        os(hz),
+        os("--embed"),
+        os("none"),
+        os("--"),
+        os("true"),
+    ])
+}
+
 /// `kernel.perf_event_max_sample_rate`: the kernel lowers it after slow
 /// sampling interrupts.
 fn max_sample_rate() -> u32 {
@@ -298,16 +312,7 @@ fn frequency_above_the_kernel_maximum_is_clamped() {
     let dir = scratch_dir("rec-freq");
     let out = dir.join("t.lpt");
     let too_high = (max + 1).to_string();
-    let result = rec(&[
-        os("--out"),
-        out.as_os_str(),
-        os("--freq"),
-        os(&too_high),
-        os("--embed"),
-        os("none"),
-        os("--"),
-        os("true"),
-    ]);
+    let result = rec_true_at(&out, &too_high);
     let stderr = String::from_utf8_lossy(&result.stderr);
     assert!(result.status.success(), "{stderr}");
     assert!(stderr.contains("perf_event_max_sample_rate"), "{stderr}");
@@ -332,16 +337,7 @@ fn a_fast_software_clock_is_warned_about() {
     let out = dir.join("t.lpt");
     let fast = fast.to_string();
     for (hz, warned) in [(fast.as_str(), true), ("20000", false)] {
-        let result = rec(&[
-            os("--out"),
-            out.as_os_str(),
-            os("--freq"),
-            os(hz),
-            os("--embed"),
-            os("none"),
-            os("--"),
-            os("true"),
-        ]);
+        let result = rec_true_at(&out, hz);
         let stderr = String::from_utf8_lossy(&result.stderr);
         assert!(result.status.success(), "{stderr}");
         assert_eq!(
